@@ -1,0 +1,384 @@
+"""The fleet model: racks (NVLink domains) of nodes of GPUs, jobs and allocations.
+
+Everything the decisions read is here. The :class:`Fleet` keeps small indexes up to
+date on every mutation (per-rack set of idle healthy nodes, per-rack count of nodes
+lent to small jobs) so that a placement decision scans racks, never GPUs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+HEALTHY = "healthy"
+FAILED = "failed"
+DRAINING = "draining"
+HEALTH_STATES = (HEALTHY, FAILED, DRAINING)
+
+REQUIRED = "required"
+PREFERRED = "preferred"
+NONE = "none"
+LOCALITIES = (REQUIRED, PREFERRED, NONE)
+
+
+@dataclass
+class Node:
+    """A compute tray: ``gpus`` GPUs sharing one host, in slot ``index`` of ``rack``.
+
+    ``used`` (bitmask of held GPU indices) and ``jobs`` are maintained by the Fleet.
+    """
+
+    id: str
+    rack: str
+    index: int
+    gpus: int
+    health: str = HEALTHY
+    used: int = 0
+    jobs: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def free_gpus(self) -> int:
+        return self.gpus - self.used.bit_count() if self.health == HEALTHY else 0
+
+    @property
+    def idle(self) -> bool:
+        """Healthy and holding nothing: a whole free node."""
+        return self.health == HEALTHY and self.used == 0
+
+    def free_indices(self, count: int) -> tuple[int, ...]:
+        """The ``count`` lowest free GPU indices (caller checked there are enough)."""
+        out: list[int] = []
+        for i in range(self.gpus):
+            if not self.used >> i & 1:
+                out.append(i)
+                if len(out) == count:
+                    break
+        return tuple(out)
+
+
+@dataclass
+class Rack:
+    """An NVLink domain. ``spare_nodes`` idle nodes are kept back from big gangs."""
+
+    id: str
+    nodes: list[Node]
+    spare_nodes: int = 2
+    # Maintained by the Fleet: slot indices of healthy idle nodes, and how many nodes
+    # host only single-node jobs (those jobs are "borrowing" spare capacity).
+    free: set[int] = field(default_factory=set)
+    small_nodes: int = 0
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.nodes[0].gpus if self.nodes else 0
+
+    @property
+    def size(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def healthy(self) -> int:
+        return sum(1 for n in self.nodes if n.health == HEALTHY)
+
+    @property
+    def free_count(self) -> int:
+        return len(self.free)
+
+    def unlent_spares(self) -> int:
+        """Spare nodes still to keep idle: the policy minus nodes lent to small jobs."""
+        return max(0, self.spare_nodes - self.small_nodes)
+
+    def slice_offer(self) -> int:
+        """Idle nodes this rack offers a big gang while keeping its spares."""
+        return max(0, len(self.free) - self.unlent_spares())
+
+    def free_gpus(self) -> int:
+        return sum(n.free_gpus for n in self.nodes)
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """What a job asks for.
+
+    Give ``num_gpus``, or ``num_nodes`` x ``gpus_per_node``. A job of at most one
+    node's GPUs (and no ``num_nodes``) may share a node; a bigger one takes whole
+    nodes as one gang. ``segment_nodes``: every segment of that many nodes must sit
+    inside one rack. ``expected_duration`` and ``submit_time`` (seconds) feed the
+    look-ahead of the queue-level scheduler; they are optional.
+    """
+
+    id: str
+    num_gpus: int = 0
+    num_nodes: int | None = None
+    gpus_per_node: int | None = None
+    segment_nodes: int | None = None
+    locality: str = PREFERRED
+    priority: int = 0
+    preemptible: bool = True
+    checkpoint_minutes: float = 60.0
+    submit_time: float | None = None
+    expected_duration: float | None = None
+    tenant: str = ""
+
+    def __post_init__(self) -> None:
+        if self.locality not in LOCALITIES:
+            raise ValueError(f"locality must be one of {LOCALITIES}, not {self.locality!r}")
+        if self.num_nodes is not None:
+            if self.num_nodes < 1:
+                raise ValueError("num_nodes must be at least 1")
+            if self.gpus_per_node is None or self.gpus_per_node < 1:
+                raise ValueError("num_nodes needs gpus_per_node >= 1")
+        elif self.num_gpus < 1:
+            raise ValueError("num_gpus must be at least 1")
+        if self.segment_nodes is not None and self.segment_nodes < 1:
+            raise ValueError("segment_nodes must be at least 1")
+
+    @property
+    def total_gpus(self) -> int:
+        if self.num_nodes is not None and self.gpus_per_node is not None:
+            return self.num_nodes * self.gpus_per_node
+        return self.num_gpus
+
+    def is_small(self, gpus_per_node: int) -> bool:
+        """True when the job fits on one node of this shape and may share it."""
+        return self.num_nodes is None and self.num_gpus <= gpus_per_node
+
+    def nodes_needed(self, gpus_per_node: int) -> int:
+        """Whole nodes of this shape the gang needs (0 if the shape cannot host it)."""
+        if self.num_nodes is not None and self.gpus_per_node is not None:
+            return self.num_nodes if self.gpus_per_node <= gpus_per_node else 0
+        return math.ceil(self.num_gpus / gpus_per_node)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+@dataclass
+class Allocation:
+    """Where a running job sits: node id -> GPU indices, grouped into segments."""
+
+    job: JobRequest
+    nodes: dict[str, tuple[int, ...]]
+    segments: list[list[str]] = field(default_factory=list)
+
+    @property
+    def job_id(self) -> str:
+        return self.job.id
+
+    @property
+    def gpus(self) -> int:
+        return sum(len(g) for g in self.nodes.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job.id,
+            "nodes": {k: list(v) for k, v in self.nodes.items()},
+            "segments": [list(s) for s in self.segments],
+        }
+
+
+class CapacityError(ValueError):
+    """Raised when an allocation would take a GPU that is held or not healthy."""
+
+
+class Fleet:
+    """Racks, nodes and the current allocations, with indexes kept up to date.
+
+    Build one with :meth:`uniform` or :meth:`from_shapes`, or from your own Racks.
+    Mutate only through :meth:`allocate`, :meth:`release` and :meth:`set_health`.
+    """
+
+    def __init__(self, racks: Iterable[Rack], allocations: Iterable[Allocation] = ()) -> None:
+        self.racks: list[Rack] = list(racks)
+        self.rack_by_id: dict[str, Rack] = {}
+        self.rack_pos: dict[str, int] = {}
+        self.nodes: dict[str, Node] = {}
+        self.allocations: dict[str, Allocation] = {}
+        for pos, rack in enumerate(self.racks):
+            if rack.id in self.rack_by_id:
+                raise ValueError(f"duplicate rack id {rack.id!r}")
+            self.rack_by_id[rack.id] = rack
+            self.rack_pos[rack.id] = pos
+            for node in rack.nodes:
+                if node.id in self.nodes:
+                    raise ValueError(f"duplicate node id {node.id!r}")
+                node.rack = rack.id
+                node.used = 0
+                node.jobs = {}
+                self.nodes[node.id] = node
+            rack.free = {n.index for n in rack.nodes if n.health == HEALTHY}
+            rack.small_nodes = 0
+        # partial[f]: healthy nodes holding some GPUs with exactly f GPUs still free;
+        # small-job best fit reads it instead of scanning every node.
+        self.partial: dict[int, set[str]] = {}
+        self.groups: dict[int, list[Rack]] = {}
+        for rack in self.racks:
+            self.groups.setdefault(rack.gpus_per_node, []).append(rack)
+        self.groups = dict(sorted(self.groups.items()))
+        self._slot: dict[str, dict[int, Node]] = {
+            r.id: {n.index: n for n in r.nodes} for r in self.racks
+        }
+        for alloc in allocations:
+            self.allocate(alloc)
+
+    # -- construction ---------------------------------------------------------------
+
+    @classmethod
+    def uniform(
+        cls, racks: int, nodes_per_rack: int = 18, gpus_per_node: int = 4, spare_nodes: int = 2
+    ) -> Fleet:
+        """``racks`` identical racks named r000.., nodes named r000-n00.."""
+        return cls.from_shapes([(racks, nodes_per_rack, gpus_per_node, spare_nodes)])
+
+    @classmethod
+    def from_shapes(cls, shapes: Iterable[tuple[int, int, int, int]]) -> Fleet:
+        """Racks from ``(count, nodes_per_rack, gpus_per_node, spare_nodes)`` groups."""
+        out: list[Rack] = []
+        for count, npr, gpn, spares in shapes:
+            for _ in range(count):
+                rid = f"r{len(out):03d}"
+                nodes = [Node(f"{rid}-n{i:02d}", rid, i, gpn) for i in range(npr)]
+                out.append(Rack(rid, nodes, spare_nodes=spares))
+        return cls(out)
+
+    def node_at(self, rack_id: str, index: int) -> Node:
+        return self._slot[rack_id][index]
+
+    def copy(self) -> Fleet:
+        """An independent copy (what-if planning)."""
+        racks = [
+            Rack(r.id, [Node(n.id, n.rack, n.index, n.gpus, n.health) for n in r.nodes],
+                 spare_nodes=r.spare_nodes)
+            for r in self.racks
+        ]
+        return Fleet(racks, self.allocations.values())
+
+    # -- queries --------------------------------------------------------------------
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(n.gpus for n in self.nodes.values())
+
+    def free_gpus(self) -> int:
+        return sum(n.free_gpus for n in self.nodes.values())
+
+    def rack_of(self, node_id: str) -> Rack:
+        return self.rack_by_id[self.nodes[node_id].rack]
+
+    def racks_of(self, alloc: Allocation) -> list[str]:
+        seen: dict[str, None] = {}
+        for nid in alloc.nodes:
+            seen[self.nodes[nid].rack] = None
+        return list(seen)
+
+    def shapes(self) -> list[int]:
+        """Distinct GPUs-per-node values, ascending."""
+        return sorted({r.gpus_per_node for r in self.racks})
+
+    # -- mutations ------------------------------------------------------------------
+
+    @staticmethod
+    def _partial_key(node: Node) -> int:
+        if node.health != HEALTHY or node.used == 0:
+            return 0
+        return node.gpus - node.used.bit_count()
+
+    def _state(self, node: Node) -> tuple[bool, bool, int]:
+        return node.idle, self._is_small_node(node), self._partial_key(node)
+
+    def _node_changed(self, node: Node, before: tuple[bool, bool, int]) -> None:
+        was_idle, was_small, was_key = before
+        key = self._partial_key(node)
+        if key != was_key:
+            if was_key:
+                self.partial[was_key].discard(node.id)
+            if key:
+                self.partial.setdefault(key, set()).add(node.id)
+        rack = self.rack_by_id[node.rack]
+        now_idle = node.idle
+        if was_idle and not now_idle:
+            rack.free.discard(node.index)
+        elif now_idle and not was_idle:
+            rack.free.add(node.index)
+        now_small = self._is_small_node(node)
+        rack.small_nodes += int(now_small) - int(was_small)
+
+    def _is_small_node(self, node: Node) -> bool:
+        if not node.jobs:
+            return False
+        return all(len(self.allocations[j].nodes) == 1 and self.allocations[j].job.is_small(
+            node.gpus) for j in node.jobs if j in self.allocations)
+
+    def allocate(self, alloc: Allocation) -> None:
+        """Record a job's allocation. Raises CapacityError if any GPU is unavailable."""
+        jid = alloc.job.id
+        if jid in self.allocations:
+            raise CapacityError(f"job {jid} already holds an allocation")
+        for nid, gpus in alloc.nodes.items():
+            node = self.nodes.get(nid)
+            if node is None:
+                raise CapacityError(f"job {jid}: unknown node {nid}")
+            if node.health != HEALTHY:
+                raise CapacityError(f"job {jid}: node {nid} is {node.health}")
+            mask = 0
+            for g in gpus:
+                if not 0 <= g < node.gpus or mask >> g & 1:
+                    raise CapacityError(f"job {jid}: bad GPU index {g} on {nid}")
+                mask |= 1 << g
+            if node.used & mask:
+                raise CapacityError(f"job {jid}: GPU on {nid} already held")
+        self.allocations[jid] = alloc
+        for nid, gpus in alloc.nodes.items():
+            node = self.nodes[nid]
+            before = self._state(node)
+            mask = 0
+            for g in gpus:
+                mask |= 1 << g
+            node.used |= mask
+            node.jobs[jid] = mask
+            self._node_changed(node, before)
+
+    def release(self, job_id: str) -> Allocation:
+        """Free a job's GPUs and forget its allocation (KeyError if unknown)."""
+        alloc = self.allocations[job_id]
+        states = {nid: self._state(self.nodes[nid]) for nid in alloc.nodes}
+        del self.allocations[job_id]
+        for nid in alloc.nodes:
+            node = self.nodes[nid]
+            node.used &= ~node.jobs.pop(job_id)
+            self._node_changed(node, states[nid])
+        return alloc
+
+    def set_health(self, node_id: str, health: str) -> list[str]:
+        """Change a node's health; returns the ids of the jobs running on it."""
+        if health not in HEALTH_STATES:
+            raise ValueError(f"health must be one of {HEALTH_STATES}")
+        node = self.nodes[node_id]
+        before = self._state(node)
+        node.health = health
+        self._node_changed(node, before)
+        return list(node.jobs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "racks": [
+                {"id": r.id, "spare_nodes": r.spare_nodes,
+                 "nodes": [{"id": n.id, "index": n.index, "gpus": n.gpus, "health": n.health}
+                           for n in r.nodes]}
+                for r in self.racks
+            ],
+            "allocations": [a.to_dict() for a in self.allocations.values()],
+        }
+
+
+def racks_needed(nodes: int, nodes_per_rack: int) -> int:
+    """The fewest racks that can hold ``nodes`` nodes at all."""
+    return max(1, math.ceil(nodes / max(1, nodes_per_rack)))
+
+
+def as_allocations(
+    fleet: Fleet, allocations: Mapping[str, Allocation] | None
+) -> Mapping[str, Allocation]:
+    return fleet.allocations if allocations is None else allocations

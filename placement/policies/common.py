@@ -1,0 +1,124 @@
+"""Helpers shared by the placement policies."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+
+from placement.model import REQUIRED, Fleet, JobRequest, Node, Rack
+from placement.plans import PlacementPlan, not_placed
+
+
+@dataclass
+class Context:
+    """Per-decision options.
+
+    ``reserved``: racks whose idle nodes are held for a blocked job (queue look-ahead);
+    ``now``: the clock, used by rackwise to decide when a preferred job may span
+    racks (None: decide as if the job had waited long enough).
+    """
+
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+    reserved: frozenset[str] = frozenset()
+    now: float | None = None
+
+
+def min_racks(nodes: int, rack_size: int, segment: int | None) -> int:
+    """Fewest racks of ``rack_size`` nodes that hold ``nodes``, segments kept whole."""
+    if segment:
+        per_rack = (rack_size // segment) * segment
+        if per_rack == 0:
+            return 0
+        return math.ceil(nodes / per_rack)
+    return max(1, math.ceil(nodes / rack_size))
+
+
+def segment_sizes(nodes: int, segment: int) -> list[int]:
+    """Split into segments of ``segment`` nodes; a remainder forms a last, smaller one."""
+    sizes = [segment] * (nodes // segment)
+    if nodes % segment:
+        sizes.append(nodes % segment)
+    return sizes
+
+
+def whole_node_plan(
+    fleet: Fleet,
+    job: JobRequest,
+    policy: str,
+    picks: list[tuple[Rack, list[int]]],
+    reason: str,
+    choices: list[str],
+) -> PlacementPlan:
+    """Plan taking every GPU of the picked nodes; one segment per (rack, slots) pick."""
+    nodes: dict[str, tuple[int, ...]] = {}
+    segments: list[list[str]] = []
+    racks: dict[str, None] = {}
+    for rack, slots in picks:
+        seg: list[str] = []
+        for i in slots:
+            node = fleet.node_at(rack.id, i)
+            nodes[node.id] = tuple(range(node.gpus))
+            seg.append(node.id)
+        segments.append(seg)
+        racks[rack.id] = None
+    return PlacementPlan(job.id, policy, True, reason, nodes, segments, list(racks), choices)
+
+
+def small_plan(job: JobRequest, policy: str, node: Node, reason: str) -> PlacementPlan:
+    gpus = node.free_indices(job.num_gpus)
+    return PlacementPlan(job.id, policy, True, reason, {node.id: gpus}, [[node.id]],
+                         [node.rack], [reason])
+
+
+def group_by_rack(fleet: Fleet, node_ids: list[str]) -> list[tuple[Rack, list[int]]]:
+    """(rack, slots) pairs in first-seen rack order."""
+    out: dict[str, list[int]] = {}
+    for nid in node_ids:
+        node = fleet.nodes[nid]
+        out.setdefault(node.rack, []).append(node.index)
+    return [(fleet.rack_by_id[r], s) for r, s in out.items()]
+
+
+def blind_gang_plan(
+    fleet: Fleet, job: JobRequest, policy: str, racks: list[Rack], node_ids: list[str],
+    why: str,
+) -> PlacementPlan:
+    """Wrap a topology-blind pick; refuse it if it breaks the job's hard constraints.
+
+    A topology-blind scheduler cannot aim for them, so when its natural pick happens
+    to break ``required`` locality or a segment, the job waits (it does not search).
+    """
+    picks = group_by_rack(fleet, node_ids)
+    n = len(node_ids)
+    size = max(r.size for r in racks)
+    if job.segment_nodes:
+        segs: list[tuple[Rack, list[int]]] = []
+        for rack, slots in picks:
+            for k in range(0, len(slots), job.segment_nodes):
+                segs.append((rack, slots[k:k + job.segment_nodes]))
+        if sorted(len(s) for _, s in segs) != sorted(segment_sizes(n, job.segment_nodes)):
+            return not_placed(job, policy, f"{why} would split a {job.segment_nodes}-node "
+                                           "segment across racks; the job waits")
+        picks = segs
+    if job.locality == REQUIRED and len({r.id for r, _ in picks}) > min_racks(
+            n, size, job.segment_nodes):
+        return not_placed(job, policy, f"{why} span {len({r.id for r, _ in picks})} racks; "
+                                       "required locality not met, the job waits")
+    return whole_node_plan(fleet, job, policy, picks,
+                           f"{why} ({n} nodes in {len({r.id for r, _ in picks})} racks)",
+                           [why])
+
+
+def small_candidates(fleet: Fleet, racks: list[Rack], gpus: int, ctx: Context) -> list[Node]:
+    """Healthy nodes of these racks with ``gpus`` free, in rack then slot order.
+
+    Idle nodes of reserved racks are left out (they are held for a blocked gang).
+    """
+    out: list[Node] = []
+    for rack in racks:
+        reserved = rack.id in ctx.reserved
+        for node in rack.nodes:
+            if node.free_gpus >= gpus and not (reserved and node.used == 0):
+                out.append(node)
+    return out

@@ -1,0 +1,188 @@
+"""``rackwise``: rack-local best fit with slice sizing, equal segments, and packing.
+
+1. Single-node jobs: best fit onto a partly used node (fewest free GPUs that fit), in
+   the busiest rack; else an idle node in the busiest rack that has one. Whole racks
+   stay free for gangs. Small jobs may use a rack's spare nodes ("borrow" them).
+2. Gangs that fit in one rack: the rack whose slice offer (idle nodes minus the spares
+   it keeps) is the smallest that holds the gang (best fit). Gangs of at most
+   ``spare_nodes`` nodes may borrow spares, and so may a gang bigger than a slice
+   (splitting it would cost far more than the spares are worth).
+3. Otherwise, for ``preferred`` or ``none`` locality, or gangs bigger than a rack:
+   the fewest racks, with the gang split into equal segments (24 -> 12+12, not
+   16+8), each segment best fit onto the rack with the smallest offer that holds it.
+   A ``preferred`` gang that fits in one rack waits for one until it has waited as
+   long as spanning racks would cost it (``expected_duration * F / (1 - F)`` with the
+   cross-rack slowdown F); without a clock (``now`` is None) it spans at once.
+"""
+
+from __future__ import annotations
+
+from placement.model import PREFERRED, REQUIRED, Fleet, JobRequest, Node, Rack
+from placement.plans import PlacementPlan, not_placed
+from placement.policies.common import (
+    Context,
+    min_racks,
+    segment_sizes,
+    small_plan,
+    whole_node_plan,
+)
+
+NAME = "rackwise"
+CROSS_RACK_SLOWDOWN = 0.43
+
+
+def rackwise(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) -> PlacementPlan:
+    gpn = racks[0].gpus_per_node
+    if job.is_small(gpn):
+        return _small(fleet, job, racks, ctx)
+    n = job.nodes_needed(gpn)
+    size = max(r.size for r in racks)
+    seg = job.segment_nodes
+    if seg and seg > size:
+        return not_placed(job, NAME, f"segment of {seg} nodes is larger than any rack")
+    if n <= size and (not seg or seg >= n):
+        plan = _one_rack(fleet, job, racks, n, ctx)
+        if plan.placed:
+            return plan
+        if job.locality == REQUIRED:
+            return plan
+        if job.locality == PREFERRED and not _may_span(job, ctx):
+            return not_placed(job, NAME, plan.reason + "; spanning racks would cost more "
+                                                       "than waiting so far, so it waits")
+        spill = _many_racks(fleet, job, racks, n, ctx, k_start=2)
+        if spill.placed:
+            spill.choices.insert(0, plan.reason)
+        return spill
+    return _many_racks(fleet, job, racks, n, ctx, k_start=min_racks(n, size, seg))
+
+
+def _may_span(job: JobRequest, ctx: Context) -> bool:
+    if ctx.now is None or job.submit_time is None or job.expected_duration is None:
+        return True
+    penalty = job.expected_duration * CROSS_RACK_SLOWDOWN / (1 - CROSS_RACK_SLOWDOWN)
+    return ctx.now - job.submit_time >= penalty
+
+
+def _offer(rack: Rack, ctx: Context, borrow: bool) -> int:
+    if rack.id in ctx.reserved:
+        return 0
+    return rack.free_count if borrow else rack.slice_offer()
+
+
+def _one_rack(fleet: Fleet, job: JobRequest, racks: list[Rack], n: int,
+              ctx: Context) -> PlacementPlan:
+    best: tuple[int, int, int, Rack] | None = None
+    for pos, rack in enumerate(racks):
+        # Borrow spares only when the gang is small, or too big for the slice anyway.
+        borrow = n <= rack.spare_nodes or n > rack.size - rack.spare_nodes
+        offer = _offer(rack, ctx, borrow)
+        if offer >= n:
+            key = (offer, rack.free_count, pos)
+            if best is None or key < best[:3]:
+                best = (offer, rack.free_count, pos, rack)
+    if best is None:
+        return not_placed(job, NAME, f"no rack offers {n} idle nodes beyond its spares")
+    rack = best[3]
+    why = (f"best fit: {rack.id} offers {best[0]} idle nodes (keeping "
+           f"{rack.unlent_spares()} spare), the fewest that hold {n}")
+    return whole_node_plan(fleet, job, NAME, [(rack, sorted(rack.free)[:n])], why, [why])
+
+
+def _split(n: int, k: int, seg: int | None) -> list[int]:
+    if seg:
+        return segment_sizes(n, seg)
+    base, extra = divmod(n, k)
+    return [base + 1] * extra + [base] * (k - extra)
+
+
+def _many_racks(fleet: Fleet, job: JobRequest, racks: list[Rack], n: int, ctx: Context,
+                k_start: int) -> PlacementPlan:
+    """Fewest racks; equal segments; each segment best fit (smallest offer that holds it)."""
+    seg = job.segment_nodes
+    size = max(r.size for r in racks)
+    k_limit = len(racks) if job.locality != REQUIRED else min_racks(n, size, seg)
+    pos = {r.id: i for i, r in enumerate(racks)}
+    for k in range(max(1, k_start), k_limit + 1):
+        sizes = _split(n, k, seg)
+        if max(sizes) > size:
+            continue
+        picks = _assign(racks, sizes, ctx, pos, k)
+        if picks is not None:
+            n_racks = len({r.id for r, _ in picks})
+            why = (f"{n} nodes over the fewest racks ({n_racks}) in segments "
+                   + "+".join(str(len(s)) for _, s in picks))
+            choices = [why] + [f"segment of {len(s)} -> {r.id} (best fit)" for r, s in picks]
+            return whole_node_plan(fleet, job, NAME, picks, why, choices)
+        if seg:
+            break  # fixed segments: the k loop does not change the split
+    return not_placed(job, NAME, f"no set of racks holds {n} nodes in whole segments"
+                      + ("; required locality, the job waits" if job.locality == REQUIRED
+                         else ""))
+
+
+def _assign(racks: list[Rack], sizes: list[int], ctx: Context, pos: dict[str, int],
+            k: int) -> list[tuple[Rack, list[int]]] | None:
+    """Best-fit each segment (largest first) onto a rack, at most ``k`` racks."""
+    for borrow in (False, True):
+        left = {r.id: _offer(r, ctx, borrow or sz_over_slice(r, sizes)) for r in racks}
+        slots = {r.id: sorted(r.free) for r in racks}
+        picks: list[tuple[Rack, list[int]]] = []
+        used: set[str] = set()
+        ok = True
+        for s in sorted(sizes, reverse=True):
+            cands = [r for r in racks if left[r.id] >= s and (r.id in used or len(used) < k)]
+            if not cands:
+                ok = False
+                break
+            rack = min(cands, key=lambda r: (r.id not in used, left[r.id], pos[r.id]))
+            picks.append((rack, slots[rack.id][:s]))
+            slots[rack.id] = slots[rack.id][s:]
+            left[rack.id] -= s
+            used.add(rack.id)
+        if ok:
+            return picks
+    return None
+
+
+def sz_over_slice(rack: Rack, sizes: list[int]) -> bool:
+    return max(sizes) > rack.size - rack.spare_nodes
+
+
+def _small(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) -> PlacementPlan:
+    g = job.num_gpus
+    allowed = {r.id for r in racks}
+    pos = {r.id: i for i, r in enumerate(racks)}
+    best: tuple[tuple[int, int, int, int], Node] | None = None
+    # 1. Partly used nodes: tightest fit first, busiest rack next.
+    for free in range(g, max(r.gpus_per_node for r in racks)):
+        for nid in fleet.partial.get(free, ()):
+            node = fleet.nodes[nid]
+            if node.rack not in allowed:
+                continue
+            rack = fleet.rack_by_id[node.rack]
+            key = (free, rack.free_count, pos[rack.id], node.index)
+            if best is None or key < best[0]:
+                best = (key, node)
+        if best is not None:
+            node = best[1]
+            return small_plan(job, NAME, node, f"best fit on partly used node {node.id} "
+                                               f"({free} free GPUs)")
+    # 2. An idle node in the busiest rack that still has one.
+    brack: tuple[int, int, Rack] | None = None
+    for p, rack in enumerate(racks):
+        if rack.free and rack.id not in ctx.reserved:
+            key = (rack.free_count, p)
+            if brack is None or key < brack[:2]:
+                brack = (rack.free_count, p, rack)
+    if brack is None:
+        return not_placed(job, NAME, f"no node has {g} free GPUs")
+    rack = brack[2]
+    node = fleet.node_at(rack.id, min(rack.free))
+    return small_plan(job, NAME, node, f"idle node {node.id} in the busiest rack with room "
+                                       f"({rack.id}, {rack.free_count} idle), keeping "
+                                       "emptier racks whole")
+
+
+def nodes_for(job: JobRequest, gpn: int) -> int:
+    return job.nodes_needed(gpn) if not job.is_small(gpn) else 1
+

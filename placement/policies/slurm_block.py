@@ -1,0 +1,107 @@
+"""``slurm-block``: Slurm's ``topology/block`` plugin, as documented.
+
+Followed: slurm.schedmd.com topology.html ("Block Topology") and topology.conf(5)
+(``BlockName=``, ``BlockSizes=``), and the ``--segment`` option of sbatch(1).
+
+1. Each rack is a base block. Aggregated blocks at level k are 2**k consecutive base
+   blocks (the default ``BlockSizes`` are the powers of two of the base block count).
+2. The job is given the smallest block level whose block size holds it.
+3. Among the blocks of that level with room, it takes the one with the fewest free
+   nodes (best fit). If no block of that level has room, the job waits: it never
+   spills to a larger level.
+4. With ``--segment`` each segment lies in one base block, placed best fit (the base
+   block with the fewest free nodes that holds it); without it the nodes are taken
+   from the block's base blocks, fullest-free first.
+There is no spare logic: every idle node may be allocated.
+"""
+
+from __future__ import annotations
+
+from placement.model import Fleet, JobRequest, Rack
+from placement.plans import PlacementPlan, not_placed
+from placement.policies.common import Context, segment_sizes, small_plan, whole_node_plan
+
+NAME = "slurm-block"
+
+
+def _free(rack: Rack, ctx: Context) -> int:
+    return 0 if rack.id in ctx.reserved else rack.free_count
+
+
+def slurm_block(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) -> PlacementPlan:
+    gpn = racks[0].gpus_per_node
+    if job.is_small(gpn):
+        return _small(job, racks, ctx)
+    n = job.nodes_needed(gpn)
+    seg = job.segment_nodes
+    if seg and seg > max(r.size for r in racks):
+        return not_placed(job, NAME, f"segment of {seg} nodes is larger than any block")
+    # 1-2. Smallest level whose aggregated block size holds the job.
+    level = 1
+    while level < len(racks) and sum(r.size for r in racks[:level]) < n:
+        level *= 2
+    blocks = [racks[i:i + level] for i in range(0, len(racks), level)]
+    if max(sum(r.size for r in b) for b in blocks) < n:
+        return not_placed(job, NAME, f"no block holds {n} nodes")
+    # 3. Best fit among blocks of that level that have room right now.
+    best: tuple[int, int] | None = None
+    for bi, block in enumerate(blocks):
+        if seg:
+            room = sum((_free(r, ctx) // seg) * seg for r in block)
+        else:
+            room = sum(_free(r, ctx) for r in block)
+        if room < n:
+            continue
+        free = sum(_free(r, ctx) for r in block)
+        if best is None or free < best[0]:
+            best = (free, bi)
+    if best is None:
+        return not_placed(job, NAME, f"no level-{level} block has {n} free nodes "
+                                     f"{'in whole segments ' if seg else ''}; the job waits")
+    block = blocks[best[1]]
+    label = f"block {block[0].id}" if level == 1 else f"level-{level} block {block[0].id}.."
+    choices = [f"smallest block level holding {n} nodes is {level} rack(s); {label} has "
+               f"the fewest free nodes ({best[0]}) among blocks with room"]
+    picks: list[tuple[Rack, list[int]]] = []
+    if seg:
+        # 4a. Each segment into the base block with the fewest free nodes that holds it.
+        left = {r.id: _free(r, ctx) for r in block}
+        taken: dict[str, list[int]] = {r.id: sorted(r.free) for r in block}
+        for size in segment_sizes(n, seg):
+            fits = [r for r in block if left[r.id] >= size]
+            rack = min(fits, key=lambda r: left[r.id])
+            slots, taken[rack.id] = taken[rack.id][:size], taken[rack.id][size:]
+            left[rack.id] -= size
+            picks.append((rack, slots))
+            choices.append(f"segment of {size} -> {rack.id} (best fit)")
+    else:
+        # 4b. Nodes from the block's base blocks, the ones with most free first.
+        need = n
+        for rack in sorted(block, key=lambda r: -_free(r, ctx)):
+            take = min(need, _free(rack, ctx))
+            if take:
+                picks.append((rack, sorted(rack.free)[:take]))
+                need -= take
+            if need == 0:
+                break
+    return whole_node_plan(fleet, job, NAME, picks, choices[0], choices)
+
+
+def _small(job: JobRequest, racks: list[Rack], ctx: Context) -> PlacementPlan:
+    # A single-node job is level 0: best fit over base blocks (fewest nodes with room),
+    # then the lowest-numbered node with enough free GPUs (cons_tres order).
+    best: tuple[int, int, Rack] | None = None
+    for pos, rack in enumerate(racks):
+        reserved = rack.id in ctx.reserved
+        avail = sum(1 for nd in rack.nodes if nd.free_gpus >= job.num_gpus
+                    and not (reserved and nd.used == 0))
+        if avail and (best is None or avail < best[0]):
+            best = (avail, pos, rack)
+    if best is None:
+        return not_placed(job, NAME, f"no node has {job.num_gpus} free GPUs")
+    rack = best[2]
+    reserved = rack.id in ctx.reserved
+    node = next(nd for nd in rack.nodes if nd.free_gpus >= job.num_gpus
+                and not (reserved and nd.used == 0))
+    return small_plan(job, NAME, node, f"block {rack.id} has the fewest nodes with room "
+                                       f"({best[0]}); lowest-numbered node {node.id}")
