@@ -9,6 +9,7 @@ from placement.model import Fleet, JobRequest
 from placement.plans import PlacementPlan, SchedulePlan, not_placed
 from placement.policies import POLICIES, Context
 from placement.policies.common import min_racks
+from placement.policies.rackwise import may_span
 
 DEFAULT_POLICY = "rackwise"
 
@@ -21,13 +22,15 @@ def place(
     seed: int = 0,
     rng: random.Random | None = None,
     reserved: Iterable[str] = (),
+    exclude: Iterable[str] = (),
     now: float | None = None,
 ) -> PlacementPlan:
     """Decide where ``job`` goes under ``policy``; the fleet is not changed.
 
     Returns a plan with ``placed`` False and a reason when the job must wait.
     ``reserved`` racks keep their idle nodes (look-ahead); ``now`` is the clock for
-    policies that weigh waiting against spanning racks. Deterministic for a seed.
+    policies that weigh waiting against spanning racks; ``exclude`` racks are not
+    used at all. Deterministic for a seed.
     """
     fn = POLICIES.get(policy)
     if fn is None:
@@ -35,7 +38,12 @@ def place(
     ctx = Context(rng or random.Random(seed), frozenset(reserved), now)
     best: PlacementPlan | None = None
     reasons: list[str] = []
+    skip = frozenset(exclude)
     for gpn, racks in fleet.groups.items():
+        if skip:
+            racks = [r for r in racks if r.id not in skip]
+            if not racks:
+                continue
         if not job.is_small(gpn) and job.nodes_needed(gpn) == 0:
             reasons.append(f"{gpn}-GPU nodes: job needs {job.gpus_per_node} GPUs per node")
             continue
@@ -133,9 +141,7 @@ def schedule(
 def _may_span_key(policy: str, job: JobRequest, now: float | None) -> bool:
     if policy != "rackwise":
         return False
-    from placement.policies.rackwise import _may_span
-
-    return _may_span(job, Context(now=now))
+    return may_span(job, Context(now=now))
 
 
 def _reserve(fleet: Fleet, job: JobRequest) -> frozenset[str]:

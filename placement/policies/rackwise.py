@@ -46,7 +46,7 @@ def rackwise(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) -> 
             return plan
         if job.locality == REQUIRED:
             return plan
-        if job.locality == PREFERRED and not _may_span(job, ctx):
+        if job.locality == PREFERRED and not may_span(job, ctx):
             return not_placed(job, NAME, plan.reason + "; spanning racks would cost more "
                                                        "than waiting so far, so it waits")
         spill = _many_racks(fleet, job, racks, n, ctx, k_start=2)
@@ -56,7 +56,7 @@ def rackwise(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) -> 
     return _many_racks(fleet, job, racks, n, ctx, k_start=min_racks(n, size, seg))
 
 
-def _may_span(job: JobRequest, ctx: Context) -> bool:
+def may_span(job: JobRequest, ctx: Context) -> bool:
     if ctx.now is None or job.submit_time is None or job.expected_duration is None:
         return True
     penalty = job.expected_duration * CROSS_RACK_SLOWDOWN / (1 - CROSS_RACK_SLOWDOWN)

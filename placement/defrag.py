@@ -1,0 +1,256 @@
+"""Defragmentation planning: the cheapest moves of preemptible jobs that make room."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from placement.fragmentation import fragmentation
+from placement.model import REQUIRED, Allocation, Fleet, JobRequest, Rack
+from placement.place import place, queue_order
+from placement.plans import DefragPlan, Move
+from placement.policies.common import min_racks
+from placement.recover import DEFAULT_RESTART_MINUTES, restart_cost_gpu_hours
+
+CANDIDATE_RACKS = 24  # racks evaluated per goal, fewest nodes to clear first
+
+
+@dataclass(frozen=True)
+class FreeRacks:
+    """Target: at least ``count`` racks with every healthy node idle."""
+
+    count: int
+
+
+@dataclass(frozen=True)
+class RoomFor:
+    """Target: room for a rack-local job of ``nodes`` whole nodes (``gpus_per_node``)."""
+
+    nodes: int
+    gpus_per_node: int = 4
+
+
+Target = FreeRacks | RoomFor
+
+
+def _whole_racks(fleet: Fleet) -> int:
+    return sum(1 for r in fleet.racks if r.free_count and r.free_count == r.healthy)
+
+
+def _local(job: JobRequest) -> JobRequest:
+    return dataclasses.replace(job, locality=REQUIRED)
+
+
+def defragment(
+    fleet: Fleet,
+    pending_jobs: Iterable[JobRequest] = (),
+    target: Target | None = None,
+    *,
+    budget_gpu_hours: float = math.inf,
+    max_moves: int | None = None,
+    restart_minutes: float = DEFAULT_RESTART_MINUTES,
+    shapes: Mapping[int, float] | Sequence[JobRequest] | None = None,
+) -> DefragPlan:
+    """Plan moves of preemptible jobs that make ``target`` (or the pending jobs) fit.
+
+    1. Goals: the target, or each pending gang that cannot be placed rack-locally now.
+    2. For a goal, each candidate rack (fewest nodes to clear first) is tried: its
+       occupants are moved out one by one, cheapest first (cost: GPU-hours lost to the
+       checkpoint interval and the restart), each re-placed by rackwise elsewhere.
+       A rack with a non-preemptible occupant, or an occupant with nowhere to go, is
+       skipped. The cheapest rack wins.
+    3. Goals are served in queue order while the budget (GPU-hours, moves) lasts.
+    4. The plan reports cost, the jobs it makes placeable, and fragmentation and whole
+       free racks before and after. The fleet itself is not changed.
+    """
+    pending = queue_order(pending_jobs)
+    shape_src: Mapping[int, float] | Sequence[JobRequest] | None = shapes or (
+        pending or None)
+    work = fleet.copy()
+    frag_before = fragmentation(fleet, shape_src).fraction
+    racks_before = _whole_racks(fleet)
+    placeable_before = {j.id for j in pending if place(work, _local(j)).placed}
+    max_moves = math.inf if max_moves is None else max_moves
+    moves: list[Move] = []
+    cost = 0.0
+    reasons: list[str] = []
+    targeted: set[str] = set()
+
+    # 1. Goals as (label, nodes to free in one rack, gpus_per_node) lists.
+    goals: list[tuple[str, list[tuple[int, int]]]] = []
+    if isinstance(target, FreeRacks):
+        missing = target.count - racks_before
+        goals = [(f"free rack {i + 1}", [(-1, 0)]) for i in range(max(0, missing))]
+        label = f"free {target.count} whole racks"
+    elif isinstance(target, RoomFor):
+        goals = [(f"room for {target.nodes} nodes", _segments(fleet, target.nodes,
+                                                              target.gpus_per_node))]
+        label = f"room for a job of {target.nodes} nodes"
+    else:
+        label = "room for the pending jobs"
+        for job in pending:
+            if job.id in placeable_before:
+                continue
+            for gpn in fleet.groups:
+                if not job.is_small(gpn) and job.nodes_needed(gpn):
+                    goals.append((f"job {job.id}", _segments(
+                        fleet, job.nodes_needed(gpn), gpn, job.segment_nodes)))
+                    break
+    if not goals:
+        reason = "nothing to do: the target is already met" if target else (
+            "nothing to do: every pending gang can already be placed rack-locally")
+        return DefragPlan(label, True, reason, fragmentation_before=frag_before,
+                          fragmentation_after=frag_before, free_racks_before=racks_before,
+                          free_racks_after=racks_before,
+                          jobs_made_placeable=[])
+    met = 0
+    for name, segs in goals:
+        goal_moves: list[Move] = []
+        goal_cost = 0.0
+        ok = True
+        for nodes, gpn in segs:
+            best = _best_rack(work, nodes, gpn, targeted, restart_minutes)
+            if best is None:
+                ok = False
+                reasons.append(f"{name}: no rack can be cleared by moving preemptible jobs")
+                break
+            rack, rack_moves, rack_cost = best
+            if (cost + goal_cost + rack_cost > budget_gpu_hours
+                    or len(moves) + len(goal_moves) + len(rack_moves) > max_moves):
+                ok = False
+                reasons.append(f"{name}: would exceed the budget")
+                break
+            _apply(work, rack_moves)
+            targeted.add(rack.id)
+            goal_moves += rack_moves
+            goal_cost += rack_cost
+        if ok:
+            moves += goal_moves
+            cost += goal_cost
+            met += 1
+            reasons.append(f"{name}: {len(goal_moves)} move(s), {goal_cost:.2f} GPU-h")
+        else:
+            _undo(work, goal_moves)
+            for m in goal_moves:
+                targeted.discard(fleet.nodes[m.from_nodes[0]].rack)
+            if target is not None:
+                break
+    made = [j.id for j in pending if j.id not in placeable_before
+            and place(work, _local(j)).placed]
+    feasible = met == len(goals)
+    return DefragPlan(
+        target=label,
+        feasible=feasible,
+        reason=("; ".join(reasons)),
+        moves=moves,
+        cost_gpu_hours=cost,
+        jobs_made_placeable=made,
+        fragmentation_before=frag_before,
+        fragmentation_after=fragmentation(work, shape_src).fraction,
+        free_racks_before=racks_before,
+        free_racks_after=_whole_racks(work),
+    )
+
+
+def _segments(fleet: Fleet, nodes: int, gpn: int, seg: int | None = None) -> list[
+        tuple[int, int]]:
+    """Per-rack node counts a gang needs: one rack, or equal segments over the fewest."""
+    racks = fleet.groups.get(gpn, [])
+    size = max((r.size for r in racks), default=0)
+    k = min_racks(nodes, size, seg) if size else 1
+    if seg:
+        return [(seg, gpn)] * (nodes // seg) + ([(nodes % seg, gpn)] if nodes % seg else [])
+    base, extra = divmod(nodes, k)
+    return [(base + 1, gpn)] * extra + [(base, gpn)] * (k - extra)
+
+
+def _need(rack: Rack, nodes: int) -> int:
+    """Nodes still to free so that rackwise would give ``nodes`` (-1: the whole rack)."""
+    if nodes < 0:
+        return rack.healthy - rack.free_count
+    borrow = nodes <= rack.spare_nodes or nodes > rack.size - rack.spare_nodes
+    have = rack.free_count if borrow else rack.slice_offer()
+    return max(0, nodes - have)
+
+
+def _best_rack(work: Fleet, nodes: int, gpn: int, targeted: set[str],
+               restart_minutes: float) -> tuple[Rack, list[Move], float] | None:
+    pool = work.groups.get(gpn, []) if gpn else work.racks
+    racks = [r for r in pool if r.id not in targeted
+             and (nodes < 0 or r.healthy >= nodes)]
+    racks.sort(key=lambda r: (_need(r, nodes), work.rack_pos[r.id]))
+    best: tuple[Rack, list[Move], float] | None = None
+    for rack in racks[:CANDIDATE_RACKS]:
+        if _need(rack, nodes) == 0:
+            return rack, [], 0.0
+        if any(not work.allocations[j].job.preemptible for n in rack.nodes for j in n.jobs):
+            if nodes < 0:
+                continue
+        trial = _clear(work, rack, nodes, targeted, restart_minutes)
+        _undo(work, trial[0] if trial else [])
+        if trial is None:
+            continue
+        moves, cost = trial
+        if best is None or (cost, len(moves)) < (best[2], len(best[1])):
+            best = (rack, moves, cost)
+    return best
+
+
+def _clear(work: Fleet, rack: Rack, nodes: int, targeted: set[str],
+           restart_minutes: float) -> tuple[list[Move], float] | None:
+    """Move occupants out of ``rack`` (cheapest per node freed first) until it has room.
+
+    The moves are applied to ``work``; on failure they are undone and None returned.
+    """
+    occupants: dict[str, float] = {}
+    for node in rack.nodes:
+        for jid in node.jobs:
+            if jid not in occupants:
+                a = work.allocations[jid]
+                here = sum(1 for n in a.nodes if work.nodes[n].rack == rack.id)
+                occupants[jid] = restart_cost_gpu_hours(a.job, a.gpus, restart_minutes) / here
+    moves: list[Move] = []
+    cost = 0.0
+    avoid = targeted | {rack.id}
+    for jid in sorted(occupants, key=lambda j: (occupants[j], j)):
+        if _need(rack, nodes) == 0:
+            break
+        alloc = work.allocations[jid]
+        if not alloc.job.preemptible:
+            continue
+        work.release(jid)
+        plan = place(work, alloc.job, exclude=avoid)
+        # Nothing may land in a rack being cleared (not even on a partly used node).
+        if not plan.placed or any(r in avoid for r in plan.racks):
+            work.allocate(alloc)
+            _undo(work, moves)
+            return None
+        new = plan.allocation(alloc.job)
+        work.allocate(new)
+        c = restart_cost_gpu_hours(alloc.job, alloc.gpus, restart_minutes)
+        moves.append(Move(jid, list(alloc.nodes), dict(new.nodes), new.segments, c,
+                          f"move out of {rack.id}: {plan.reason}"))
+        moves[-1].__dict__["_old"] = alloc
+        cost += c
+    if _need(rack, nodes) > 0:
+        _undo(work, moves)
+        return None
+    return moves, cost
+
+
+def _apply(work: Fleet, moves: list[Move]) -> None:
+    for m in moves:
+        old: Allocation = m.__dict__["_old"]
+        if work.allocations.get(m.job_id) is old:
+            work.release(m.job_id)
+            work.allocate(Allocation(old.job, dict(m.to_nodes), m.to_segments))
+
+
+def _undo(work: Fleet, moves: list[Move]) -> None:
+    for m in reversed(moves):
+        old: Allocation = m.__dict__["_old"]
+        if m.job_id in work.allocations and work.allocations[m.job_id] is not old:
+            work.release(m.job_id)
+            work.allocate(old)
