@@ -1,0 +1,141 @@
+"""Django admin for every model. State changes go through services (admin
+actions); inventory edits are audited; jobs, allocations and the audit log are
+read-only here."""
+
+from __future__ import annotations
+
+from django.contrib import admin, messages
+
+from fleet.models import GPU, Allocation, AuditEvent, Job, Node, Rack, Tenant
+from fleet.services import audit
+from fleet.services import jobs as job_services
+from fleet.services import nodes as node_services
+from fleet.services.errors import ServiceError
+
+
+def _run_service(modeladmin, request, queryset, service, verb: str) -> None:
+    done, refused = 0, []
+    for obj in queryset:
+        try:
+            service(request.user, obj.pk)
+            done += 1
+        except ServiceError as exc:
+            refused.append(str(exc))
+    if done:
+        modeladmin.message_user(request, f"{verb}: {done}", messages.SUCCESS)
+    for message in refused:
+        modeladmin.message_user(request, message, messages.WARNING)
+
+
+class AuditedAdmin(admin.ModelAdmin):
+    """Inventory edits made in the admin are written to the audit log."""
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        audit.record(
+            request.user,
+            f"{obj._meta.model_name}.{'change' if change else 'create'}",
+            obj,
+            after={name: str(form.cleaned_data.get(name)) for name in form.changed_data},
+        )
+
+    def delete_model(self, request, obj):
+        audit.record(request.user, f"{obj._meta.model_name}.delete", obj)
+        super().delete_model(request, obj)
+
+
+class NodeInline(admin.TabularInline):
+    model = Node
+    fields = ["slot", "hostname", "state", "state_reason"]
+    readonly_fields = ["state", "state_reason"]
+    extra = 0
+
+
+@admin.register(Rack)
+class RackAdmin(AuditedAdmin):
+    list_display = ["name", "kind", "site", "row", "position", "nodes_per_domain", "gpus_per_node", "spare_nodes"]
+    list_filter = ["kind", "site", "row"]
+    search_fields = ["name", "external_id"]
+    readonly_fields = ["version"]
+    inlines = [NodeInline]
+
+
+@admin.register(Node)
+class NodeAdmin(AuditedAdmin):
+    list_display = ["hostname", "rack", "slot", "state", "state_reason", "state_changed_at"]
+    list_filter = ["state", "rack__site", "rack"]
+    search_fields = ["hostname"]
+    readonly_fields = ["state", "state_reason", "state_changed_at", "last_heartbeat_at"]
+    actions = ["drain", "undrain", "mark_failed", "return_to_service"]
+
+    @admin.action(description="Drain selected nodes")
+    def drain(self, request, queryset):
+        _run_service(self, request, queryset, node_services.drain_node, "Drained")
+
+    @admin.action(description="Undrain selected nodes")
+    def undrain(self, request, queryset):
+        _run_service(self, request, queryset, node_services.undrain_node, "Undrained")
+
+    @admin.action(description="Mark selected nodes failed")
+    def mark_failed(self, request, queryset):
+        _run_service(self, request, queryset, node_services.mark_node_failed, "Marked failed")
+
+    @admin.action(description="Return selected nodes to service")
+    def return_to_service(self, request, queryset):
+        _run_service(self, request, queryset, node_services.return_node_to_service, "Returned")
+
+
+@admin.register(GPU)
+class GPUAdmin(AuditedAdmin):
+    list_display = ["__str__", "uuid", "health", "last_error"]
+    list_filter = ["health"]
+    search_fields = ["uuid", "node__hostname"]
+
+
+@admin.register(Tenant)
+class TenantAdmin(AuditedAdmin):
+    list_display = ["name"]
+    filter_horizontal = ["members"]
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Job)
+class JobAdmin(ReadOnlyAdmin):
+    list_display = ["id", "name", "tenant", "owner", "num_gpus", "num_nodes", "locality", "priority", "state", "submitted_at"]
+    list_filter = ["state", "locality", "tenant"]
+    search_fields = ["name", "owner__username"]
+    actions = ["cancel"]
+
+    @admin.action(description="Cancel selected jobs")
+    def cancel(self, request, queryset):
+        _run_service(self, request, queryset, job_services.cancel_job, "Cancelled")
+
+    def has_change_permission(self, request, obj=None):
+        # Needed for the cancel action to be offered; the form itself stays read-only.
+        return (obj is None and request.user.is_superuser) or super().has_change_permission(request, obj)
+
+    def get_readonly_fields(self, request, obj=None):
+        return [f.name for f in self.model._meta.fields]
+
+
+@admin.register(Allocation)
+class AllocationAdmin(ReadOnlyAdmin):
+    list_display = ["job", "gpu", "created_at", "released_at"]
+    list_filter = ["released_at"]
+
+
+@admin.register(AuditEvent)
+class AuditEventAdmin(ReadOnlyAdmin):
+    list_display = ["created_at", "actor_name", "action", "object_type", "object_repr", "message"]
+    list_filter = ["action", "object_type"]
+    search_fields = ["object_repr", "actor_name", "message"]

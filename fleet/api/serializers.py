@@ -1,0 +1,183 @@
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from fleet.choices import Locality
+from fleet.models import GPU, AuditEvent, Job, Node, Rack
+from fleet.permissions import sees_all_tenants
+
+
+class JobSubmitSerializer(serializers.Serializer):
+    """A job request. Give ``num_gpus``, or ``num_nodes`` with ``gpus_per_node``."""
+
+    name = serializers.CharField(max_length=200)
+    tenant = serializers.CharField(
+        max_length=100, required=False, help_text="Defaults to your only tenant."
+    )
+    num_gpus = serializers.IntegerField(required=False)
+    num_nodes = serializers.IntegerField(required=False)
+    gpus_per_node = serializers.IntegerField(required=False)
+    segment_nodes = serializers.IntegerField(
+        required=False, help_text="Nodes that must share one rack; default: the whole job."
+    )
+    locality = serializers.ChoiceField(
+        choices=Locality.choices,
+        default=Locality.REQUIRED,
+        error_messages={"invalid_choice": "unknown locality {input!r}; use required, preferred or none"},
+    )
+    priority = serializers.IntegerField(default=0, min_value=-1000, max_value=1000)
+    preemptible = serializers.BooleanField(default=True)
+    checkpoint_interval_s = serializers.IntegerField(default=3600, min_value=60)
+    expected_duration_s = serializers.IntegerField(required=False, min_value=1)
+
+
+class AllocatedNodeSerializer(serializers.Serializer):
+    node_id = serializers.IntegerField()
+    hostname = serializers.CharField()
+    rack = serializers.CharField()
+    gpus = serializers.ListField(child=serializers.IntegerField())
+
+
+class JobSerializer(serializers.ModelSerializer):
+    owner = serializers.CharField(source="owner.username", read_only=True)
+    tenant = serializers.CharField(source="tenant.name", read_only=True)
+    allocated = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Job
+        fields = [
+            "id", "name", "owner", "tenant", "num_gpus", "num_nodes", "gpus_per_node",
+            "segment_nodes", "locality", "priority", "preemptible", "checkpoint_interval_s",
+            "expected_duration_s", "state", "state_reason", "placement", "allocated",
+            "submitted_at", "placed_at", "started_at", "finished_at",
+        ]
+        read_only_fields = fields
+
+    def get_allocated(self, job: Job) -> list[dict]:
+        """The GPUs the job holds now, grouped by node."""
+        nodes: dict[int, dict] = {}
+        for alloc in job.allocations.all():
+            if alloc.released_at is not None:
+                continue
+            node = alloc.gpu.node
+            entry = nodes.setdefault(
+                node.id, {"node_id": node.id, "hostname": node.hostname, "rack": node.rack.name, "gpus": []}
+            )
+            entry["gpus"].append(alloc.gpu.index)
+        return AllocatedNodeSerializer(list(nodes.values()), many=True).data
+
+
+class RackSummarySerializer(serializers.Serializer):
+    gpus_total = serializers.IntegerField()
+    gpus_used = serializers.IntegerField()
+    gpus_free = serializers.IntegerField()
+    gpus_failed = serializers.IntegerField()
+    gpus_unavailable = serializers.IntegerField()
+    nodes_total = serializers.IntegerField()
+    nodes_free = serializers.IntegerField()
+    nodes_by_state = serializers.DictField(child=serializers.IntegerField())
+
+
+class RackSerializer(serializers.ModelSerializer):
+    summary = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Rack
+        fields = [
+            "id", "name", "external_id", "kind", "nodes_per_domain", "gpus_per_node",
+            "spare_nodes", "site", "row", "position", "version", "summary",
+        ]
+        read_only_fields = fields
+
+    def get_summary(self, rack: Rack) -> dict:
+        return RackSummarySerializer(self.context["summaries"][rack.id]).data
+
+
+class JobRefSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField(allow_null=True)
+    tenant = serializers.CharField(allow_null=True)
+
+
+class GPUCellSerializer(serializers.ModelSerializer):
+    job = serializers.SerializerMethodField()
+
+    class Meta:
+        model = GPU
+        fields = ["id", "index", "uuid", "health", "last_error", "last_xid", "job"]
+        read_only_fields = fields
+
+    def get_job(self, gpu: GPU) -> dict | None:
+        """The job on this GPU; another tenant's job shows only its id to a submitter."""
+        job = self.context["job_by_gpu"].get(gpu.id)
+        if job is None:
+            return None
+        user = self.context["request"].user
+        if sees_all_tenants(user) or job.tenant_id in self.context["my_tenant_ids"]:
+            return {"id": job.id, "name": job.name, "tenant": job.tenant.name}
+        return {"id": job.id, "name": None, "tenant": None}
+
+
+class NodeSerializer(serializers.ModelSerializer):
+    rack = serializers.CharField(source="rack.name", read_only=True)
+    rack_id = serializers.IntegerField(read_only=True)
+
+    class Meta:
+        model = Node
+        fields = [
+            "id", "rack_id", "rack", "slot", "hostname", "state", "state_reason",
+            "state_changed_at", "last_heartbeat_at",
+        ]
+        read_only_fields = fields
+
+
+class NodeDetailSerializer(NodeSerializer):
+    gpus = GPUCellSerializer(many=True, read_only=True)
+
+    class Meta(NodeSerializer.Meta):
+        fields = [*NodeSerializer.Meta.fields, "gpus"]
+        read_only_fields = fields
+
+
+class RackDetailSerializer(RackSerializer):
+    nodes = NodeDetailSerializer(many=True, read_only=True)
+
+    class Meta(RackSerializer.Meta):
+        fields = [*RackSerializer.Meta.fields, "nodes"]
+        read_only_fields = fields
+
+
+class ReasonSerializer(serializers.Serializer):
+    reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+
+
+class AuditEventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = AuditEvent
+        fields = [
+            "id", "created_at", "actor_name", "action", "object_type", "object_id",
+            "object_repr", "message", "before", "after", "request_id",
+        ]
+        read_only_fields = fields
+
+
+class FleetSummarySerializer(serializers.Serializer):
+    racks = serializers.IntegerField()
+    gpus_total = serializers.IntegerField()
+    gpus_used = serializers.IntegerField()
+    gpus_free = serializers.IntegerField()
+    gpus_failed = serializers.IntegerField()
+    gpus_unavailable = serializers.IntegerField()
+    nodes_total = serializers.IntegerField()
+    nodes_free = serializers.IntegerField()
+    utilization = serializers.FloatField()
+    utilization_of_usable = serializers.FloatField()
+    nodes_by_state = serializers.DictField(child=serializers.IntegerField())
+    jobs_by_state = serializers.DictField(child=serializers.IntegerField())
+    free_nodes_per_rack = serializers.ListField(child=serializers.DictField())
+
+
+class MeSerializer(serializers.Serializer):
+    username = serializers.CharField()
+    role = serializers.CharField(allow_null=True)
+    tenants = serializers.ListField(child=serializers.CharField())

@@ -1,0 +1,198 @@
+"""The REST API. Views translate HTTP to service calls and back; they hold no
+business rules (those live in fleet.services)."""
+
+from __future__ import annotations
+
+from django.db.models import Prefetch, Q
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from fleet.api import serializers as s
+from fleet.choices import Role
+from fleet.filtersets import AuditEventFilterSet, JobFilterSet, NodeFilterSet, RackFilterSet
+from fleet.models import GPU, Allocation, AuditEvent, Job, Node, Rack
+from fleet.permissions import may_cancel, role_of, sees_all_tenants, visible_jobs
+from fleet.services import jobs as job_services
+from fleet.services import nodes as node_services
+from fleet.services.summary import fleet_summary, rack_summaries
+
+
+class JobViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    viewsets.GenericViewSet,
+):
+    """Submit, list, read and cancel jobs. Submitters see their tenants' jobs only."""
+
+    serializer_class = s.JobSerializer
+    filterset_class = JobFilterSet
+    write_roles = {"create": Role.SUBMITTER, "cancel": Role.SUBMITTER}
+
+    def get_queryset(self):
+        active = Allocation.objects.filter(released_at__isnull=True).select_related(
+            "gpu__node__rack"
+        )
+        qs = Job.objects.select_related("owner", "tenant").prefetch_related(
+            Prefetch("allocations", queryset=active)
+        )
+        return visible_jobs(self.request.user, qs)
+
+    def get_serializer_class(self):
+        return s.JobSubmitSerializer if self.action == "create" else s.JobSerializer
+
+    @extend_schema(request=s.JobSubmitSerializer, responses={201: s.JobSerializer})
+    def create(self, request, *args, **kwargs):
+        form = s.JobSubmitSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        job = job_services.submit_job(request.user, job_services.JobSpec(**form.validated_data))
+        return Response(s.JobSerializer(self.get_queryset().get(pk=job.pk)).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses={200: s.JobSerializer})
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        job = self.get_object()  # 404 for jobs the user cannot see
+        if not may_cancel(request.user, job):
+            return Response({"detail": "You can cancel only your tenants' jobs."}, status=status.HTTP_403_FORBIDDEN)
+        job_services.cancel_job(request.user, job.pk)
+        return Response(s.JobSerializer(self.get_queryset().get(pk=job.pk)).data)
+
+
+class RackViewSet(viewsets.ReadOnlyModelViewSet):
+    """Racks (NVLink domains) with GPU and node counts; detail has every cell."""
+
+    queryset = Rack.objects.all()
+    filterset_class = RackFilterSet
+
+    def get_serializer_class(self):
+        return s.RackDetailSerializer if self.action == "retrieve" else s.RackSerializer
+
+    def get_queryset(self):
+        qs = Rack.objects.all()
+        if self.action == "retrieve":
+            qs = qs.prefetch_related(
+                Prefetch("nodes", queryset=Node.objects.prefetch_related("gpus"))
+            )
+        return qs
+
+    def list(self, request, *args, **kwargs):
+        queryset = self.filter_queryset(self.get_queryset())
+        page = self.paginate_queryset(queryset)
+        racks = page if page is not None else list(queryset)
+        data = self.get_serializer(racks, many=True).data
+        return self.get_paginated_response(data) if page is not None else Response(data)
+
+    def get_serializer(self, *args, **kwargs):
+        context = kwargs.pop("context", None) or self.get_serializer_context()
+        if args:
+            racks = args[0] if isinstance(args[0], list) else [args[0]]
+            # Summaries for exactly the racks being serialised, in a few grouped queries.
+            context["summaries"] = rack_summaries(Rack.objects.filter(id__in=[r.id for r in racks]))
+            if self.action == "retrieve":
+                context.update(_cell_context(self.request, Q(gpu__node__rack_id=racks[0].id)))
+        return self.get_serializer_class()(*args, context=context, **kwargs)
+
+
+def _cell_context(request, allocation_filter: Q) -> dict:
+    """Which job holds each GPU, for GPU cells in rack and node details."""
+    active = Allocation.objects.filter(allocation_filter, released_at__isnull=True).select_related(
+        "job__tenant"
+    )
+    return {
+        "job_by_gpu": {a.gpu_id: a.job for a in active},
+        "my_tenant_ids": set(request.user.tenants.values_list("id", flat=True))
+        if not sees_all_tenants(request.user)
+        else set(),
+    }
+
+
+class NodeViewSet(viewsets.ReadOnlyModelViewSet):
+    """Nodes, and the operator actions on them."""
+
+    filterset_class = NodeFilterSet
+
+    def get_queryset(self):
+        qs = Node.objects.select_related("rack")
+        if self.action != "list":
+            qs = qs.prefetch_related(Prefetch("gpus", queryset=GPU.objects.order_by("index")))
+        return qs
+
+    def get_serializer_class(self):
+        return s.NodeSerializer if self.action == "list" else s.NodeDetailSerializer
+
+    def get_serializer_context(self):
+        context = super().get_serializer_context()
+        if "pk" in self.kwargs:
+            context.update(_cell_context(self.request, Q(gpu__node_id=self.kwargs["pk"])))
+        return context
+
+    def _act(self, request, service) -> Response:
+        node = self.get_object()
+        form = s.ReasonSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        service(request.user, node.pk, form.validated_data["reason"])
+        fresh = self.get_queryset().get(pk=node.pk)
+        return Response(s.NodeDetailSerializer(fresh, context=self.get_serializer_context()).data)
+
+    @extend_schema(request=s.ReasonSerializer, responses={200: s.NodeDetailSerializer})
+    @action(detail=True, methods=["post"])
+    def drain(self, request, pk=None):
+        """Stop new work landing here; jobs on it finish in place."""
+        return self._act(request, node_services.drain_node)
+
+    @extend_schema(request=s.ReasonSerializer, responses={200: s.NodeDetailSerializer})
+    @action(detail=True, methods=["post"])
+    def undrain(self, request, pk=None):
+        return self._act(request, node_services.undrain_node)
+
+    @extend_schema(request=s.ReasonSerializer, responses={200: s.NodeDetailSerializer})
+    @action(detail=True, methods=["post"], url_path="mark-failed")
+    def mark_failed(self, request, pk=None):
+        """Take the node out of service; its jobs go to recovering."""
+        return self._act(request, node_services.mark_node_failed)
+
+    @extend_schema(request=s.ReasonSerializer, responses={200: s.NodeDetailSerializer})
+    @action(detail=True, methods=["post"], url_path="return-to-service")
+    def return_to_service(self, request, pk=None):
+        return self._act(request, node_services.return_node_to_service)
+
+
+class AuditEventViewSet(viewsets.ReadOnlyModelViewSet):
+    """The audit log. Submitters see their own actions and their tenants' jobs."""
+
+    queryset = AuditEvent.objects.none()  # for the schema; see get_queryset
+    serializer_class = s.AuditEventSerializer
+    filterset_class = AuditEventFilterSet
+
+    def get_queryset(self):
+        qs = AuditEvent.objects.all()
+        user = self.request.user
+        if getattr(self, "swagger_fake_view", False) or sees_all_tenants(user):
+            return qs
+        job_ids = [str(pk) for pk in visible_jobs(user, Job.objects.all()).values_list("id", flat=True)]
+        return qs.filter(Q(actor=user) | Q(object_type="job", object_id__in=job_ids))
+
+
+class FleetSummaryView(APIView):
+    """Totals, utilization and free nodes per rack."""
+
+    @extend_schema(responses=s.FleetSummarySerializer)
+    def get(self, request):
+        return Response(s.FleetSummarySerializer(fleet_summary()).data)
+
+
+class MeView(APIView):
+    """Who is calling, and with which role."""
+
+    @extend_schema(responses=s.MeSerializer)
+    def get(self, request):
+        role = role_of(request.user)
+        data = {
+            "username": request.user.get_username(),
+            "role": role.value if role else None,
+            "tenants": list(request.user.tenants.values_list("name", flat=True)),
+        }
+        return Response(s.MeSerializer(data).data)

@@ -1,0 +1,68 @@
+"""Enumerations shared by models, services, API and templates."""
+
+from django.db import models
+
+
+class RackKind(models.TextChoices):
+    NVL72 = "NVL72", "NVL72 (18 nodes x 4 GPUs)"
+    NVL36 = "NVL36", "NVL36 half of an NVL36x2 (9 nodes x 4 GPUs)"
+    HGX8 = "HGX8", "HGX 8-GPU node (1 node x 8 GPUs)"
+    CUSTOM = "CUSTOM", "Custom shape"
+
+
+# Default shape for each kind: (nodes per NVLink domain, GPUs per node, spare nodes).
+# Shapes are data on each Rack row; these only pre-fill new racks.
+RACK_KIND_DEFAULTS: dict[str, tuple[int, int, int]] = {
+    RackKind.NVL72: (18, 4, 2),
+    RackKind.NVL36: (9, 4, 1),
+    RackKind.HGX8: (1, 8, 0),
+}
+
+
+class NodeState(models.TextChoices):
+    HEALTHY = "healthy", "Healthy"
+    SUSPECT = "suspect", "Suspect"
+    FAILED = "failed", "Failed"
+    DRAINING = "draining", "Draining"
+    DRAINED = "drained", "Drained"
+    IN_REPAIR = "in_repair", "In repair"
+
+
+# Nodes in these states accept new work.
+SCHEDULABLE_NODE_STATES = (NodeState.HEALTHY,)
+# Nodes in these states count as failed capacity.
+FAILED_NODE_STATES = (NodeState.FAILED, NodeState.IN_REPAIR)
+
+
+class GpuHealth(models.TextChoices):
+    OK = "ok", "OK"
+    DEGRADED = "degraded", "Degraded"
+    FAILED = "failed", "Failed"
+
+
+class JobState(models.TextChoices):
+    PENDING = "pending", "Pending"
+    PLACED = "placed", "Placed"
+    RUNNING = "running", "Running"
+    RECOVERING = "recovering", "Recovering"
+    COMPLETED = "completed", "Completed"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+ACTIVE_JOB_STATES = (JobState.PENDING, JobState.PLACED, JobState.RUNNING, JobState.RECOVERING)
+FINISHED_JOB_STATES = (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED)
+# Jobs in these states hold GPUs.
+HOLDING_JOB_STATES = (JobState.PLACED, JobState.RUNNING, JobState.RECOVERING)
+
+
+class Locality(models.TextChoices):
+    REQUIRED = "required", "Required: wait rather than span racks"
+    PREFERRED = "preferred", "Preferred: span racks only when it cannot fit in one"
+    NONE = "none", "None: topology-blind"
+
+
+class Role(models.TextChoices):
+    VIEWER = "viewer", "Viewer"
+    SUBMITTER = "submitter", "Submitter"
+    OPERATOR = "operator", "Operator"

@@ -1,0 +1,46 @@
+"""Create the demo fleet and demo users. Safe to run again: what exists is kept."""
+
+from django.core.management.base import BaseCommand
+
+from fleet.choices import RackKind, Role
+from fleet.models import Rack
+from fleet.services.inventory import create_rack
+from fleet.services.users import ensure_user
+
+DEMO_PASSWORD = "rackwise-demo"
+DEMO_USERS = [
+    ("operator", Role.OPERATOR, ["llm", "vision"]),
+    ("viewer", Role.VIEWER, []),
+    ("submitter", Role.SUBMITTER, ["llm"]),
+    ("vision-submitter", Role.SUBMITTER, ["vision"]),
+]
+DEMO_RACKS = 8
+
+
+class Command(BaseCommand):
+    help = "Create a demo fleet (8 NVL72 racks) and a demo user for each role."
+
+    def handle(self, *args, **options):
+        created = 0
+        for i in range(DEMO_RACKS):
+            name = f"rack-{i + 1:02d}"
+            if Rack.objects.filter(name=name).exists():
+                continue
+            create_rack(
+                None,
+                name=name,
+                kind=RackKind.NVL72,
+                external_id=f"demo-cluster.{i + 1}",
+                site="demo-dc",
+                row="A" if i < DEMO_RACKS // 2 else "B",
+                position=i % (DEMO_RACKS // 2) + 1,
+            )
+            created += 1
+        for username, role, tenants in DEMO_USERS:
+            ensure_user(None, username, role=role, tenants=tenants, password=DEMO_PASSWORD)
+        self.stdout.write(f"Demo fleet: {Rack.objects.count()} racks ({created} new).")
+        self.stdout.write("Log in at http://127.0.0.1:8000/ with one of these users,")
+        self.stdout.write(f"password {DEMO_PASSWORD!r}:")
+        for username, role, tenants in DEMO_USERS:
+            extra = f" (tenants: {', '.join(tenants)})" if tenants else ""
+            self.stdout.write(f"  {username:<17} {role}{extra}")

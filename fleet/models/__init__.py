@@ -1,0 +1,5 @@
+from fleet.models.audit import AuditEvent
+from fleet.models.jobs import Allocation, Job, Tenant
+from fleet.models.racks import GPU, Node, Rack
+
+__all__ = ["GPU", "Allocation", "AuditEvent", "Job", "Node", "Rack", "Tenant"]

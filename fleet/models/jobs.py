@@ -1,0 +1,99 @@
+"""Work: tenants, jobs, and the allocations that bind jobs to GPUs."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from fleet.choices import JobState, Locality
+
+
+class Tenant(models.Model):
+    """A team or project. Submitters see and act on the jobs of their tenants."""
+
+    name = models.SlugField(max_length=100, unique=True)
+    members = models.ManyToManyField(settings.AUTH_USER_MODEL, related_name="tenants", blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Job(models.Model):
+    """A request for GPUs. The shape is stored normalised: ``num_gpus`` always, and
+    for multi-node gangs ``num_nodes`` x ``gpus_per_node`` as well."""
+
+    name = models.CharField(max_length=200)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs"
+    )
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="jobs")
+    num_gpus = models.PositiveIntegerField()
+    num_nodes = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Whole nodes for a gang; empty for a sub-node job."
+    )
+    gpus_per_node = models.PositiveSmallIntegerField(null=True, blank=True)
+    segment_nodes = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Nodes that must share one NVLink domain."
+    )
+    locality = models.CharField(max_length=16, choices=Locality.choices, default=Locality.REQUIRED)
+    priority = models.IntegerField(default=0)
+    preemptible = models.BooleanField(default=True)
+    checkpoint_interval_s = models.PositiveIntegerField(default=3600)
+    expected_duration_s = models.PositiveIntegerField(null=True, blank=True)
+    state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING)
+    state_reason = models.CharField(max_length=500, blank=True, default="")
+    # The placement as decided: {"racks": [...], "nodes": [...], "reason": "..."}.
+    # Allocation rows are the truth for which GPUs are held; this keeps the why.
+    placement = models.JSONField(default=dict, blank=True)
+    submitted_at = models.DateTimeField(default=timezone.now)
+    placed_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-submitted_at", "-id"]
+        indexes = [models.Index(fields=["state", "priority"])]
+        constraints = [
+            models.CheckConstraint(condition=Q(num_gpus__gte=1), name="job_positive_gpus"),
+            models.CheckConstraint(
+                condition=Q(num_nodes__isnull=True, gpus_per_node__isnull=True)
+                | Q(num_nodes__gte=1, gpus_per_node__gte=1),
+                name="job_nodes_and_gpus_per_node_together",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} (#{self.pk})"
+
+    @property
+    def is_gang(self) -> bool:
+        return self.num_nodes is not None
+
+
+class Allocation(models.Model):
+    """A job holding one GPU. Active while ``released_at`` is empty."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="allocations")
+    gpu = models.ForeignKey("fleet.GPU", on_delete=models.PROTECT, related_name="allocations")
+    created_at = models.DateTimeField(default=timezone.now)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["gpu"]
+        constraints = [
+            # The last line of defence: whatever the code above does, the database
+            # refuses a second active allocation of the same GPU.
+            models.UniqueConstraint(
+                fields=["gpu"],
+                condition=Q(released_at__isnull=True),
+                name="allocation_one_active_per_gpu",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} -> {self.gpu_id}"

