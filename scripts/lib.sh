@@ -18,6 +18,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# pip, without the machine-specific "Location ... is ignored" noise.
+pip_quiet() {
+  "$PY" -m pip -q --disable-pip-version-check "$@" 2> >(grep -v '^WARNING: Location' >&2)
+}
+
 # 1. A virtualenv with the pinned dependencies; reinstalls only when a
 #    requirements file changes.
 setup_python() {
@@ -32,8 +37,8 @@ setup_python() {
   stamp="$VENV/.installed-$(cat requirements*.txt | sha256sum | cut -c1-16)-$(basename "$reqs")"
   if [ ! -f "$stamp" ]; then
     log "Installing $reqs"
-    "$PY" -m pip install -q --disable-pip-version-check --upgrade pip
-    "$PY" -m pip install -q --disable-pip-version-check -r "$reqs"
+    pip_quiet install --upgrade pip
+    pip_quiet install -r "$reqs"
     rm -f "$VENV"/.installed-*
     touch "$stamp"
   fi
