@@ -162,6 +162,9 @@ class Allocation:
     job: JobRequest
     nodes: dict[str, tuple[int, ...]]
     segments: list[list[str]] = field(default_factory=list)
+    # When the job is expected to end (seconds, same clock as ``now``); look-ahead
+    # uses it to tell when reserved racks will have room. None: unknown.
+    expected_end: float | None = None
 
     @property
     def job_id(self) -> str:
@@ -176,6 +179,7 @@ class Allocation:
             "job_id": self.job.id,
             "nodes": {k: list(v) for k, v in self.nodes.items()},
             "segments": [list(s) for s in self.segments],
+            "expected_end": self.expected_end,
         }
 
 
@@ -311,8 +315,12 @@ class Fleet:
         return all(len(self.allocations[j].nodes) == 1 and self.allocations[j].job.is_small(
             node.gpus) for j in node.jobs if j in self.allocations)
 
-    def allocate(self, alloc: Allocation) -> None:
-        """Record a job's allocation. Raises CapacityError if any GPU is unavailable."""
+    def allocate(self, alloc: Allocation, *, restore: bool = False) -> None:
+        """Record a job's allocation. Raises CapacityError if any GPU is unavailable.
+
+        ``restore`` puts back an allocation that was released for a what-if, even if
+        one of its nodes has failed meanwhile (the job is still there).
+        """
         jid = alloc.job.id
         if jid in self.allocations:
             raise CapacityError(f"job {jid} already holds an allocation")
@@ -320,7 +328,7 @@ class Fleet:
             node = self.nodes.get(nid)
             if node is None:
                 raise CapacityError(f"job {jid}: unknown node {nid}")
-            if node.health != HEALTHY:
+            if node.health != HEALTHY and not restore:
                 raise CapacityError(f"job {jid}: node {nid} is {node.health}")
             mask = 0
             for g in gpus:

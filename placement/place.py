@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Iterable
 
-from placement.model import Fleet, JobRequest
+from placement.model import HEALTHY, Fleet, JobRequest
 from placement.plans import PlacementPlan, SchedulePlan, not_placed
 from placement.policies import POLICIES, Context
 from placement.policies.common import min_racks
-from placement.policies.rackwise import may_span
 
 DEFAULT_POLICY = "rackwise"
 
@@ -22,19 +22,24 @@ def place(
     seed: int = 0,
     rng: random.Random | None = None,
     reserved: Iterable[str] = (),
+    reserved_until: float | None = None,
     exclude: Iterable[str] = (),
     now: float | None = None,
 ) -> PlacementPlan:
     """Decide where ``job`` goes under ``policy``; the fleet is not changed.
 
     Returns a plan with ``placed`` False and a reason when the job must wait.
-    ``reserved`` racks keep their idle nodes (look-ahead); ``now`` is the clock for
+    ``reserved`` racks keep their idle nodes (look-ahead) until ``reserved_until``: a
+    job expected to end by then may use them (EASY backfill); ``now`` is the clock for
     policies that weigh waiting against spanning racks; ``exclude`` racks are not
     used at all. Deterministic for a seed.
     """
     fn = POLICIES.get(policy)
     if fn is None:
         raise ValueError(f"unknown policy {policy!r}; choose from {sorted(POLICIES)}")
+    if (reserved_until is not None and now is not None and job.expected_duration is not None
+            and now + job.expected_duration <= reserved_until):
+        reserved = ()  # it ends before the blocked job could start: backfill freely
     ctx = Context(rng or random.Random(seed), frozenset(reserved), now)
     best: PlacementPlan | None = None
     reasons: list[str] = []
@@ -103,52 +108,60 @@ def schedule(
     1. Jobs are taken by priority, then submit time.
     2. Baselines start any job that fits (best-effort FIFO, Kueue's default; Slurm's
        main scheduler behaves so for jobs without time limits).
-    3. ``rackwise`` looks ahead: the first gang that cannot start gets a reservation
-       on the racks closest to holding it (most idle nodes); later jobs backfill only
-       outside those racks (small jobs may still fill partly used nodes there), so a
-       blocked big job is not starved by a stream of small ones.
+    3. ``rackwise`` looks ahead (EASY backfill at rack level): the first gang that
+       cannot start reserves the racks that will hold it soonest (from the running
+       jobs' ``expected_end``); later jobs use those racks' idle nodes only if they are
+       expected to end before then, so a blocked big job is not starved by a stream
+       of small ones and backfill does not delay it.
     With ``apply`` the placements are recorded on ``fleet``; otherwise on a copy.
     """
     work = fleet if apply else fleet.copy()
     rng = rng or random.Random(seed)
     out = SchedulePlan(policy)
     reserved: frozenset[str] = frozenset()
+    until: float | None = None
     failed: dict[tuple[object, ...], str] = {}
     for job in queue_order(pending):
         if not any(r.free for r in work.racks) and not any(work.partial.values()):
             out.waiting[job.id] = "no free GPU in the fleet"
             continue
         key = (job.num_gpus, job.num_nodes, job.gpus_per_node, job.segment_nodes,
-               job.locality, _may_span_key(policy, job, now))
+               job.locality, job.expected_duration if reserved else None)
         if key in failed:
             out.waiting[job.id] = failed[key]
             continue
-        plan = place(work, job, policy, rng=rng, reserved=reserved, now=now)
+        plan = place(work, job, policy, rng=rng, reserved=reserved, reserved_until=until,
+                     now=now)
         if plan.placed:
-            work.allocate(plan.allocation(job))
+            alloc = plan.allocation(job)
+            if now is not None and job.expected_duration is not None:
+                alloc.expected_end = now + job.expected_duration
+            work.allocate(alloc)
             out.placements.append(plan)
             continue
         failed[key] = plan.reason
         out.waiting[job.id] = plan.reason
         if policy == "rackwise" and not reserved:
-            reserved = _reserve(work, job)
+            reserved, until = reservation(work, job, now)
             if reserved:
-                failed.clear()  # the reservation changes what later jobs may use
-                out.reservation = {"job_id": job.id, "racks": sorted(reserved)}
+                out.reservation = {"job_id": job.id, "racks": sorted(reserved),
+                                   "until": until}
     return out
 
 
-def _may_span_key(policy: str, job: JobRequest, now: float | None) -> bool:
-    if policy != "rackwise":
-        return False
-    return may_span(job, Context(now=now))
+def reservation(fleet: Fleet, job: JobRequest, now: float | None
+                ) -> tuple[frozenset[str], float | None]:
+    """Racks to hold for a blocked gang, and when they are expected to hold it.
 
-
-def _reserve(fleet: Fleet, job: JobRequest) -> frozenset[str]:
-    """Racks to hold for a blocked gang: those with the most idle nodes."""
+    1. Candidates: the racks with the most idle nodes (a short list, for speed).
+    2. For each, walk its running jobs by expected end until enough nodes would be
+       idle (the gang's share of the rack plus the spares rackwise keeps).
+    3. Keep the racks that are ready soonest; the reservation lasts until the last
+       of them is ready (None: some end is unknown, so no backfill into them).
+    """
     for gpn, racks in fleet.groups.items():
         if job.is_small(gpn):
-            return frozenset()  # small jobs are never starved: any node will do
+            return frozenset(), None  # small jobs are never starved: any node will do
         n = job.nodes_needed(gpn)
         if n == 0:
             continue
@@ -156,6 +169,37 @@ def _reserve(fleet: Fleet, job: JobRequest) -> frozenset[str]:
         k = min_racks(n, size, job.segment_nodes)
         if k > len(racks):
             continue
-        best = sorted(racks, key=lambda r: (-r.free_count, fleet.rack_pos[r.id]))[:k]
-        return frozenset(r.id for r in best)
-    return frozenset()
+        share = -(-n // k) if not job.segment_nodes else min(n, job.segment_nodes)
+        cands = sorted(racks, key=lambda r: (-r.free_count, fleet.rack_pos[r.id]))[:k + 8]
+        ready: list[tuple[float, int, str]] = []
+        for rack in cands:
+            borrow = share <= rack.spare_nodes or share > rack.size - rack.spare_nodes
+            need = share + (0 if borrow else rack.unlent_spares())
+            ready.append((_ready_at(fleet, rack.id, need, now), fleet.rack_pos[rack.id],
+                          rack.id))
+        ready.sort()
+        chosen = ready[:k]
+        until = max(t for t, _, _ in chosen)
+        return frozenset(r for _, _, r in chosen), (None if until == math.inf else until)
+    return frozenset(), None
+
+
+def _ready_at(fleet: Fleet, rack_id: str, need: int, now: float | None) -> float:
+    rack = fleet.rack_by_id[rack_id]
+    idle = rack.free_count
+    if idle >= need:
+        return now if now is not None else 0.0
+    ends: dict[str, float] = {}
+    for node in rack.nodes:
+        for jid in node.jobs:
+            end = fleet.allocations[jid].expected_end
+            ends[jid] = math.inf if end is None else end
+    # A node becomes idle when the last of its jobs ends.
+    node_free_at = sorted(
+        max((ends[j] for j in node.jobs), default=0.0)
+        for node in rack.nodes if node.jobs and node.health == HEALTHY
+    )
+    missing = need - idle
+    if missing > len(node_free_at):
+        return math.inf
+    return node_free_at[missing - 1]

@@ -77,7 +77,7 @@ def _plan(fleet: Fleet, alloc: Allocation, hit: list[str], policy: str,
             swaps, still = _swaps(fleet, alloc, hit, small, frozenset())
         finally:
             for a in released:
-                fleet.allocate(a)
+                fleet.allocate(a, restore=True)
         if not still:
             why = (f"preempt {', '.join(victims)} (preemptible, lower priority or borrowing "
                    f"spares) to free node(s) in the same rack, then swap")
@@ -92,7 +92,7 @@ def _plan(fleet: Fleet, alloc: Allocation, hit: list[str], policy: str,
     try:
         plan = place(fleet, job, policy)
     finally:
-        fleet.allocate(alloc)
+        fleet.allocate(alloc, restore=True)
     if plan.placed:
         why = f"move the whole job: {plan.reason}"
         steps.append(f"checkpoint-restart {job.id} on racks {', '.join(plan.racks)}")
@@ -169,7 +169,7 @@ def _victims(fleet: Fleet, alloc: Allocation, hit: list[str], short: set[str], s
             ok = _idle_in(fleet, rack.id, alloc, small) >= count
         finally:
             for a in freed:
-                fleet.allocate(a)
+                fleet.allocate(a, restore=True)
         if not ok:
             return None
     return chosen or None

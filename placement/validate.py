@@ -38,12 +38,15 @@ def validate(
     *,
     raise_on_error: bool = False,
     job: object = None,
+    topology: bool = True,
 ) -> list[Violation]:
     """Return every violated invariant (empty list: all good).
 
     ``allocations`` defaults to the fleet's own. Pass a PlacementPlan (with ``job``,
     the JobRequest) to check it against the fleet as it stands before applying it.
     With ``raise_on_error`` an InvariantError is raised instead of returning.
+    ``topology=False`` skips the locality and segment rules (for topology-blind
+    policies, which cannot know them).
     """
     if isinstance(allocations, PlacementPlan):
         from placement.model import JobRequest
@@ -53,9 +56,10 @@ def validate(
         allocs: dict[str, Allocation] = dict(fleet.allocations)
         if allocations.placed:
             allocs[job.id] = allocations.allocation(job)
-        out = _check(fleet, allocs)
+        out = _check(fleet, allocs, topology)
     else:
-        out = _check(fleet, fleet.allocations if allocations is None else allocations)
+        out = _check(fleet, fleet.allocations if allocations is None else allocations,
+                     topology)
     if out and raise_on_error:
         raise InvariantError(out)
     return out
@@ -70,7 +74,8 @@ def validate_recovery(fleet: Fleet, plan: RecoveryPlan) -> list[Violation]:
     return _check(trial, trial.allocations)
 
 
-def _check(fleet: Fleet, allocations: Mapping[str, Allocation]) -> list[Violation]:
+def _check(fleet: Fleet, allocations: Mapping[str, Allocation],
+           topology: bool = True) -> list[Violation]:
     out: list[Violation] = []
     held: dict[tuple[str, int], str] = {}
     for jid, alloc in allocations.items():
@@ -111,6 +116,8 @@ def _check(fleet: Fleet, allocations: Mapping[str, Allocation]) -> list[Violatio
         for node in known:
             if len(alloc.nodes[node.id]) != node.gpus:
                 out.append(Violation(jid, "gang", f"holds part of node {node.id}"))
+        if not topology:
+            continue
         segs = alloc.segments or [list(alloc.nodes)]
         covered = [n for s in segs for n in s]
         if sorted(covered) != sorted(alloc.nodes):

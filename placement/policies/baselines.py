@@ -2,8 +2,9 @@
 
 ``first-fit`` is Slurm's linear selection without a topology plugin (nodes as a
 one-dimensional array, lowest-numbered free nodes first); ``random`` picks free
-nodes uniformly at random (the classic control). Both ignore racks when choosing;
-when their pick breaks a hard constraint (required locality, segments) the job waits.
+nodes uniformly at random (the classic control). Both ignore racks entirely, so they
+cannot honour required locality or segments: ``validate(..., topology=False)`` is the
+check that applies to them.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def first_fit(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) ->
         for i in sorted(rack.free):
             picked.append(fleet.node_at(rack.id, i).id)
             if len(picked) == n:
-                return blind_gang_plan(fleet, job, "first-fit", racks, picked,
+                return blind_gang_plan(fleet, job, "first-fit", picked,
                                        "lowest-numbered free nodes")
     return not_placed(job, "first-fit", f"only {len(picked)} free nodes, {n} needed")
 
@@ -47,4 +48,4 @@ def random_fit(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) -
     if len(free) < n:
         return not_placed(job, "random", f"only {len(free)} free nodes, {n} needed")
     picked = ctx.rng.sample(free, n)
-    return blind_gang_plan(fleet, job, "random", racks, picked, "random free nodes")
+    return blind_gang_plan(fleet, job, "random", picked, "random free nodes")

@@ -6,8 +6,8 @@ import math
 import random
 from dataclasses import dataclass, field
 
-from placement.model import REQUIRED, Fleet, JobRequest, Node, Rack
-from placement.plans import PlacementPlan, not_placed
+from placement.model import Fleet, JobRequest, Node, Rack
+from placement.plans import PlacementPlan
 
 
 @dataclass
@@ -81,33 +81,15 @@ def group_by_rack(fleet: Fleet, node_ids: list[str]) -> list[tuple[Rack, list[in
 
 
 def blind_gang_plan(
-    fleet: Fleet, job: JobRequest, policy: str, racks: list[Rack], node_ids: list[str],
-    why: str,
+    fleet: Fleet, job: JobRequest, policy: str, node_ids: list[str], why: str,
 ) -> PlacementPlan:
-    """Wrap a topology-blind pick; refuse it if it breaks the job's hard constraints.
-
-    A topology-blind scheduler cannot aim for them, so when its natural pick happens
-    to break ``required`` locality or a segment, the job waits (it does not search).
-    """
+    """Wrap a topology-blind pick. The policy cannot see racks, so it cannot honour
+    required locality or segments either: the plan records where the nodes landed
+    (one segment per rack) and the invariant checker will flag a broken constraint."""
     picks = group_by_rack(fleet, node_ids)
-    n = len(node_ids)
-    size = max(r.size for r in racks)
-    if job.segment_nodes:
-        segs: list[tuple[Rack, list[int]]] = []
-        for rack, slots in picks:
-            for k in range(0, len(slots), job.segment_nodes):
-                segs.append((rack, slots[k:k + job.segment_nodes]))
-        if sorted(len(s) for _, s in segs) != sorted(segment_sizes(n, job.segment_nodes)):
-            return not_placed(job, policy, f"{why} would split a {job.segment_nodes}-node "
-                                           "segment across racks; the job waits")
-        picks = segs
-    if job.locality == REQUIRED and len({r.id for r, _ in picks}) > min_racks(
-            n, size, job.segment_nodes):
-        return not_placed(job, policy, f"{why} span {len({r.id for r, _ in picks})} racks; "
-                                       "required locality not met, the job waits")
+    n_racks = len(picks)
     return whole_node_plan(fleet, job, policy, picks,
-                           f"{why} ({n} nodes in {len({r.id for r, _ in picks})} racks)",
-                           [why])
+                           f"{why} ({len(node_ids)} nodes in {n_racks} racks)", [why])
 
 
 def small_candidates(fleet: Fleet, racks: list[Rack], gpus: int, ctx: Context) -> list[Node]:

@@ -21,7 +21,7 @@ Capacity is counted in pods, one pod per whole node (in slices when segmented).
 
 from __future__ import annotations
 
-from placement.model import NONE, REQUIRED, Fleet, JobRequest, Rack
+from placement.model import NONE, PREFERRED, REQUIRED, Fleet, JobRequest, Rack
 from placement.plans import PlacementPlan, not_placed
 from placement.policies.common import Context, segment_sizes, small_plan, whole_node_plan
 
@@ -59,12 +59,15 @@ def kueue_tas(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) ->
                                    [why])
         if job.locality == REQUIRED:
             return not_placed(job, NAME, f"required: no rack has {n} free nodes; waits")
+    if job.locality == PREFERRED and job.segment_nodes is None:
+        # Preferred spills upward with no slice constraint: pods (nodes) one by one.
+        slices = [1] * n
+
+        def cap(rack: Rack) -> int:
+            return 0 if rack.id in ctx.reserved else rack.free_count
     # BestFit one level up: most free first, last domain the tightest that fits.
     order = sorted(racks, key=lambda r: (-cap(r), pos[r.id]))
-    plan = _take(fleet, job, order, slices, ctx, "BestFit")
-    if plan.placed and job.locality == REQUIRED and len(slices) == 1:
-        return not_placed(job, NAME, "required locality not met")
-    return plan
+    return _take(fleet, job, order, slices, ctx, "BestFit")
 
 
 def _take(fleet: Fleet, job: JobRequest, order: list[Rack], slices: list[int], ctx: Context,
@@ -96,6 +99,11 @@ def _take(fleet: Fleet, job: JobRequest, order: list[Rack], slices: list[int], c
                 remaining.remove(s)
     if remaining:
         return not_placed(job, NAME, f"{profile}: not enough free nodes in whole slices; waits")
+    if max(slices) == 1:  # single-pod slices: one segment per rack
+        merged: dict[str, tuple[Rack, list[int]]] = {}
+        for rack, slots in picks:
+            merged.setdefault(rack.id, (rack, []))[1].extend(slots)
+        picks = list(merged.values())
     why = f"{profile}: {len(used)} rack(s) " + ", ".join(r.id for r in used)
     return whole_node_plan(fleet, job, NAME, picks, why, [why])
 

@@ -10,14 +10,15 @@
 3. Otherwise, for ``preferred`` or ``none`` locality, or gangs bigger than a rack:
    the fewest racks, with the gang split into equal segments (24 -> 12+12, not
    16+8), each segment best fit onto the rack with the smallest offer that holds it.
-   A ``preferred`` gang that fits in one rack waits for one until it has waited as
-   long as spanning racks would cost it (``expected_duration * F / (1 - F)`` with the
-   cross-rack slowdown F); without a clock (``now`` is None) it spans at once.
+   A gang that is not ``required`` waits for the fewest racks until it has waited as
+   long as spanning more racks would cost it (``expected_duration * F / (1 - F)``
+   with the cross-rack slowdown F): locality ``none`` only says the user accepts a
+   span, not that it is free. Without a clock (``now`` is None) it spans at once.
 """
 
 from __future__ import annotations
 
-from placement.model import PREFERRED, REQUIRED, Fleet, JobRequest, Node, Rack
+from placement.model import REQUIRED, Fleet, JobRequest, Node, Rack
 from placement.plans import PlacementPlan, not_placed
 from placement.policies.common import (
     Context,
@@ -29,6 +30,7 @@ from placement.policies.common import (
 
 NAME = "rackwise"
 CROSS_RACK_SLOWDOWN = 0.43
+SPAN_PATIENCE = float("inf")
 
 
 def rackwise(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) -> PlacementPlan:
@@ -46,7 +48,7 @@ def rackwise(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) -> 
             return plan
         if job.locality == REQUIRED:
             return plan
-        if job.locality == PREFERRED and not may_span(job, ctx):
+        if not may_span(job, ctx):
             return not_placed(job, NAME, plan.reason + "; spanning racks would cost more "
                                                        "than waiting so far, so it waits")
         spill = _many_racks(fleet, job, racks, n, ctx, k_start=2)
@@ -60,7 +62,7 @@ def may_span(job: JobRequest, ctx: Context) -> bool:
     if ctx.now is None or job.submit_time is None or job.expected_duration is None:
         return True
     penalty = job.expected_duration * CROSS_RACK_SLOWDOWN / (1 - CROSS_RACK_SLOWDOWN)
-    return ctx.now - job.submit_time >= penalty
+    return ctx.now - job.submit_time >= SPAN_PATIENCE * penalty
 
 
 def _offer(rack: Rack, ctx: Context, borrow: bool) -> int:
@@ -100,7 +102,11 @@ def _many_racks(fleet: Fleet, job: JobRequest, racks: list[Rack], n: int, ctx: C
     """Fewest racks; equal segments; each segment best fit (smallest offer that holds it)."""
     seg = job.segment_nodes
     size = max(r.size for r in racks)
-    k_limit = len(racks) if job.locality != REQUIRED else min_racks(n, size, seg)
+    # Fewest racks only, unless the job may span racks (locality none, or a preferred
+    # job that has waited as long as the slowdown would cost it).
+    k_min = min_racks(n, size, seg)
+    spread_ok = job.locality != REQUIRED and may_span(job, ctx)
+    k_limit = len(racks) if spread_ok else max(k_min, k_start)
     pos = {r.id: i for i, r in enumerate(racks)}
     for k in range(max(1, k_start), k_limit + 1):
         sizes = _split(n, k, seg)

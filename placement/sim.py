@@ -1,0 +1,445 @@
+"""The discrete-event trace replay behind ``python -m placement.simulate``.
+
+Events: arrivals, completions, node failures, node repairs. After every batch of
+events at one instant, a queue pass starts what may start. Failures follow one
+seeded sequence (exponential gaps, MTBF per node, node picked uniformly), the same
+for every policy, so policies face identical faults while the run lasts.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from placement.fragmentation import fragmentation
+from placement.model import FAILED, HEALTHY, Allocation, Fleet, JobRequest
+from placement.place import can_ever_fit, place, reservation
+from placement.policies.common import min_racks
+from placement.recover import apply_recovery, recover
+from placement.trace import TraceJob
+
+POLICY_NAMES = ("rackwise", "first-fit", "random", "slurm-block", "kueue-tas")
+
+# Event kinds, in the order they are handled at one instant: free first, then harm,
+# then new work.
+COMPLETE, REPAIR, FAIL, ARRIVE = 0, 1, 2, 3
+
+
+@dataclass
+class SimConfig:
+    racks: int = 64
+    nodes_per_rack: int = 18
+    gpus_per_node: int = 4
+    cross_rack_slowdown: float = 0.43
+    node_mtbf_hours: float = 12700.0
+    repair_hours: float = 24.0
+    checkpoint_minutes: float = 60.0
+    restart_minutes: float = 10.0
+    seed: int = 0
+    samples: int = 0  # >0: record that many (time, util, queue, frag) points
+    spare_nodes: int = 2  # per-rack spare policy (rackwise keeps these from big gangs)
+    lookahead: bool = True  # rackwise reservations for a blocked gang
+
+
+@dataclass
+class JobState:
+    job: JobRequest
+    submit: float
+    duration: float
+    order: tuple[float, float, int]
+    remaining: float = 0.0
+    first_start: float | None = None
+    end: float | None = None
+    run_start: float = 0.0
+    penalty: float = 0.0
+    speed: float = 1.0
+    gpus: int = 0
+    restarts: int = 0
+    version: int = 0
+    nodes: int = 0
+    always_local: bool = True
+    excess: int = 0
+    ran: bool = False
+
+
+@dataclass
+class SimResult:
+    policy: str
+    metrics: dict[str, Any]
+    series: list[tuple[float, float, int, float]] = field(default_factory=list)
+
+
+Progress = Callable[[str, float, int, int], None]
+
+
+class Simulation:
+    """One policy over one trace. Call :meth:`run`."""
+
+    def __init__(self, trace: Sequence[TraceJob], policy: str, cfg: SimConfig,
+                 progress: Progress | None = None) -> None:
+        self.cfg = cfg
+        self.policy = policy
+        self.fleet = Fleet.uniform(cfg.racks, cfg.nodes_per_rack, cfg.gpus_per_node,
+                                   spare_nodes=cfg.spare_nodes)
+        self.node_ids = list(self.fleet.nodes)
+        self.total_gpus = self.fleet.total_gpus
+        self.rng = random.Random(cfg.seed + 1)  # policy choices (random policy)
+        self.fail_rng = random.Random(cfg.seed)  # the failure sequence
+        self.progress = progress
+        self.heap: list[tuple[float, int, int, str]] = []
+        self.seq = 0
+        self.jobs: dict[str, JobState] = {}
+        self.trace = trace
+        # Queue: jobs grouped by shape; within a group by (priority, submit, seq).
+        self.groups: dict[tuple[Any, ...], list[JobState]] = {}
+        self.blocked: set[tuple[Any, ...]] = set()
+        self.reserved: frozenset[str] = frozenset()
+        self.reserved_until: float | None = None
+        self.reserved_for: str | None = None
+        self.queued = 0
+        self.running: set[str] = set()
+        self.unfinished = 0
+        self.repairs_pending = 0
+        self.arrivals_left = 0
+        self.held_gpu_s = 0.0
+        self.useful_gpu_s = 0.0
+        self.counts = {"failures": 0, "in_place_recoveries": 0, "requeues": 0,
+                       "migrations": 0, "rejected": 0}
+        self.migration_gpu_s = 0.0
+        self.series: list[tuple[float, float, int, float]] = []
+        self.held_now = 0
+        self.done = 0
+
+    # -- events -------------------------------------------------------------------------
+
+    def push(self, t: float, kind: int, key: str) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, kind, self.seq, key))
+
+    def run(self) -> SimResult:
+        wall0 = time.perf_counter()
+        cfg = self.cfg
+        first_submit = min((t.submit for t in self.trace), default=0.0)
+        for i, tj in enumerate(self.trace):
+            st = JobState(tj.job, tj.submit, tj.duration, (-tj.job.priority, tj.submit, i),
+                          remaining=tj.duration)
+            self.jobs[tj.job.id] = st
+            self.push(tj.submit, ARRIVE, tj.job.id)
+        self.arrivals_left = len(self.trace)
+        self.unfinished = len(self.trace)
+        fail_gap = (cfg.node_mtbf_hours * 3600 / len(self.node_ids)
+                    if cfg.node_mtbf_hours > 0 and self.node_ids else 0.0)
+        if fail_gap and self.trace:
+            self.push(first_submit + self.fail_rng.expovariate(1 / fail_gap), FAIL, "")
+        last_t = first_submit
+        span = max((t.submit for t in self.trace), default=0.0) - first_submit
+        sample_dt = (span * 1.5 / cfg.samples) if cfg.samples else math.inf
+        next_sample = first_submit
+        shapes_seen: dict[int, float] = {}
+        last_progress = 0.0
+        while self.heap:
+            t = self.heap[0][0]
+            while self.heap and self.heap[0][0] == t:
+                _, kind, _, key = heapq.heappop(self.heap)
+                if kind == ARRIVE:
+                    self._arrive(t, key)
+                    g = self.jobs[key].job.total_gpus
+                    shapes_seen[g] = shapes_seen.get(g, 0) + 1
+                elif kind == COMPLETE:
+                    self._complete(t, key)
+                elif kind == FAIL:
+                    self._fail(t)
+                    if self.unfinished > 0:
+                        self.push(t + self.fail_rng.expovariate(1 / fail_gap), FAIL, "")
+                elif kind == REPAIR:
+                    self.fleet.set_health(key, HEALTHY)
+                    self.repairs_pending -= 1
+                    self._freed()
+            self._pass(t)
+            last_t = max(last_t, t)
+            if (self.queued and not self.running and not self.arrivals_left
+                    and not self.repairs_pending):
+                self._reject_stuck()
+            if t >= next_sample:
+                frag = fragmentation(self.fleet, shapes_seen or None).fraction
+                self.series.append((t, self.held_now / self.total_gpus, self.queued, frag))
+                next_sample = t + sample_dt
+            if self.progress and time.perf_counter() - last_progress > 0.2:
+                last_progress = time.perf_counter()
+                self.progress(self.policy, t - first_submit, self.done, len(self.trace))
+            if self.unfinished == 0:
+                break
+        return SimResult(self.policy, self._metrics(first_submit, time.perf_counter() - wall0),
+                         self.series)
+
+    # -- queue --------------------------------------------------------------------------
+
+    @staticmethod
+    def _key(job: JobRequest) -> tuple[Any, ...]:
+        return (job.num_gpus, job.num_nodes, job.gpus_per_node, job.segment_nodes,
+                job.locality)
+
+    def _enqueue(self, st: JobState) -> None:
+        group = self.groups.setdefault(self._key(st.job), [])
+        # Keep the group sorted by order; requeued jobs go back to their place.
+        lo, hi = 0, len(group)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if group[mid].order < st.order:
+                lo = mid + 1
+            else:
+                hi = mid
+        group.insert(lo, st)
+        self.queued += 1
+
+    def _freed(self) -> None:
+        """Capacity came back: every shape may fit again; reservations are redone."""
+        self.blocked.clear()
+        self.reserved = frozenset()
+        self.reserved_until = None
+        self.reserved_for = None
+
+    def _pass(self, now: float) -> None:
+        heap = [(g[0].order, k) for k, g in self.groups.items() if g and k not in self.blocked]
+        if not heap:
+            return
+        heapq.heapify(heap)
+        fleet = self.fleet
+        idle_total = sum(r.free_count for r in fleet.racks)
+        max_partial = max((f for f, s in fleet.partial.items() if s), default=0)
+        gpn = self.cfg.gpus_per_node
+        while heap:
+            _, key = heapq.heappop(heap)
+            group = self.groups[key]
+            st = group[0]
+            job = st.job
+            small = job.is_small(gpn)
+            # Cheap necessary conditions before a full placement decision.
+            if small and not idle_total and max_partial < job.num_gpus:
+                self.blocked.add(key)
+                continue
+            if not small and job.nodes_needed(gpn) > idle_total:
+                self.blocked.add(key)
+                self._maybe_reserve(job, now)
+                continue
+            plan = place(fleet, job, self.policy, rng=self.rng, reserved=self.reserved,
+                         reserved_until=self.reserved_until, now=now)
+            if not plan.placed:
+                self.blocked.add(key)
+                self._maybe_reserve(job, now)
+                continue
+            group.pop(0)
+            self.queued -= 1
+            if self.reserved_for == job.id:
+                self.reserved, self.reserved_for = frozenset(), None
+                self.reserved_until = None
+            self._start(now, st, plan.allocation(job))
+            idle_total = sum(r.free_count for r in fleet.racks)
+            max_partial = max((f for f, s in fleet.partial.items() if s), default=0)
+            if group:
+                heapq.heappush(heap, (group[0].order, key))
+
+    def _maybe_reserve(self, job: JobRequest, now: float) -> None:
+        # rackwise look-ahead: the first blocked gang holds the racks nearest to fitting it.
+        if (self.policy != "rackwise" or not self.cfg.lookahead
+                or self.reserved_for is not None):
+            return
+        if job.is_small(self.cfg.gpus_per_node):
+            return
+        self.reserved, self.reserved_until = reservation(self.fleet, job, now)
+        self.reserved_for = job.id if self.reserved else None
+
+    def _reject_stuck(self) -> None:
+        for group in self.groups.values():
+            for st in group:
+                self.counts["rejected"] += 1
+                self.unfinished -= 1
+                st.end = None
+            group.clear()
+        self.queued = 0
+
+    # -- job lifecycle -------------------------------------------------------------------
+
+    def _arrive(self, t: float, jid: str) -> None:
+        st = self.jobs[jid]
+        self.arrivals_left -= 1
+        ok, _ = can_ever_fit(self.fleet, st.job)
+        if not ok:
+            self.counts["rejected"] += 1
+            self.unfinished -= 1
+            return
+        self._enqueue(st)
+
+    def _start(self, t: float, st: JobState, alloc: Allocation) -> None:
+        self.fleet.allocate(alloc)
+        self._begin_run(t, st, alloc)
+
+    def _begin_run(self, t: float, st: JobState, alloc: Allocation) -> None:
+        cfg = self.cfg
+        job = st.job
+        if st.first_start is None:
+            st.first_start = t
+        st.run_start = t
+        st.penalty = cfg.restart_minutes * 60 if st.restarts else 0.0
+        st.gpus = alloc.gpus
+        racks_used = len(self.fleet.racks_of(alloc))
+        gpn = cfg.gpus_per_node
+        if not job.is_small(gpn):
+            n = job.nodes_needed(gpn)
+            st.nodes = n
+            need = min_racks(n, cfg.nodes_per_rack, None)
+            st.excess = max(st.excess, racks_used - need)
+            if n <= cfg.nodes_per_rack and racks_used > 1:
+                st.always_local = False
+            st.speed = 1.0 - cfg.cross_rack_slowdown if racks_used > need else 1.0
+        else:
+            st.speed = 1.0
+        st.ran = True
+        st.version += 1
+        self.running.add(job.id)
+        self.held_now += st.gpus
+        end = t + st.penalty + st.remaining / st.speed
+        alloc.expected_end = end
+        self.push(end, COMPLETE, f"{job.id}\x00{st.version}")
+
+    def _complete(self, t: float, key: str) -> None:
+        jid, version = key.split("\x00")
+        st = self.jobs[jid]
+        if int(version) != st.version or jid not in self.running:
+            return  # superseded by an interruption
+        self.held_gpu_s += st.gpus * (t - st.run_start)
+        self.useful_gpu_s += st.job.total_gpus * st.duration
+        self.held_now -= st.gpus
+        self.running.discard(jid)
+        self.fleet.release(jid)
+        st.end = t
+        st.remaining = 0.0
+        self.unfinished -= 1
+        self.done += 1
+        self._freed()
+
+    def _interrupt(self, t: float, st: JobState) -> float:
+        """Stop the current run: bank the work up to the last checkpoint.
+
+        Returns the GPU-seconds lost (work since the checkpoint plus restart time)."""
+        ckpt = self.cfg.checkpoint_minutes * 60
+        elapsed = t - st.run_start
+        productive = max(0.0, elapsed - st.penalty)
+        saved = math.floor(productive / ckpt) * ckpt if ckpt > 0 else productive
+        st.remaining = max(0.0, st.remaining - saved * st.speed)
+        self.held_gpu_s += st.gpus * elapsed
+        self.held_now -= st.gpus
+        self.running.discard(st.job.id)
+        st.restarts += 1
+        st.version += 1
+        return st.gpus * (productive - saved + st.penalty)
+
+    def _requeue(self, t: float, st: JobState) -> None:
+        self._interrupt(t, st)
+        self.fleet.release(st.job.id)
+        self.counts["requeues"] += 1
+        self._enqueue(st)
+        self._freed()
+
+    def _fail(self, t: float) -> None:
+        nid = self.node_ids[self.fail_rng.randrange(len(self.node_ids))]
+        node = self.fleet.nodes[nid]
+        if node.health == FAILED:
+            return
+        self.counts["failures"] += 1
+        hit = list(node.jobs)
+        self.fleet.set_health(nid, FAILED)
+        self.repairs_pending += 1
+        self.push(t + self.cfg.repair_hours * 3600, REPAIR, nid)
+        for jid in hit:
+            if jid not in self.running:
+                continue
+            self._recover(t, self.jobs[jid], nid)
+
+    def _recover(self, t: float, st: JobState, nid: str) -> None:
+        jid = st.job.id
+        if self.policy in ("first-fit", "random", "slurm-block"):
+            self._requeue(t, st)  # Slurm --requeue: the whole job goes back to the queue
+            return
+        if self.policy == "kueue-tas":
+            plan = recover(self.fleet, jid, [nid], policy="kueue-tas")
+            if plan.action != "swap":
+                self._requeue(t, st)
+                return
+        else:
+            plan = recover(self.fleet, jid, [nid], policy="rackwise")
+        if plan.action == "requeue":
+            self._requeue(t, st)
+            return
+        for vid in plan.preempted:
+            self._requeue(t, self.jobs[vid])
+        self._interrupt(t, st)
+        alloc = apply_recovery(self.fleet, plan)
+        if alloc is None:  # pragma: no cover - only requeue returns None
+            self._enqueue(st)
+            return
+        if plan.action == "move":
+            self.counts["migrations"] += 1
+            self.migration_gpu_s += alloc.gpus * self.cfg.restart_minutes * 60
+        else:
+            self.counts["in_place_recoveries"] += 1
+        self._freed()
+        self._begin_run(t, st, alloc)
+
+    # -- results ------------------------------------------------------------------------
+
+    def _metrics(self, first_submit: float, wall: float) -> dict[str, Any]:
+        done = [s for s in self.jobs.values() if s.end is not None]
+        started = [s for s in self.jobs.values() if s.first_start is not None]
+        makespan = max((s.end for s in done if s.end is not None), default=first_submit)
+        makespan -= first_submit
+        waits = sorted(s.first_start - s.submit for s in started if s.first_start is not None)
+        multi = [s for s in started if s.nodes > 0]
+        local_pool = [s for s in multi if s.nodes <= self.cfg.nodes_per_rack]
+
+        def pct(p: float) -> float:
+            if not waits:
+                return 0.0
+            return waits[min(len(waits) - 1, max(0, math.ceil(p * len(waits)) - 1))]
+
+        return {
+            "policy": self.policy,
+            "jobs": len(self.jobs),
+            "completed": len(done),
+            "rejected": self.counts["rejected"],
+            "gpu_utilization": _r(self.held_gpu_s / (self.total_gpus * makespan)
+                                  if makespan > 0 else 0.0),
+            "rack_local_fraction": _r(sum(s.always_local for s in local_pool) / len(local_pool)
+                                      if local_pool else 1.0),
+            "excess_racks_mean": _r(sum(s.excess for s in multi) / len(multi) if multi else 0.0),
+            "mean_wait_s": _r(sum(waits) / len(waits) if waits else 0.0),
+            "p50_wait_s": _r(pct(0.5)),
+            "p95_wait_s": _r(pct(0.95)),
+            "mean_jct_s": _r(sum(s.end - s.submit for s in done if s.end is not None) / len(done)
+                             if done else 0.0),
+            "makespan_s": _r(makespan),
+            "goodput": _r(self.useful_gpu_s / self.held_gpu_s if self.held_gpu_s else 0.0),
+            "failures": self.counts["failures"],
+            "in_place_recoveries": self.counts["in_place_recoveries"],
+            "requeues": self.counts["requeues"],
+            "migrations": self.counts["migrations"],
+            "migration_gpu_hours": _r(self.migration_gpu_s / 3600),
+            "wall_s": round(wall, 3),
+        }
+
+
+def _r(x: float) -> float:
+    return round(float(x), 6)
+
+
+def simulate(trace: Sequence[TraceJob], policy: str = "rackwise", cfg: SimConfig | None = None,
+             progress: Progress | None = None) -> SimResult:
+    """Replay ``trace`` under ``policy``; deterministic for a given config and seed."""
+    if policy not in POLICY_NAMES:
+        raise ValueError(f"unknown policy {policy!r}")
+    return Simulation(trace, policy, cfg or SimConfig(), progress).run()
