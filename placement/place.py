@@ -102,6 +102,7 @@ def schedule(
     seed: int = 0,
     rng: random.Random | None = None,
     apply: bool = False,
+    reserve_after_s: float = 0.0,
 ) -> SchedulePlan:
     """One queue pass: start every pending job that may start now, in queue order.
 
@@ -112,7 +113,8 @@ def schedule(
        cannot start reserves the racks that will hold it soonest (from the running
        jobs' ``expected_end``); later jobs use those racks' idle nodes only if they are
        expected to end before then, so a blocked big job is not starved by a stream
-       of small ones and backfill does not delay it.
+       of small ones and backfill does not delay it. Only a gang that has waited
+       ``reserve_after_s`` (and has a ``submit_time``) gets the reservation.
     With ``apply`` the placements are recorded on ``fleet``; otherwise on a copy.
     """
     work = fleet if apply else fleet.copy()
@@ -141,7 +143,9 @@ def schedule(
             continue
         failed[key] = plan.reason
         out.waiting[job.id] = plan.reason
-        if policy == "rackwise" and not reserved:
+        waited = (now - job.submit_time if now is not None and job.submit_time is not None
+                  else math.inf)
+        if policy == "rackwise" and not reserved and waited >= reserve_after_s:
             reserved, until = reservation(work, job, now)
             if reserved:
                 out.reservation = {"job_id": job.id, "racks": sorted(reserved),

@@ -44,6 +44,9 @@ class SimConfig:
     samples: int = 0  # >0: record that many (time, util, queue, frag) points
     spare_nodes: int = 2  # per-rack spare policy (rackwise keeps these from big gangs)
     lookahead: bool = True  # rackwise reservations for a blocked gang
+    # ...once it has waited this long (like Slurm's bf_min_age_reserve): reserving at
+    # once starved the many small jobs more than it helped the big one.
+    reserve_after_s: float = 6 * 3600.0
 
 
 @dataclass
@@ -250,6 +253,8 @@ class Simulation:
                 or self.reserved_for is not None):
             return
         if job.is_small(self.cfg.gpus_per_node):
+            return
+        if now - (job.submit_time or 0.0) < self.cfg.reserve_after_s:
             return
         self.reserved, self.reserved_until = reservation(self.fleet, job, now)
         self.reserved_for = job.id if self.reserved else None

@@ -30,6 +30,9 @@ from placement.policies.common import (
 
 NAME = "rackwise"
 CROSS_RACK_SLOWDOWN = 0.43
+# A gang that fits in fewer racks waits for them; it spans more only after waiting
+# SPAN_PATIENCE times what the slowdown would cost it. Infinite by default: on
+# tracegen workloads any spanning lost more (slowdown, longer queues) than it saved.
 SPAN_PATIENCE = float("inf")
 
 
@@ -54,6 +57,8 @@ def rackwise(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) -> 
         spill = _many_racks(fleet, job, racks, n, ctx, k_start=2)
         if spill.placed:
             spill.choices.insert(0, plan.reason)
+        else:
+            spill.reason = f"{plan.reason}; {spill.reason}"
         return spill
     return _many_racks(fleet, job, racks, n, ctx, k_start=min_racks(n, size, seg))
 

@@ -1,0 +1,64 @@
+"""The fleet model keeps its indexes right through allocate, release and failures."""
+
+from __future__ import annotations
+
+import pytest
+
+from placement.model import Allocation, CapacityError, Fleet, JobRequest
+from placement_helpers import occupy
+
+
+def test_a_uniform_fleet_has_the_shape_asked_for() -> None:
+    fleet = Fleet.uniform(3, 18, 4)
+    assert len(fleet.racks) == 3
+    assert fleet.total_gpus == 3 * 72
+    assert all(r.free_count == 18 for r in fleet.racks)
+
+
+def test_it_tracks_idle_nodes_per_rack_through_allocate_and_release() -> None:
+    fleet = Fleet.uniform(2)
+    occupy(fleet, "a", 0, [0, 1, 2])
+    assert fleet.racks[0].free_count == 15
+    fleet.release("a")
+    assert fleet.racks[0].free_count == 18
+
+
+def test_it_refuses_a_gpu_that_is_already_held() -> None:
+    fleet = Fleet.uniform(1)
+    occupy(fleet, "a", 0, [0])
+    job = JobRequest("b", num_gpus=1)
+    with pytest.raises(CapacityError):
+        fleet.allocate(Allocation(job, {"r000-n00": (2,)}))
+
+
+def test_it_refuses_a_failed_node() -> None:
+    fleet = Fleet.uniform(1)
+    fleet.set_health("r000-n03", "failed")
+    assert fleet.racks[0].free_count == 17
+    with pytest.raises(CapacityError):
+        fleet.allocate(Allocation(JobRequest("b", num_gpus=1), {"r000-n03": (0,)}))
+
+
+def test_small_jobs_count_as_borrowing_spares() -> None:
+    fleet = Fleet.uniform(1)
+    fleet.allocate(Allocation(JobRequest("s", num_gpus=1), {"r000-n05": (0,)}))
+    rack = fleet.racks[0]
+    assert rack.small_nodes == 1
+    assert rack.unlent_spares() == 1
+    assert rack.slice_offer() == 16
+    assert fleet.partial[3] == {"r000-n05"}
+
+
+def test_mixed_rack_shapes_live_in_one_fleet() -> None:
+    fleet = Fleet.from_shapes([(1, 18, 4, 2), (1, 9, 4, 1), (2, 1, 8, 0)])
+    assert [r.size for r in fleet.racks] == [18, 9, 1, 1]
+    assert sorted(fleet.groups) == [4, 8]
+
+
+def test_a_job_needs_num_gpus_or_a_node_shape() -> None:
+    with pytest.raises(ValueError):
+        JobRequest("x")
+    with pytest.raises(ValueError):
+        JobRequest("x", num_nodes=2)
+    assert JobRequest("x", num_nodes=3, gpus_per_node=4).total_gpus == 12
+    assert JobRequest("y", num_gpus=9).nodes_needed(4) == 3
