@@ -6,7 +6,19 @@ from __future__ import annotations
 
 from django.contrib import admin, messages
 
-from fleet.models import GPU, Allocation, AuditEvent, Job, Node, Rack, Tenant
+from fleet.models import (
+    GPU,
+    Action,
+    AgentToken,
+    Allocation,
+    ApprovalPolicy,
+    AuditEvent,
+    Job,
+    Node,
+    Rack,
+    Tenant,
+)
+from fleet.services import actions as action_services
 from fleet.services import audit
 from fleet.services import jobs as job_services
 from fleet.services import nodes as node_services
@@ -139,3 +151,38 @@ class AuditEventAdmin(ReadOnlyAdmin):
     list_display = ["created_at", "actor_name", "action", "object_type", "object_repr", "message"]
     list_filter = ["action", "object_type"]
     search_fields = ["object_repr", "actor_name", "message"]
+
+
+@admin.register(Action)
+class ActionAdmin(ReadOnlyAdmin):
+    list_display = ["id", "kind", "state", "title", "cost_gpu_hours", "progress", "created_at"]
+    list_filter = ["kind", "state"]
+    search_fields = ["title"]
+    actions = ["approve", "reject", "cancel"]
+
+    def has_change_permission(self, request, obj=None):
+        # Offer the approve/reject/cancel actions; the form itself stays read-only.
+        return obj is None and request.user.is_superuser
+
+    @admin.action(description="Approve selected actions")
+    def approve(self, request, queryset):
+        _run_service(self, request, queryset, action_services.approve, "Approved")
+
+    @admin.action(description="Reject selected actions")
+    def reject(self, request, queryset):
+        _run_service(self, request, queryset, action_services.reject, "Rejected")
+
+    @admin.action(description="Cancel selected actions")
+    def cancel(self, request, queryset):
+        _run_service(self, request, queryset, action_services.cancel, "Cancelled")
+
+
+@admin.register(ApprovalPolicy)
+class ApprovalPolicyAdmin(AuditedAdmin):
+    list_display = ["kind", "mode", "updated_at"]
+
+
+@admin.register(AgentToken)
+class AgentTokenAdmin(ReadOnlyAdmin):
+    list_display = ["node", "created_at"]
+    exclude = ["key"]

@@ -1,7 +1,13 @@
 from django.apps import AppConfig
+from django.db.models.signals import post_migrate
 
 
 class FleetConfig(AppConfig):
     name = "fleet"
     verbose_name = "Fleet"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from fleet.schedules import ensure_periodic_tasks
+
+        post_migrate.connect(ensure_periodic_tasks, sender=self)

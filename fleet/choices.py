@@ -66,3 +66,46 @@ class Role(models.TextChoices):
     VIEWER = "viewer", "Viewer"
     SUBMITTER = "submitter", "Submitter"
     OPERATOR = "operator", "Operator"
+
+
+class ActionKind(models.TextChoices):
+    PLACEMENT = "placement", "Placement that keeps locality"
+    PLACEMENT_SPILL = "placement_spill", "Placement that spans racks (preferred job)"
+    RECOVERY = "recovery", "In-place recovery (swap failed nodes for spares)"
+    PREEMPTION = "preemption", "Recovery that preempts lower-priority jobs"
+    MIGRATION = "migration", "Recovery that moves the whole job"
+    REQUEUE = "requeue", "Recovery that requeues the job"
+    DEFRAG = "defrag", "Defragmentation plan"
+    DRAIN = "drain", "Drain a node"
+
+
+class ActionState(models.TextChoices):
+    PROPOSED = "proposed", "Proposed"
+    APPROVED = "approved", "Approved"
+    REJECTED = "rejected", "Rejected"
+    EXPIRED = "expired", "Expired"
+    EXECUTING = "executing", "Executing"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+OPEN_ACTION_STATES = (ActionState.PROPOSED, ActionState.APPROVED, ActionState.EXECUTING)
+
+
+class ApprovalMode(models.TextChoices):
+    AUTO = "auto", "Automatic"
+    MANUAL = "manual", "Operator approval"
+
+
+# Kinds that run without an operator unless the policy says otherwise.
+DEFAULT_APPROVAL: dict[str, str] = {
+    ActionKind.PLACEMENT: ApprovalMode.AUTO,
+    ActionKind.PLACEMENT_SPILL: ApprovalMode.MANUAL,
+    ActionKind.RECOVERY: ApprovalMode.AUTO,
+    ActionKind.PREEMPTION: ApprovalMode.MANUAL,
+    ActionKind.MIGRATION: ApprovalMode.MANUAL,
+    ActionKind.REQUEUE: ApprovalMode.AUTO,
+    ActionKind.DEFRAG: ApprovalMode.MANUAL,
+    ActionKind.DRAIN: ApprovalMode.MANUAL,
+}

@@ -1,7 +1,7 @@
 import django_filters
 
-from fleet.choices import JobState, NodeState, RackKind
-from fleet.models import AuditEvent, Job, Node, Rack
+from fleet.choices import ActionKind, ActionState, JobState, NodeState, RackKind
+from fleet.models import Action, AuditEvent, Job, Node, Rack
 
 
 class JobFilterSet(django_filters.FilterSet):
@@ -40,3 +40,13 @@ class AuditEventFilterSet(django_filters.FilterSet):
     class Meta:
         model = AuditEvent
         fields = ["actor", "action", "object_type", "object_id", "since"]
+
+
+class ActionFilterSet(django_filters.FilterSet):
+    state = django_filters.MultipleChoiceFilter(choices=ActionState.choices)
+    kind = django_filters.MultipleChoiceFilter(choices=ActionKind.choices)
+    job = django_filters.NumberFilter(field_name="jobs__id")
+
+    class Meta:
+        model = Action
+        fields = ["state", "kind", "job"]

@@ -61,6 +61,28 @@ def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
     return number
 
 
+def env_float(name: str, default: float, *, minimum: float | None = None) -> float:
+    value = _raw(name)
+    if value is None:
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={value!r} is not a number") from None
+    if minimum is not None and number < minimum:
+        raise ImproperlyConfigured(f"{name}={number} must be at least {minimum}")
+    return number
+
+
+def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    value = _raw(name)
+    if value is None or not value.strip():
+        return default
+    if value.strip() not in choices:
+        raise ImproperlyConfigured(f"{name}={value!r} must be one of: {', '.join(choices)}")
+    return value.strip()
+
+
 def env_list(name: str, default: list[str]) -> list[str]:
     """A comma-separated list; empty items are dropped."""
     value = _raw(name)

@@ -9,7 +9,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from rackwise.env import env_bool, env_list, env_str, env_url
+from rackwise.env import env_bool, env_choice, env_float, env_int, env_list, env_str, env_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("RACKWISE_VAR_DIR") or BASE_DIR / "var")
@@ -124,13 +124,61 @@ CHANNEL_LAYERS = {
     }
 }
 
-CELERY_BROKER_URL = REDIS_URL
+# The broker defaults to the same Redis; RabbitMQ works too (amqp://...).
+CELERY_BROKER_URL = env_url(
+    "CELERY_BROKER_URL", REDIS_URL, schemes=("redis", "rediss", "unix", "amqp", "amqps")
+)
 CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+# Publishing gives up quickly when the broker is down: the rows are committed and
+# the reconcile pass re-enqueues what they say is pending.
+CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TIMEZONE = "UTC"
+
+# --- Rackwise control loop -----------------------------------------------------------
+RACKWISE_POLICY = env_choice(
+    "RACKWISE_POLICY", "rackwise", ("rackwise", "first-fit", "random", "slurm-block", "kueue-tas")
+)
+# How steps are carried out: "simulated" (delays, optional injected failures) or
+# "webhook" (each step POSTed, HMAC-signed, to RACKWISE_WEBHOOK_URL; a signed
+# callback to /api/actions/<id>/callback/ completes it).
+RACKWISE_EXECUTOR = env_choice("RACKWISE_EXECUTOR", "simulated", ("simulated", "webhook"))
+RACKWISE_WEBHOOK_URL = env_str("RACKWISE_WEBHOOK_URL", "")
+RACKWISE_WEBHOOK_SECRET = env_str("RACKWISE_WEBHOOK_SECRET", "")
+RACKWISE_WEBHOOK_TIMEOUT_S = env_float("RACKWISE_WEBHOOK_TIMEOUT_S", 600.0, minimum=1.0)
+if RACKWISE_EXECUTOR == "webhook" and not (RACKWISE_WEBHOOK_URL and RACKWISE_WEBHOOK_SECRET):
+    raise ImproperlyConfigured(
+        "RACKWISE_EXECUTOR=webhook needs RACKWISE_WEBHOOK_URL and RACKWISE_WEBHOOK_SECRET"
+    )
+# Simulated executor: seconds per step unit, chance that a step fails, and how
+# many real seconds one second of a simulated job's expected duration takes.
+RACKWISE_SIM_STEP_SECONDS = env_float("RACKWISE_SIM_STEP_SECONDS", 1.0, minimum=0.0)
+RACKWISE_SIM_FAILURE_RATE = env_float("RACKWISE_SIM_FAILURE_RATE", 0.0, minimum=0.0)
+RACKWISE_SIM_TIME_SCALE = env_float("RACKWISE_SIM_TIME_SCALE", 1.0, minimum=0.0)
+# Heartbeats: a node silent this long becomes suspect, then failed.
+RACKWISE_HEARTBEAT_SUSPECT_S = env_int("RACKWISE_HEARTBEAT_SUSPECT_S", 60, minimum=1)
+RACKWISE_HEARTBEAT_FAILED_S = env_int("RACKWISE_HEARTBEAT_FAILED_S", 180, minimum=1)
+# XID codes that fail a node (NVIDIA's XID catalog: uncorrectable ECC, fell off the
+# bus, NVLink and GSP faults...).
+RACKWISE_FATAL_XIDS = [
+    int(x) for x in env_list("RACKWISE_FATAL_XIDS", ["48", "62", "64", "74", "79", "92", "94", "95", "119", "120", "140"])
+]
+# Defragmentation: scheduled hourly (editable in the admin), and sooner when the
+# fleet's fragmentation or a required job's wait passes these thresholds.
+RACKWISE_DEFRAG_FRAGMENTATION_THRESHOLD = env_float("RACKWISE_DEFRAG_FRAGMENTATION_THRESHOLD", 0.5, minimum=0.0)
+RACKWISE_DEFRAG_WAIT_THRESHOLD_S = env_int("RACKWISE_DEFRAG_WAIT_THRESHOLD_S", 1800, minimum=1)
+RACKWISE_DEFRAG_BUDGET_GPU_HOURS = env_float("RACKWISE_DEFRAG_BUDGET_GPU_HOURS", 200.0, minimum=0.0)
+RACKWISE_DEFRAG_MAX_MOVES = env_int("RACKWISE_DEFRAG_MAX_MOVES", 8, minimum=1)
+# Executing actions silent this long are re-enqueued by reconcile.
+RACKWISE_STALL_S = env_int("RACKWISE_STALL_S", 60, minimum=1)
+# Demo mode: a workload generator, simulated job completion, failures and repairs.
+RACKWISE_DEMO = env_bool("RACKWISE_DEMO", False)
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -182,6 +230,10 @@ SPECTACULAR_SETTINGS = {
         "JobStateEnum": "fleet.choices.JobState",
         "NodeStateEnum": "fleet.choices.NodeState",
         "GpuHealthEnum": "fleet.choices.GpuHealth",
+        "RackKindEnum": "fleet.choices.RackKind",
+        "ActionKindEnum": "fleet.choices.ActionKind",
+        "ActionStateEnum": "fleet.choices.ActionState",
+        "ApprovalModeEnum": "fleet.choices.ApprovalMode",
     },
 }
 

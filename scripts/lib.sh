@@ -13,10 +13,12 @@ log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
 cleanup() {
-  local cmd
-  for cmd in "${CLEANUP[@]}"; do eval "$cmd" || true; done
+  local cmd i
+  # Last started, first stopped (the worker before the Redis it talks to).
+  for ((i = ${#CLEANUP[@]} - 1; i >= 0; i--)); do eval "${CLEANUP[$i]}" || true; done
 }
 trap cleanup EXIT
+trap 'exit 130' INT TERM
 
 # pip, without the machine-specific "Location ... is ignored" noise.
 pip_quiet() {
@@ -92,13 +94,28 @@ PYEOF
 }
 
 # 3. PostgreSQL at DATABASE_URL, started through pg_ctlcluster when it is the
-#    local cluster and not answering.
+#    local cluster and not answering; the database is created if missing.
 ensure_postgres() {
-  postgres_answers "$DATABASE_URL" && return
+  if postgres_answers "$DATABASE_URL"; then create_database; return; fi
   if command -v pg_ctlcluster >/dev/null && [ -d /etc/postgresql ]; then
     log "Starting the local PostgreSQL cluster"
     pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main start || true
-    for _ in $(seq 50); do postgres_answers "$DATABASE_URL" && return; sleep 0.2; done
+    for _ in $(seq 50); do
+      if postgres_answers "$DATABASE_URL"; then create_database; return; fi
+      sleep 0.2
+    done
   fi
   die "PostgreSQL at $DATABASE_URL does not answer; start it or set DATABASE_URL"
+}
+
+create_database() {
+  "$PY" - "$DATABASE_URL" <<'PYEOF'
+import sys, psycopg
+from psycopg import sql
+url = sys.argv[1]
+name = url.rsplit("/", 1)[1].split("?")[0]
+with psycopg.connect(url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
+    if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+PYEOF
 }

@@ -27,8 +27,9 @@ class JobSubmitSerializer(serializers.Serializer):
     )
     priority = serializers.IntegerField(default=0, min_value=-1000, max_value=1000)
     preemptible = serializers.BooleanField(default=True)
-    checkpoint_interval_s = serializers.IntegerField(default=3600, min_value=60)
-    expected_duration_s = serializers.IntegerField(required=False, min_value=1)
+    # Capped at the column's range (PositiveIntegerField), so a huge value is a 400, not a 500.
+    checkpoint_interval_s = serializers.IntegerField(default=3600, min_value=60, max_value=2**31 - 1)
+    expected_duration_s = serializers.IntegerField(required=False, min_value=1, max_value=2**31 - 1)
 
 
 class AllocatedNodeSerializer(serializers.Serializer):
@@ -181,3 +182,20 @@ class MeSerializer(serializers.Serializer):
     username = serializers.CharField()
     role = serializers.CharField(allow_null=True)
     tenants = serializers.ListField(child=serializers.CharField())
+
+
+class RackFragmentationSerializer(serializers.Serializer):
+    rack = serializers.CharField()
+    free_gpus = serializers.IntegerField()
+    idle_nodes = serializers.IntegerField()
+    fragmented_gpus = serializers.FloatField()
+    largest_job_gpus = serializers.IntegerField()
+
+
+class FragmentationSerializer(serializers.Serializer):
+    free_gpus = serializers.IntegerField()
+    fragmented_gpus = serializers.FloatField()
+    fraction = serializers.FloatField(help_text="Fragmented over free GPUs, 0..1.")
+    largest_job_gpus = serializers.IntegerField(help_text="Largest rack-local job placeable now, in GPUs.")
+    shapes = serializers.DictField(child=serializers.FloatField())
+    racks = RackFragmentationSerializer(many=True)

@@ -2,17 +2,23 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
-from fleet.api import views
+from fleet.api import actions, agent, views
 
 router = DefaultRouter()
 router.register("jobs", views.JobViewSet, basename="job")
 router.register("racks", views.RackViewSet, basename="rack")
 router.register("nodes", views.NodeViewSet, basename="node")
 router.register("audit", views.AuditEventViewSet, basename="audit")
+router.register("actions", actions.ActionViewSet, basename="action")
 
 urlpatterns = [
     path("", include(router.urls)),
     path("fleet/summary/", views.FleetSummaryView.as_view(), name="fleet-summary"),
+    path("fleet/fragmentation/", views.FragmentationView.as_view(), name="fleet-fragmentation"),
+    path("approval-policy/", actions.ApprovalPolicyView.as_view(), name="approval-policy"),
+    path("actions/<int:pk>/callback/", actions.ActionCallbackView.as_view(), name="action-callback"),
+    path("nodes/<int:pk>/heartbeat/", agent.NodeHeartbeatView.as_view(), name="node-heartbeat"),
+    path("nodes/<int:pk>/agent-token/", agent.NodeAgentTokenView.as_view(), name="node-agent-token"),
     path("me/", views.MeView.as_view(), name="me"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),

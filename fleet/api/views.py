@@ -17,6 +17,7 @@ from fleet.models import GPU, Allocation, AuditEvent, Job, Node, Rack
 from fleet.permissions import may_cancel, role_of, sees_all_tenants, visible_jobs
 from fleet.services import jobs as job_services
 from fleet.services import nodes as node_services
+from fleet.services.defrag import fragmentation_report
 from fleet.services.summary import fleet_summary, rack_summaries
 
 
@@ -182,6 +183,16 @@ class FleetSummaryView(APIView):
     @extend_schema(responses=s.FleetSummarySerializer)
     def get(self, request):
         return Response(s.FleetSummarySerializer(fleet_summary()).data)
+
+
+class FragmentationView(APIView):
+    """Rack-level fragmentation: free GPUs the typical job shapes (the pending
+    queue, else the last day's jobs) cannot use where they are, per rack and
+    fleet-wide, and the largest rack-local job placeable now."""
+
+    @extend_schema(responses=s.FragmentationSerializer)
+    def get(self, request):
+        return Response(s.FragmentationSerializer(fragmentation_report().to_dict()).data)
 
 
 class MeView(APIView):

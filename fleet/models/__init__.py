@@ -1,5 +1,17 @@
+from fleet.models.actions import Action, AgentToken, ApprovalPolicy
 from fleet.models.audit import AuditEvent
 from fleet.models.jobs import Allocation, Job, Tenant
 from fleet.models.racks import GPU, Node, Rack
 
-__all__ = ["GPU", "Allocation", "AuditEvent", "Job", "Node", "Rack", "Tenant"]
+__all__ = [
+    "GPU",
+    "Action",
+    "AgentToken",
+    "Allocation",
+    "ApprovalPolicy",
+    "AuditEvent",
+    "Job",
+    "Node",
+    "Rack",
+    "Tenant",
+]

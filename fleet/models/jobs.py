@@ -50,6 +50,9 @@ class Job(models.Model):
     # The placement as decided: {"racks": [...], "nodes": [...], "reason": "..."}.
     # Allocation rows are the truth for which GPUs are held; this keeps the why.
     placement = models.JSONField(default=dict, blank=True)
+    # Incremented each time the job's processes (re)start; a simulated completion
+    # scheduled for an earlier run is ignored.
+    attempt = models.PositiveIntegerField(default=0)
     submitted_at = models.DateTimeField(default=timezone.now)
     placed_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)

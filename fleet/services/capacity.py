@@ -3,12 +3,19 @@ message that says what would."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from django.db.models import Count
 
+from fleet.choices import Locality
 from fleet.models import Rack
+from fleet.services.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from fleet.services.jobs import JobSpec
 
 
 @dataclass(frozen=True)
@@ -55,3 +62,111 @@ def fleet_capacity() -> FleetCapacity:
         .values_list("id", "node_count", "gpus_per_node")
     )
     return FleetCapacity(tuple(DomainShape(*row) for row in rows))
+
+
+@dataclass(frozen=True)
+class Shape:
+    num_gpus: int
+    num_nodes: int | None
+    gpus_per_node: int | None
+    segment_nodes: int | None
+
+
+def _positive(errors: dict[str, list[str]], field: str, value: int | None) -> None:
+    if value is not None and value < 1:
+        errors.setdefault(field, []).append(f"must be a positive integer, got {value}")
+
+
+def normalise_shape(spec: JobSpec, capacity: FleetCapacity) -> Shape:
+    """Turn the request into a concrete shape, or raise InvalidInput saying why it
+    can never fit and what would.
+
+    1. Sizes must be positive and the shape given one way or the other.
+    2. A job of at most one node's GPUs is a sub-node job and may share a node.
+    3. A bigger job takes whole nodes as one gang, cut into the fleet's dominant
+       node size unless ``gpus_per_node`` says otherwise.
+    4. ``segment_nodes`` (nodes that must share one domain) defaults to the whole
+       gang when that fits in the largest domain.
+    5. The shape must fit the installed fleet; a ``required`` segment must fit one
+       domain.
+    """
+    errors: dict[str, list[str]] = {}
+    for field in ("num_gpus", "num_nodes", "gpus_per_node", "segment_nodes"):
+        _positive(errors, field, getattr(spec, field))
+    if spec.locality not in Locality.values:
+        errors["locality"] = [
+            f"unknown locality {spec.locality!r}; use one of: " + ", ".join(Locality.values)
+        ]
+    if errors:
+        raise InvalidInput(errors)
+
+    if capacity.total_gpus == 0:
+        raise InvalidInput("the fleet has no nodes yet; add racks before submitting jobs")
+
+    num_gpus, num_nodes, gpn = spec.num_gpus, spec.num_nodes, spec.gpus_per_node
+    if num_nodes is None and gpn is None:
+        if num_gpus is None:
+            raise InvalidInput(
+                {"num_gpus": ["give num_gpus, or num_nodes together with gpus_per_node"]}
+            )
+    elif num_nodes is None or gpn is None:
+        missing = "gpus_per_node" if num_nodes is not None else "num_nodes"
+        raise InvalidInput({missing: [f"{missing} is required with {'num_nodes' if missing == 'gpus_per_node' else 'gpus_per_node'}"]})
+    elif num_gpus is not None and num_gpus != num_nodes * gpn:
+        raise InvalidInput(
+            {"num_gpus": [f"num_gpus={num_gpus} does not match num_nodes x gpus_per_node = {num_nodes * gpn}; give one or the other"]}
+        )
+
+    max_gpn = capacity.max_gpus_per_node
+    if gpn is not None and gpn > max_gpn:
+        raise InvalidInput(
+            {"gpus_per_node": [f"no node has {gpn} GPUs; the largest nodes have {max_gpn}"]}
+        )
+
+    if num_nodes is None:
+        assert num_gpus is not None
+        if num_gpus <= max_gpn and spec.segment_nodes in (None, 1):
+            # A sub-node job: shares a node, so segments and node counts don't apply.
+            shape = Shape(num_gpus, None, None, None)
+            return shape
+        gpn = capacity.dominant_gpus_per_node
+        num_nodes = math.ceil(num_gpus / gpn)
+    else:
+        num_gpus = num_nodes * gpn
+
+    assert gpn is not None
+    if num_gpus > capacity.total_gpus:
+        raise InvalidInput(
+            {"num_gpus": [f"asks for {num_gpus} GPUs but the whole fleet has {capacity.total_gpus}"]}
+        )
+    available_nodes = capacity.nodes_of_size(gpn)
+    if num_nodes > available_nodes:
+        raise InvalidInput(
+            {"num_nodes": [f"asks for {num_nodes} nodes of {gpn} GPUs but the fleet has {available_nodes} such nodes"]}
+        )
+
+    largest = capacity.largest_domain(gpn)
+    segment = spec.segment_nodes
+    if segment is None:
+        segment = num_nodes if num_nodes <= largest else None
+    else:
+        if segment > num_nodes:
+            raise InvalidInput(
+                {"segment_nodes": [f"segment_nodes={segment} is larger than the job's {num_nodes} nodes"]}
+            )
+        if num_nodes % segment:
+            divisors = [d for d in range(1, min(num_nodes, largest) + 1) if num_nodes % d == 0]
+            raise InvalidInput(
+                {"segment_nodes": [f"{num_nodes} nodes cannot be cut into segments of {segment}; use a divisor of {num_nodes} such as {', '.join(map(str, divisors[-3:]))}"]}
+            )
+        if segment > largest:
+            raise InvalidInput(
+                {"segment_nodes": [f"a segment of {segment} nodes cannot fit: the largest NVLink domain has {largest} nodes of {gpn} GPUs"]}
+            )
+    if spec.locality == Locality.REQUIRED and segment is None:
+        raise InvalidInput(
+            {"locality": [f"a required job must fit in one NVLink domain, but {num_nodes} nodes exceed the largest domain ({largest} nodes, {largest * gpn} GPUs); set segment_nodes (a divisor of {num_nodes} up to {largest}) to split it into rack-local segments, or use locality=preferred"]}
+        )
+    return Shape(num_gpus, num_nodes, gpn, segment)
+
+

@@ -3,7 +3,6 @@ transaction that writes its audit record."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -20,8 +19,8 @@ from fleet.choices import (
 )
 from fleet.models import GPU, Allocation, Job, Node, Tenant
 from fleet.permissions import role_of
-from fleet.services import audit
-from fleet.services.capacity import FleetCapacity, fleet_capacity
+from fleet.services import audit, dispatch
+from fleet.services.capacity import fleet_capacity, normalise_shape
 from fleet.services.errors import Conflict, InvalidInput, NotAllowed
 from fleet.services.racks import bump_versions
 
@@ -44,114 +43,8 @@ class JobSpec:
     expected_duration_s: int | None = None
 
 
-@dataclass(frozen=True)
-class Shape:
-    num_gpus: int
-    num_nodes: int | None
-    gpus_per_node: int | None
-    segment_nodes: int | None
-
-
 def job_snapshot(job: Job) -> dict[str, object]:
     return {"state": job.state, "state_reason": job.state_reason}
-
-
-def _positive(errors: dict[str, list[str]], field: str, value: int | None) -> None:
-    if value is not None and value < 1:
-        errors.setdefault(field, []).append(f"must be a positive integer, got {value}")
-
-
-def normalise_shape(spec: JobSpec, capacity: FleetCapacity) -> Shape:
-    """Turn the request into a concrete shape, or raise InvalidInput saying why it
-    can never fit and what would.
-
-    1. Sizes must be positive and the shape given one way or the other.
-    2. A job of at most one node's GPUs is a sub-node job and may share a node.
-    3. A bigger job takes whole nodes as one gang, cut into the fleet's dominant
-       node size unless ``gpus_per_node`` says otherwise.
-    4. ``segment_nodes`` (nodes that must share one domain) defaults to the whole
-       gang when that fits in the largest domain.
-    5. The shape must fit the installed fleet; a ``required`` segment must fit one
-       domain.
-    """
-    errors: dict[str, list[str]] = {}
-    for field in ("num_gpus", "num_nodes", "gpus_per_node", "segment_nodes"):
-        _positive(errors, field, getattr(spec, field))
-    if spec.locality not in Locality.values:
-        errors["locality"] = [
-            f"unknown locality {spec.locality!r}; use one of: " + ", ".join(Locality.values)
-        ]
-    if errors:
-        raise InvalidInput(errors)
-
-    if capacity.total_gpus == 0:
-        raise InvalidInput("the fleet has no nodes yet; add racks before submitting jobs")
-
-    num_gpus, num_nodes, gpn = spec.num_gpus, spec.num_nodes, spec.gpus_per_node
-    if num_nodes is None and gpn is None:
-        if num_gpus is None:
-            raise InvalidInput(
-                {"num_gpus": ["give num_gpus, or num_nodes together with gpus_per_node"]}
-            )
-    elif num_nodes is None or gpn is None:
-        missing = "gpus_per_node" if num_nodes is not None else "num_nodes"
-        raise InvalidInput({missing: [f"{missing} is required with {'num_nodes' if missing == 'gpus_per_node' else 'gpus_per_node'}"]})
-    elif num_gpus is not None and num_gpus != num_nodes * gpn:
-        raise InvalidInput(
-            {"num_gpus": [f"num_gpus={num_gpus} does not match num_nodes x gpus_per_node = {num_nodes * gpn}; give one or the other"]}
-        )
-
-    max_gpn = capacity.max_gpus_per_node
-    if gpn is not None and gpn > max_gpn:
-        raise InvalidInput(
-            {"gpus_per_node": [f"no node has {gpn} GPUs; the largest nodes have {max_gpn}"]}
-        )
-
-    if num_nodes is None:
-        assert num_gpus is not None
-        if num_gpus <= max_gpn and spec.segment_nodes in (None, 1):
-            # A sub-node job: shares a node, so segments and node counts don't apply.
-            shape = Shape(num_gpus, None, None, None)
-            return shape
-        gpn = capacity.dominant_gpus_per_node
-        num_nodes = math.ceil(num_gpus / gpn)
-    else:
-        num_gpus = num_nodes * gpn
-
-    assert gpn is not None
-    if num_gpus > capacity.total_gpus:
-        raise InvalidInput(
-            {"num_gpus": [f"asks for {num_gpus} GPUs but the whole fleet has {capacity.total_gpus}"]}
-        )
-    available_nodes = capacity.nodes_of_size(gpn)
-    if num_nodes > available_nodes:
-        raise InvalidInput(
-            {"num_nodes": [f"asks for {num_nodes} nodes of {gpn} GPUs but the fleet has {available_nodes} such nodes"]}
-        )
-
-    largest = capacity.largest_domain(gpn)
-    segment = spec.segment_nodes
-    if segment is None:
-        segment = num_nodes if num_nodes <= largest else None
-    else:
-        if segment > num_nodes:
-            raise InvalidInput(
-                {"segment_nodes": [f"segment_nodes={segment} is larger than the job's {num_nodes} nodes"]}
-            )
-        if num_nodes % segment:
-            divisors = [d for d in range(1, min(num_nodes, largest) + 1) if num_nodes % d == 0]
-            raise InvalidInput(
-                {"segment_nodes": [f"{num_nodes} nodes cannot be cut into segments of {segment}; use a divisor of {num_nodes} such as {', '.join(map(str, divisors[-3:]))}"]}
-            )
-        if segment > largest:
-            raise InvalidInput(
-                {"segment_nodes": [f"a segment of {segment} nodes cannot fit: the largest NVLink domain has {largest} nodes of {gpn} GPUs"]}
-            )
-    if spec.locality == Locality.REQUIRED and segment is None:
-        raise InvalidInput(
-            {"locality": [f"a required job must fit in one NVLink domain, but {num_nodes} nodes exceed the largest domain ({largest} nodes, {largest * gpn} GPUs); set segment_nodes (a divisor of {num_nodes} up to {largest}) to split it into rack-local segments, or use locality=preferred"]}
-        )
-    return Shape(num_gpus, num_nodes, gpn, segment)
 
 
 def _resolve_tenant(actor, tenant_name: str | None) -> Tenant:
@@ -192,6 +85,7 @@ def submit_job(actor, spec: JobSpec) -> Job:
             expected_duration_s=spec.expected_duration_s,
         )
         audit.record(actor, "job.submit", job, after=job_snapshot(job) | {"num_gpus": job.num_gpus})
+        dispatch.schedule_soon()
     return job
 
 
@@ -221,12 +115,15 @@ def cancel_job(actor, job_id: int) -> Job:
                 "or recovering jobs can be cancelled"
             )
         before = job_snapshot(job)
-        bump_versions(_release(job))
+        racks = _release(job)
         job.state = JobState.CANCELLED
         job.state_reason = f"cancelled by {audit.actor_name(actor)}"
         job.finished_at = timezone.now()
         job.save(update_fields=["state", "state_reason", "finished_at"])
         audit.record(actor, "job.cancel", job, before=before, after=job_snapshot(job))
+        bump_versions(racks)
+        if racks:
+            dispatch.schedule_soon()
     return job
 
 
@@ -236,57 +133,139 @@ def apply_placement(
     gpus_by_node: Mapping[int, list[int]],
     *,
     reason: str,
+    segments: list[list[str]] | None = None,
+    choices: list[str] | None = None,
 ) -> Job:
     """Bind a pending job to GPUs (node id -> GPU indices) as decided by the
     placement engine. Raises Conflict if the job is no longer pending or any GPU
     is taken or unusable; nothing is written in that case."""
     with transaction.atomic():
-        # Compare-and-set on the job's state: a second caller finds 0 rows.
         job = Job.objects.select_for_update().get(pk=job_id)
         if job.state != JobState.PENDING:
             raise Conflict(f"job #{job.pk} is {job.state}, not pending; it cannot be placed")
-        wanted = [(node_id, idx) for node_id, idxs in gpus_by_node.items() for idx in idxs]
-        gpus = list(
-            GPU.objects.select_related("node").filter(
-                node_id__in=list(gpus_by_node), node__state=NodeState.HEALTHY
-            )
-        )
-        by_key = {(g.node_id, g.index): g for g in gpus}
-        missing = [key for key in wanted if key not in by_key]
-        if missing:
-            raise Conflict(f"GPUs {missing} are not on healthy nodes; the plan is stale")
-        chosen = [by_key[key] for key in wanted]
-        try:
-            # A savepoint, so the IntegrityError leaves the outer transaction usable
-            # for the rollback and the caller gets a clean Conflict.
-            with transaction.atomic():
-                Allocation.objects.bulk_create(Allocation(job=job, gpu=g) for g in chosen)
-        except IntegrityError as exc:
-            raise Conflict(f"a GPU in the plan for job #{job.pk} is already allocated") from exc
+        chosen = _take_gpus(job, gpus_by_node)
         before = job_snapshot(job)
-        nodes = sorted({g.node.hostname for g in chosen})
         racks = sorted({g.node.rack_id for g in chosen})
         job.state = JobState.PLACED
         job.state_reason = ""
         job.placed_at = timezone.now()
-        job.placement = {"racks": racks, "nodes": nodes, "reason": reason}
+        job.placement = {
+            "racks": sorted({g.node.rack.name for g in chosen}),
+            "nodes": sorted({g.node.hostname for g in chosen}),
+            "segments": segments or [sorted({str(g.node_id) for g in chosen})],
+            "reason": reason,
+            "choices": choices or [],
+        }
         job.save(update_fields=["state", "state_reason", "placed_at", "placement"])
-        bump_versions(racks)
         audit.record(actor, "job.place", job, before=before, after=job_snapshot(job), message=reason)
+        bump_versions(racks)
     return job
 
 
+def _take_gpus(job: Job, gpus_by_node: Mapping[int, list[int]]) -> list[GPU]:
+    """Create active allocations of the given GPUs for ``job``; Conflict if any is
+    missing, on an unhealthy node, or already held (the database constraint)."""
+    wanted = [(int(node_id), idx) for node_id, idxs in gpus_by_node.items() for idx in idxs]
+    gpus = GPU.objects.select_related("node__rack").filter(
+        node_id__in=[int(n) for n in gpus_by_node], node__state=NodeState.HEALTHY
+    )
+    by_key = {(g.node_id, g.index): g for g in gpus}
+    missing = [key for key in wanted if key not in by_key]
+    if missing:
+        raise Conflict(f"GPUs {missing} are not on healthy nodes; the plan is stale")
+    chosen = [by_key[key] for key in wanted]
+    try:
+        # A savepoint, so the IntegrityError leaves the outer transaction usable
+        # for the rollback and the caller gets a clean Conflict.
+        with transaction.atomic():
+            Allocation.objects.bulk_create(Allocation(job=job, gpu=g) for g in chosen)
+    except IntegrityError as exc:
+        raise Conflict(f"a GPU in the plan for job #{job.pk} is already allocated") from exc
+    return chosen
+
+
 def start_job(actor, job_id: int) -> Job:
-    """placed -> running, when the job's processes are up."""
+    """placed|recovering -> running, when the job's processes are up (again)."""
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job_id)
-        if job.state != JobState.PLACED:
-            raise Conflict(f"job #{job.pk} is {job.state}; only a placed job can start")
+        if job.state not in (JobState.PLACED, JobState.RECOVERING):
+            raise Conflict(f"job #{job.pk} is {job.state}; only a placed or recovering job can start")
         before = job_snapshot(job)
         job.state = JobState.RUNNING
+        job.state_reason = ""
         job.started_at = job.started_at or timezone.now()
-        job.save(update_fields=["state", "started_at"])
-        audit.record(actor, "job.start", job, before=before, after=job_snapshot(job))
+        job.attempt += 1
+        job.save(update_fields=["state", "state_reason", "started_at", "attempt"])
+        audit.record(actor, "job.start", job, before=before, after=job_snapshot(job) | {"attempt": job.attempt})
+    return job
+
+
+def swap_job_nodes(actor, job_id: int, swaps: Mapping[int, int], *, reason: str) -> Job:
+    """Move the job's GPUs off each failed node onto its replacement in the same
+    rack, keeping every other node where it is. The job is left recovering; it
+    restarts from its checkpoint with :func:`start_job`."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job_id)
+        if job.state not in HOLDING_JOB_STATES:
+            raise Conflict(f"job #{job.pk} is {job.state}; it holds no nodes to swap")
+        now = timezone.now()
+        rack_ids: set[int] = set()
+        wanted: dict[int, list[int]] = {}
+        for old, new in swaps.items():
+            held = Allocation.objects.filter(job=job, gpu__node_id=old, released_at__isnull=True)
+            count = held.count()
+            if count == 0:
+                raise Conflict(f"job #{job.pk} holds nothing on node {old}; the plan is stale")
+            held.update(released_at=now)
+            busy = set(
+                Allocation.objects.filter(gpu__node_id=new, released_at__isnull=True).values_list(
+                    "gpu__index", flat=True
+                )
+            )
+            free = [i for i in GPU.objects.filter(node_id=new).order_by("index").values_list("index", flat=True) if i not in busy]
+            if len(free) < count:
+                raise Conflict(f"node {new} has {len(free)} free GPUs, job #{job.pk} needs {count}")
+            wanted[new] = free[:count]
+            rack_ids |= set(Node.objects.filter(id__in=[old, new]).values_list("rack_id", flat=True))
+        _take_gpus(job, wanted)
+        before = job_snapshot(job)
+        mapping = {str(o): str(n) for o, n in swaps.items()}
+        placement = dict(job.placement or {})
+        placement["segments"] = [[mapping.get(n, n) for n in seg] for seg in placement.get("segments", [])]
+        hosts = dict(Node.objects.filter(id__in=[*swaps, *swaps.values()]).values_list("id", "hostname"))
+        nodes = set(placement.get("nodes", [])) - {hosts[o] for o in swaps}
+        placement["nodes"] = sorted(nodes | {hosts[n] for n in swaps.values()})
+        job.placement = placement
+        job.state = JobState.RECOVERING
+        job.state_reason = reason
+        job.save(update_fields=["placement", "state", "state_reason"])
+        audit.record(
+            actor,
+            "job.swap",
+            job,
+            before=before | {"nodes": [hosts[o] for o in swaps]},
+            after=job_snapshot(job) | {"nodes": [hosts[n] for n in swaps.values()]},
+            message=reason,
+        )
+        bump_versions(rack_ids)
+    return job
+
+
+def requeue_job(actor, job_id: int, *, reason: str, action: str = "job.requeue") -> Job:
+    """Stop a job that holds GPUs and put it back in the queue (after a failure
+    with no room to recover, a preemption, or to move it elsewhere)."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job_id)
+        if job.state not in HOLDING_JOB_STATES:
+            raise Conflict(f"job #{job.pk} is {job.state}; only a job holding GPUs can be requeued")
+        before = job_snapshot(job)
+        racks = _release(job)
+        job.state = JobState.PENDING
+        job.state_reason = reason
+        job.save(update_fields=["state", "state_reason"])
+        audit.record(actor, action, job, before=before, after=job_snapshot(job), message=reason)
+        bump_versions(racks)
+        dispatch.schedule_soon()
     return job
 
 
@@ -297,10 +276,12 @@ def finish_job(actor, job_id: int, *, succeeded: bool, reason: str = "") -> Job:
         if job.state not in HOLDING_JOB_STATES:
             raise Conflict(f"job #{job.pk} is {job.state}; it holds no GPUs to finish with")
         before = job_snapshot(job)
-        bump_versions(_release(job))
+        racks = _release(job)
         job.state = JobState.COMPLETED if succeeded else JobState.FAILED
         job.state_reason = reason
         job.finished_at = timezone.now()
         job.save(update_fields=["state", "state_reason", "finished_at"])
         audit.record(actor, "job.finish", job, before=before, after=job_snapshot(job), message=reason)
+        bump_versions(racks)
+        dispatch.schedule_soon()
     return job

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from fleet.choices import HOLDING_JOB_STATES, GpuHealth, JobState, NodeState
 from fleet.models import GPU, Allocation, Job, Node
-from fleet.services import audit
+from fleet.services import audit, dispatch
 from fleet.services.errors import Conflict
 from fleet.services.racks import bump_versions
 
@@ -35,7 +35,9 @@ def _transition(
     refusal: str,
 ) -> tuple[Node, dict[str, str]]:
     """Lock the node, check the transition is allowed, apply it, and audit it.
-    Must be called inside a transaction."""
+    Must be called inside a transaction; the caller bumps the rack version last
+    (rack rows are always locked last, so services never wait on each other in a
+    cycle)."""
     node = Node.objects.select_for_update().get(pk=node_id)
     if node.state not in allowed_from:
         raise Conflict(f"node {node.hostname} is {node.state}; {refusal}")
@@ -44,7 +46,6 @@ def _transition(
     node.state_reason = reason
     node.state_changed_at = timezone.now()
     node.save(update_fields=["state", "state_reason", "state_changed_at"])
-    bump_versions([node.rack_id])
     audit.record(actor, action, node, before=before, after=_snapshot(node), message=reason)
     return node, before
 
@@ -67,6 +68,7 @@ def drain_node(actor, node_id: int, reason: str = "") -> Node:
             reason=reason or "drained by operator",
             refusal="only a healthy or suspect node can be drained",
         )
+        bump_versions([node.rack_id])
     return node
 
 
@@ -81,6 +83,8 @@ def undrain_node(actor, node_id: int, reason: str = "") -> Node:
             reason=reason,
             refusal="only a draining or drained node can be undrained",
         )
+        bump_versions([node.rack_id])
+        dispatch.schedule_soon()
     return node
 
 
@@ -119,6 +123,8 @@ def mark_node_failed(actor, node_id: int, reason: str = "") -> Node:
                 before=before,
                 after={"state": job.state, "state_reason": job.state_reason},
             )
+            dispatch.recover_soon(job.pk)
+        bump_versions([node.rack_id])
     return node
 
 
@@ -138,4 +144,6 @@ def return_node_to_service(actor, node_id: int, reason: str = "") -> Node:
         GPU.objects.filter(node=node).exclude(health=GpuHealth.OK).update(
             health=GpuHealth.OK, last_error="", health_changed_at=timezone.now()
         )
+        bump_versions([node.rack_id])
+        dispatch.schedule_soon()
     return node

@@ -28,8 +28,8 @@ class RackSummary:
 
 
 def rack_summaries(racks: QuerySet[Rack] | None = None) -> dict[int, RackSummary]:
-    """Per-rack counts. A GPU is *used* if allocated; *failed* if it or its node
-    failed; *free* if on a healthy node and not failed or allocated; otherwise
+    """Per-rack counts. A GPU is *used* if allocated; else *failed* if it or its
+    node failed; *free* if on a healthy node and not failed or allocated; otherwise
     *unavailable* (suspect, draining or drained node).
 
     A node is *free* when it is healthy and none of its GPUs is allocated."""
@@ -46,7 +46,10 @@ def rack_summaries(racks: QuerySet[Rack] | None = None) -> dict[int, RackSummary
         s.nodes_total += row["n"]
 
     gpus = GPU.objects.filter(node__rack_id__in=rack_ids)
-    failed = Q(health=GpuHealth.FAILED) | Q(node__state__in=FAILED_NODE_STATES)
+    # A held GPU counts as used only, even on a failed node (a recovering job still
+    # holds it), so the four GPU counts partition the rack.
+    held = Allocation.objects.filter(released_at__isnull=True).values("gpu_id")
+    failed = (Q(health=GpuHealth.FAILED) | Q(node__state__in=FAILED_NODE_STATES)) & ~Q(id__in=held)
     for row in gpus.values("node__rack_id").annotate(
         total=Count("id"), failed=Count("id", filter=failed)
     ):

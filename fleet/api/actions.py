@@ -1,0 +1,147 @@
+"""API for actions: the approval queue, operator decisions, defrag requests,
+the approval policy, and the webhook executor's callbacks."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.permissions import AllowAny
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from fleet import executors
+from fleet.choices import ActionKind, ActionState, ApprovalMode
+from fleet.filtersets import ActionFilterSet
+from fleet.locks import Busy, decisions
+from fleet.models import Action
+from fleet.services import actions as action_services
+from fleet.services import defrag as defrag_services
+
+
+class ActionSerializer(serializers.ModelSerializer):
+    jobs = serializers.PrimaryKeyRelatedField(many=True, read_only=True)
+    steps = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Action
+        fields = [
+            "id", "kind", "state", "title", "jobs", "steps", "plan", "cost_gpu_hours", "benefit",
+            "fleet_version", "proposed_by_name", "decided_by_name", "decided_at", "decision_note",
+            "step_index", "progress", "log", "error", "created_at", "updated_at", "started_at", "finished_at",
+        ]
+        read_only_fields = fields
+
+    def get_steps(self, obj: Action) -> list[dict]:
+        """The ordered steps, each in words, with whether it is done."""
+        return [
+            {"index": i, "op": s["op"], "text": action_services.describe_step(s), "done": i < obj.step_index}
+            for i, s in enumerate(obj.steps)
+        ]
+
+
+class DecisionSerializer(serializers.Serializer):
+    note = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+
+
+class DefragRequestSerializer(serializers.Serializer):
+    free_racks = serializers.IntegerField(required=False, min_value=1, help_text="Target: this many whole free racks.")
+    room_for_nodes = serializers.IntegerField(required=False, min_value=1, help_text="Target: room for a rack-local job of this many nodes.")
+    gpus_per_node = serializers.IntegerField(required=False, min_value=1)
+    budget_gpu_hours = serializers.FloatField(required=False, min_value=0.001)
+    max_moves = serializers.IntegerField(required=False, min_value=1)
+
+
+class PolicySerializer(serializers.Serializer):
+    kind = serializers.ChoiceField(choices=ActionKind.choices)
+    mode = serializers.ChoiceField(choices=ApprovalMode.choices)
+
+
+class ActionViewSet(viewsets.ReadOnlyModelViewSet):
+    """Placement, recovery, defrag and drain decisions; operators approve them."""
+
+    queryset = Action.objects.prefetch_related("jobs")
+    serializer_class = ActionSerializer
+    filterset_class = ActionFilterSet
+    write_roles: dict = {}  # every write here is for operators (the default)
+
+    def _decide(self, request, service) -> Response:
+        action_obj = self.get_object()
+        form = DecisionSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        service(request.user, action_obj.pk, form.validated_data["note"])
+        return Response(ActionSerializer(self.get_queryset().get(pk=action_obj.pk)).data)
+
+    @extend_schema(request=DecisionSerializer, responses=ActionSerializer)
+    @action(detail=True, methods=["post"])
+    def approve(self, request, pk=None):
+        return self._decide(request, action_services.approve)
+
+    @extend_schema(request=DecisionSerializer, responses=ActionSerializer)
+    @action(detail=True, methods=["post"])
+    def reject(self, request, pk=None):
+        return self._decide(request, action_services.reject)
+
+    @extend_schema(request=DecisionSerializer, responses=ActionSerializer)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        return self._decide(request, action_services.cancel)
+
+    @extend_schema(
+        request=DefragRequestSerializer,
+        responses={
+            201: ActionSerializer,
+            200: inline_serializer("DefragNothingToDo", {"proposed": serializers.BooleanField(), "reason": serializers.CharField(), "plan": serializers.DictField()}),
+        },
+    )
+    @action(detail=False, methods=["post"])
+    def defrag(self, request):
+        """Plan a defragmentation now (optional target and budget). The plan
+        waits in the queue for approval."""
+        form = DefragRequestSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        try:
+            with decisions(wait=30):
+                outcome = defrag_services.plan_defrag(request.user, **form.validated_data)
+        except Busy:
+            return Response({"detail": "another decision is in progress; try again in a moment"}, status=status.HTTP_409_CONFLICT)
+        if outcome.action is None:
+            return Response({"proposed": False, "reason": outcome.reason, "plan": outcome.plan})
+        return Response(ActionSerializer(outcome.action).data, status=status.HTTP_201_CREATED)
+
+
+class ApprovalPolicyView(APIView):
+    """Which kinds of action run automatically and which wait for an operator."""
+
+    @extend_schema(responses=inline_serializer("ApprovalPolicies", {k: serializers.CharField() for k in ActionKind.values}))
+    def get(self, request):
+        return Response(action_services.policies())
+
+    @extend_schema(request=PolicySerializer, responses=inline_serializer("ApprovalPoliciesUpdated", {k: serializers.CharField() for k in ActionKind.values}))
+    def put(self, request):
+        form = PolicySerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        action_services.set_policy(request.user, form.validated_data["kind"], form.validated_data["mode"])
+        return Response(action_services.policies())
+
+
+class ActionCallbackView(APIView):
+    """Signed callbacks from the webhook executor (HMAC, no user login)."""
+
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(
+        request=inline_serializer("StepCallback", {"step_index": serializers.IntegerField(), "status": serializers.ChoiceField(choices=["succeeded", "failed"]), "message": serializers.CharField(required=False)}),
+        responses={202: inline_serializer("StepCallbackAccepted", {"status": serializers.CharField(), "message": serializers.CharField()})},
+    )
+    def post(self, request, pk: int):
+        if not Action.objects.filter(pk=pk, state__in=[ActionState.EXECUTING]).exists():
+            return Response({"detail": f"action #{pk} is not executing"}, status=status.HTTP_409_CONFLICT)
+        try:
+            result = executors.record_callback(pk, request.body, request.headers.get("X-Rackwise-Signature"))
+        except PermissionError as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_403_FORBIDDEN)
+        except ValueError as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
+        return Response(result, status=status.HTTP_202_ACCEPTED)

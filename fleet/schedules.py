@@ -1,0 +1,25 @@
+"""Default periodic tasks, created after migrations if missing. They are
+django-celery-beat rows, so operators can change or disable them in the admin;
+an edited row is never overwritten."""
+
+from __future__ import annotations
+
+# name -> (task, seconds between runs)
+DEFAULT_SCHEDULES: dict[str, tuple[str, int]] = {
+    "scheduling tick": ("fleet.tasks.schedule_pending", 30),
+    "reconcile": ("fleet.tasks.reconcile", 30),
+    "detect failed nodes": ("fleet.tasks.detect_failures", 15),
+    "defrag plan (hourly)": ("fleet.tasks.plan_defrag", 3600),
+    "defrag thresholds": ("fleet.tasks.defrag_watch", 60),
+    "demo workload": ("fleet.tasks.demo_tick", 5),
+}
+
+
+def ensure_periodic_tasks(**_kwargs) -> None:
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+    for name, (task, seconds) in DEFAULT_SCHEDULES.items():
+        if PeriodicTask.objects.filter(name=name).exists():
+            continue
+        interval, _ = IntervalSchedule.objects.get_or_create(every=seconds, period=IntervalSchedule.SECONDS)
+        PeriodicTask.objects.create(name=name, task=task, interval=interval)

@@ -1,0 +1,462 @@
+"""Actions: decisions as ordered steps, approved by policy or by an operator, and
+carried out one step at a time.
+
+Every state change is compare-and-set on the row (``filter(state=A).update(...)``
+or a row lock and a check), so a task delivered twice does the work once.
+
+Step ops and what each does to the database (after the executor has done its
+part in the cluster):
+
+=========== ========================================================
+allocate    bind a pending job to the planned GPUs (``apply_placement``)
+start       the job's processes are up: placed|recovering -> running
+restart     same as start, after a swap (restart from the checkpoint)
+checkpoint  nothing in the database (the executor checkpoints)
+stop        release the job's GPUs; it waits, held by this action
+preempt     release a victim's GPUs; it goes back to the queue
+requeue     release the job's GPUs; it goes back to the queue
+swap        move the job off failed nodes onto spares in the same rack
+drain       drain a node
+=========== ========================================================
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from django.db import transaction
+from django.db.models import Sum
+from django.utils import timezone
+
+from fleet import engine
+from fleet.choices import (
+    HOLDING_JOB_STATES,
+    OPEN_ACTION_STATES,
+    ActionKind,
+    ActionState,
+    ApprovalMode,
+    JobState,
+    NodeState,
+    Role,
+)
+from fleet.models import Action, ApprovalPolicy, Job, Node, Rack
+from fleet.permissions import has_role
+from fleet.services import audit, dispatch
+from fleet.services import jobs as job_services
+from fleet.services import nodes as node_services
+from fleet.services.errors import Conflict, InvalidInput, NotAllowed, ServiceError
+from placement import model as pm
+from placement.validate import validate
+
+log = logging.getLogger(__name__)
+
+
+class StepFailed(Exception):
+    """The executor could not carry out a step."""
+
+
+def fleet_version() -> int:
+    """A fleet-wide version: the sum of rack versions, which only ever grows."""
+    return Rack.objects.aggregate(v=Sum("version"))["v"] or 0
+
+
+def _require_operator(actor) -> None:
+    if not has_role(actor, Role.OPERATOR):
+        raise NotAllowed("only operators can decide on actions")
+
+
+def _snapshot(action: Action) -> dict:
+    return {"state": action.state, "step_index": action.step_index}
+
+
+# --- proposing ------------------------------------------------------------------------
+
+
+def propose(
+    *,
+    kind: str,
+    title: str,
+    steps: list[dict],
+    jobs: list[int],
+    engine_plan: dict | None = None,
+    cost_gpu_hours: float = 0.0,
+    benefit: dict | None = None,
+    actor=None,
+    done_steps: int = 0,
+) -> Action:
+    """Record a decision. Kinds the approval policy runs automatically start
+    executing on commit; the others wait for an operator.
+
+    ``done_steps`` marks leading steps already carried out by the caller in the
+    same transaction (the scheduler allocates inline, under its lock)."""
+    auto = ApprovalPolicy.mode_for(kind) == ApprovalMode.AUTO
+    now = timezone.now()
+    with transaction.atomic():
+        action = Action.objects.create(
+            kind=kind,
+            title=title[:300],
+            plan={"steps": steps, "engine": engine_plan or {}},
+            cost_gpu_hours=round(cost_gpu_hours, 4),
+            benefit=benefit or {},
+            fleet_version=fleet_version(),
+            proposed_by=actor if actor is not None and actor.pk else None,
+            proposed_by_name=audit.actor_name(actor),
+            state=ActionState.EXECUTING if done_steps else (ActionState.APPROVED if auto else ActionState.PROPOSED),
+            decided_by_name="policy (auto)" if auto else "",
+            decided_at=now if auto else None,
+            step_index=done_steps,
+            progress=done_steps / len(steps) if steps else 1.0,
+            started_at=now if done_steps else None,
+            log=[_log_entry(i, s, "done") for i, s in enumerate(steps[:done_steps])],
+        )
+        action.jobs.set(jobs)
+        audit.record(
+            actor,
+            "action.propose",
+            action,
+            after={"kind": kind, "state": action.state, "steps": len(steps), "cost_gpu_hours": action.cost_gpu_hours},
+            message=title,
+        )
+        if action.state != ActionState.PROPOSED:
+            dispatch.execute_soon(action.pk)
+    return action
+
+
+def open_action_job_ids() -> set[int]:
+    """Jobs held by an open action: the scheduler and recovery leave them alone."""
+    return set(
+        Action.jobs.through.objects.filter(action__state__in=OPEN_ACTION_STATES).values_list("job_id", flat=True)
+    )
+
+
+# --- operator decisions ------------------------------------------------------------
+
+
+def approve(actor, action_id: int, note: str = "") -> Action:
+    _require_operator(actor)
+    with transaction.atomic():
+        changed = Action.objects.filter(pk=action_id, state=ActionState.PROPOSED).update(
+            state=ActionState.APPROVED,
+            decided_by=actor,
+            decided_by_name=audit.actor_name(actor),
+            decided_at=timezone.now(),
+            decision_note=note[:500],
+        )
+        action = Action.objects.get(pk=action_id)
+        if changed != 1:
+            raise Conflict(f"action #{action_id} is {action.state}; only a proposed action can be approved")
+        audit.record(actor, "action.approve", action, before={"state": ActionState.PROPOSED}, after=_snapshot(action), message=note)
+        dispatch.execute_soon(action.pk)
+    return action
+
+
+def reject(actor, action_id: int, note: str = "") -> Action:
+    """Refuse a proposed action. A refused preemption or migration leaves the job
+    with no way to recover in place, so it goes back to the queue."""
+    _require_operator(actor)
+    with transaction.atomic():
+        changed = Action.objects.filter(pk=action_id, state=ActionState.PROPOSED).update(
+            state=ActionState.REJECTED,
+            decided_by=actor,
+            decided_by_name=audit.actor_name(actor),
+            decided_at=timezone.now(),
+            decision_note=note[:500],
+            finished_at=timezone.now(),
+        )
+        action = Action.objects.get(pk=action_id)
+        if changed != 1:
+            raise Conflict(f"action #{action_id} is {action.state}; only a proposed action can be rejected")
+        audit.record(actor, "action.reject", action, before={"state": ActionState.PROPOSED}, after=_snapshot(action), message=note)
+        if action.kind in (ActionKind.PREEMPTION, ActionKind.MIGRATION):
+            for job in action.jobs.filter(state=JobState.RECOVERING):
+                job_services.requeue_job(actor, job.pk, reason=f"recovery #{action.pk} rejected; requeued")
+    return action
+
+
+def cancel(actor, action_id: int, note: str = "") -> Action:
+    """Stop an action before its next step. Steps already done stay done; jobs
+    left between steps are put right by :func:`_settle_jobs`."""
+    _require_operator(actor)
+    with transaction.atomic():
+        action = Action.objects.select_for_update().get(pk=action_id)
+        if action.state not in OPEN_ACTION_STATES:
+            raise Conflict(f"action #{action_id} is {action.state}; only an open action can be cancelled")
+        before = _snapshot(action)
+        action.state = ActionState.CANCELLED
+        action.decision_note = note[:500] or action.decision_note
+        action.finished_at = timezone.now()
+        action.log = [*action.log, {"at": timezone.now().isoformat(), "message": f"cancelled by {audit.actor_name(actor)}"}]
+        action.save(update_fields=["state", "decision_note", "finished_at", "log", "updated_at"])
+        audit.record(actor, "action.cancel", action, before=before, after=_snapshot(action), message=note)
+        _settle_jobs(action, actor)
+    return action
+
+
+def set_policy(actor, kind: str, mode: str) -> ApprovalPolicy:
+    _require_operator(actor)
+    if kind not in ActionKind.values:
+        raise InvalidInput({"kind": [f"unknown action kind {kind!r}; use one of: {', '.join(ActionKind.values)}"]})
+    if mode not in ApprovalMode.values:
+        raise InvalidInput({"mode": [f"unknown mode {mode!r}; use auto or manual"]})
+    with transaction.atomic():
+        before = ApprovalPolicy.mode_for(kind)
+        policy, _ = ApprovalPolicy.objects.update_or_create(kind=kind, defaults={"mode": mode})
+        audit.record(actor, "policy.change", policy, before={"mode": before}, after={"mode": mode})
+    return policy
+
+
+def policies() -> dict[str, str]:
+    return {kind: ApprovalPolicy.mode_for(kind) for kind in ActionKind.values}
+
+
+# --- checking a plan against the fleet as it is now ----------------------------
+
+
+def check_plan(action: Action, steps: list[dict] | None = None) -> list[str]:
+    """Replay the remaining steps on a fresh snapshot of the fleet and run the
+    engine's invariant checker on the jobs they touch. Returns the problems
+    (empty: the plan still holds)."""
+    steps = action.steps[action.step_index:] if steps is None else steps
+    snap = engine.load_snapshot()
+    fleet = snap.fleet
+    jobs = {str(j.pk): j for j in Job.objects.select_related("tenant").filter(pk__in=[s["job"] for s in steps if "job" in s])}
+    problems: list[str] = []
+    touched: set[str] = set()
+    stopped: set[str] = set()
+    for step in steps:
+        op = step["op"]
+        if op == "drain":
+            state = Node.objects.filter(pk=step["node"]).values_list("state", flat=True).first()
+            if state not in (NodeState.HEALTHY, NodeState.SUSPECT):
+                problems.append(f"node {step['node']} is {state}, it can no longer be drained")
+            continue
+        jid = str(step["job"])
+        job = jobs.get(jid)
+        if job is None:
+            problems.append(f"job #{jid} no longer exists")
+            continue
+        touched.add(jid)
+        held = jid in fleet.allocations
+        if op == "allocate":
+            if job.state != JobState.PENDING and jid not in stopped:
+                problems.append(f"job #{jid} is {job.state}, no longer pending")
+                continue
+            try:
+                fleet.allocate(pm.Allocation(engine.job_request(job), {k: tuple(v) for k, v in step["nodes"].items()}, step.get("segments") or []))
+            except pm.CapacityError as exc:
+                problems.append(f"job #{jid}: {exc}")
+        elif op in ("stop", "preempt", "requeue"):
+            if not held:
+                problems.append(f"job #{jid} holds no GPUs any more")
+                continue
+            fleet.release(jid)
+            stopped.add(jid)
+        elif op == "swap":
+            if not held or job.state not in HOLDING_JOB_STATES:
+                problems.append(f"job #{jid} holds no GPUs any more")
+                continue
+            old = fleet.release(jid)
+            nodes: dict[str, tuple[int, ...]] = {}
+            for nid, gpus in old.nodes.items():
+                new = step["swaps"].get(nid, nid)
+                if new != nid:
+                    target = fleet.nodes.get(new)
+                    if target is None or target.free_gpus < len(gpus):
+                        problems.append(f"job #{jid}: replacement node {snap.hostnames.get(new, new)} is no longer free")
+                        break
+                    gpus = target.free_indices(len(gpus))
+                nodes[new] = gpus
+            else:
+                segments = [[step["swaps"].get(n, n) for n in seg] for seg in old.segments]
+                fleet.allocate(pm.Allocation(old.job, nodes, segments), restore=True)
+        elif op in ("start", "restart"):
+            if jid not in fleet.allocations:
+                problems.append(f"job #{jid} would start without GPUs")
+    if not problems:
+        scope = {j: fleet.allocations[j] for j in touched if j in fleet.allocations}
+        problems += [str(v) for v in validate(fleet, scope)]
+    return problems
+
+
+# --- executing ------------------------------------------------------------------
+
+
+@dataclass
+class StepResult:
+    more: bool
+    message: str = ""
+
+
+def _log_entry(index: int, step: dict, status: str, message: str = "") -> dict:
+    return {
+        "at": timezone.now().isoformat(),
+        "step": index,
+        "op": step["op"],
+        "status": status,
+        "message": message or describe_step(step),
+    }
+
+
+def describe_step(step: dict) -> str:
+    op = step["op"]
+    if op == "drain":
+        return f"drain node {step.get('hostname', step['node'])}"
+    target = f"job #{step['job']}"
+    if op == "allocate":
+        return f"allocate {target} on {', '.join(step.get('hostnames', [])) or 'its nodes'}"
+    if op == "swap":
+        pairs = step.get("hostname_swaps") or step["swaps"]
+        return f"swap {target}: " + ", ".join(f"{a} -> {b}" for a, b in pairs.items())
+    return f"{op} {target}"
+
+
+def _apply_step(actor, action: Action, step: dict) -> None:
+    """The database side of one step (see the module docstring)."""
+    op = step["op"]
+    why = f"action #{action.pk} ({action.kind})"
+    if op == "allocate":
+        job_services.apply_placement(
+            actor,
+            step["job"],
+            {int(k): v for k, v in step["nodes"].items()},
+            reason=step.get("reason") or why,
+            segments=step.get("segments"),
+            choices=step.get("choices"),
+        )
+    elif op in ("start", "restart"):
+        job_services.start_job(actor, step["job"])
+    elif op == "checkpoint":
+        pass
+    elif op == "stop":
+        job_services.requeue_job(actor, step["job"], reason=f"moving: {why}", action="job.stop")
+    elif op == "preempt":
+        job_services.requeue_job(actor, step["job"], reason=f"preempted by {why}", action="job.preempt")
+    elif op == "requeue":
+        job_services.requeue_job(actor, step["job"], reason=step.get("reason") or f"requeued by {why}")
+    elif op == "swap":
+        job_services.swap_job_nodes(
+            actor, step["job"], {int(k): int(v) for k, v in step["swaps"].items()}, reason=f"recovering: {why}"
+        )
+    elif op == "drain":
+        node_services.drain_node(actor, step["node"], step.get("reason") or why)
+    else:
+        raise StepFailed(f"unknown step op {op!r}")
+
+
+def execute_next_step(action_id: int, executor=None) -> StepResult:
+    """Carry out the next step of an approved or executing action.
+
+    1. An approved action is checked against the current fleet; a plan that no
+       longer holds is marked expired (and a new decision is requested).
+    2. The executor does the step in the cluster (it may say: wait for a callback).
+    3. Under the action's row lock, the step's database change is applied and the
+       step counted, in one transaction; a second worker finds the step done.
+    Returns whether more steps remain for this call to make.
+    """
+    from fleet.executors import WAITING, get_executor
+
+    executor = executor or get_executor()
+    action = Action.objects.filter(pk=action_id).first()
+    if action is None:
+        return StepResult(False, "gone")
+    if action.state == ActionState.APPROVED:
+        problems = check_plan(action)
+        if problems:
+            _expire(action, problems)
+            return StepResult(False, "expired")
+        changed = Action.objects.filter(pk=action.pk, state=ActionState.APPROVED).update(
+            state=ActionState.EXECUTING, started_at=timezone.now()
+        )
+        if changed != 1:
+            return StepResult(False, "claimed elsewhere")
+        action.refresh_from_db()
+        audit.record(None, "action.execute", action, before={"state": ActionState.APPROVED}, after=_snapshot(action))
+    if action.state != ActionState.EXECUTING:
+        return StepResult(False, action.state)
+    steps = action.steps
+    index = action.step_index
+    if index >= len(steps):
+        _finish(action.pk)
+        return StepResult(False, "succeeded")
+    step = steps[index]
+    try:
+        outcome = executor.perform(action, index, step)
+    except StepFailed as exc:
+        _fail(action.pk, index, step, str(exc))
+        return StepResult(False, "failed")
+    if outcome == WAITING:
+        return StepResult(False, "waiting for the executor's callback")
+    try:
+        with transaction.atomic():
+            locked = Action.objects.select_for_update().get(pk=action.pk)
+            if locked.state != ActionState.EXECUTING or locked.step_index != index:
+                return StepResult(False, "step done elsewhere")
+            _apply_step(None, locked, step)
+            locked.step_index = index + 1
+            locked.progress = (index + 1) / len(steps)
+            locked.step_started_at = None
+            locked.log = [*locked.log, _log_entry(index, step, "done")]
+            locked.save(update_fields=["step_index", "progress", "step_started_at", "log", "updated_at"])
+            audit.record(None, "action.step", locked, after={"step": index, "op": step["op"]}, message=describe_step(step))
+    except ServiceError as exc:
+        _fail(action.pk, index, step, str(exc))
+        return StepResult(False, "failed")
+    executor.after_step(action, index, step)
+    if index + 1 >= len(steps):
+        _finish(action.pk)
+        return StepResult(False, "succeeded")
+    return StepResult(True)
+
+
+def _finish(action_id: int) -> None:
+    with transaction.atomic():
+        changed = Action.objects.filter(pk=action_id, state=ActionState.EXECUTING).update(
+            state=ActionState.SUCCEEDED, finished_at=timezone.now(), progress=1.0
+        )
+        if changed:
+            action = Action.objects.get(pk=action_id)
+            audit.record(None, "action.succeeded", action, after=_snapshot(action))
+            dispatch.schedule_soon()
+
+
+def _fail(action_id: int, index: int, step: dict, error: str) -> None:
+    with transaction.atomic():
+        action = Action.objects.select_for_update().get(pk=action_id)
+        if action.state != ActionState.EXECUTING:
+            return
+        action.log = [*action.log, _log_entry(index, step, "failed", error)]
+        action.state = ActionState.FAILED
+        action.error = f"step {index + 1} ({step['op']}) failed: {error}"
+        action.finished_at = timezone.now()
+        action.save(update_fields=["log", "state", "error", "finished_at", "updated_at"])
+        audit.record(None, "action.failed", action, after=_snapshot(action), message=action.error)
+        _settle_jobs(action, None)
+    log.warning("action #%s failed: %s", action_id, error)
+
+
+def _expire(action: Action, problems: list[str]) -> None:
+    """The fleet moved on since the plan was made: expire it and ask for a new one."""
+    with transaction.atomic():
+        changed = Action.objects.filter(pk=action.pk, state=ActionState.APPROVED).update(
+            state=ActionState.EXPIRED, error="; ".join(problems)[:2000], finished_at=timezone.now()
+        )
+        if changed != 1:
+            return
+        action.refresh_from_db()
+        audit.record(None, "action.expire", action, after=_snapshot(action), message=action.error[:500])
+        _settle_jobs(action, None)
+        if action.kind == ActionKind.DEFRAG:
+            dispatch.after_commit("fleet.tasks.plan_defrag")
+
+
+def _settle_jobs(action: Action, actor) -> None:
+    """After an action ends early, leave no job stranded between steps:
+    a job placed but never started goes back to the queue, a job still
+    recovering gets a new recovery decision, and the queue gets a pass."""
+    for job in action.jobs.all():
+        if job.state == JobState.PLACED:
+            job_services.requeue_job(actor, job.pk, reason=f"action #{action.pk} ended before the job started")
+        elif job.state == JobState.RECOVERING:
+            dispatch.recover_soon(job.pk)
+    dispatch.schedule_soon()

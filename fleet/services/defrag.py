@@ -1,0 +1,162 @@
+"""Fragmentation figures and defragmentation plans for the live fleet."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from fleet import engine
+from fleet.choices import ActionKind, ActionState, JobState, Locality
+from fleet.models import Action, Job
+from fleet.services import actions as action_services
+from fleet.services import audit
+from fleet.services.errors import InvalidInput
+from placement.defrag import FreeRacks, RoomFor, defragment
+from placement.fragmentation import FragmentationReport, fragmentation
+
+
+def _typical_shapes(pending: list) -> list:
+    """The shapes fragmentation is measured for: the pending queue, else the jobs
+    of the last day, else the engine's default mix (None)."""
+    if pending:
+        return pending
+    recent = Job.objects.select_related("tenant").filter(submitted_at__gte=timezone.now() - timedelta(days=1))
+    return [engine.job_request(j) for j in recent[:2000]] or None
+
+
+def fragmentation_report() -> FragmentationReport:
+    snap = engine.load_snapshot()
+    pending = [engine.job_request(j) for j in Job.objects.select_related("tenant").filter(state=JobState.PENDING)]
+    report = fragmentation(snap.fleet, _typical_shapes(pending))
+    for rack in report.racks:
+        rack.rack = snap.rack_names.get(rack.rack, rack.rack)
+    return report
+
+
+@dataclass
+class DefragOutcome:
+    action: Action | None
+    reason: str
+    plan: dict
+
+
+def plan_defrag(
+    actor=None,
+    *,
+    free_racks: int | None = None,
+    room_for_nodes: int | None = None,
+    gpus_per_node: int | None = None,
+    budget_gpu_hours: float | None = None,
+    max_moves: int | None = None,
+) -> DefragOutcome:
+    """Plan the cheapest moves of preemptible jobs that make the target (or the
+    pending gangs) placeable, and propose them as one action.
+
+    An open plan that still holds is kept (one defrag plan at a time); one the
+    fleet has moved away from is expired first. An operator's explicit request
+    replaces a proposed plan."""
+    if free_racks is not None and room_for_nodes is not None:
+        raise InvalidInput("give either free_racks or room_for_nodes, not both")
+    for name, value in (("free_racks", free_racks), ("room_for_nodes", room_for_nodes), ("max_moves", max_moves)):
+        if value is not None and value < 1:
+            raise InvalidInput({name: [f"must be at least 1, got {value}"]})
+    if budget_gpu_hours is not None and budget_gpu_hours <= 0:
+        raise InvalidInput({"budget_gpu_hours": [f"must be positive, got {budget_gpu_hours}"]})
+
+    with transaction.atomic():
+        for open_plan in Action.objects.select_for_update().filter(
+            kind=ActionKind.DEFRAG, state__in=(ActionState.PROPOSED, ActionState.APPROVED, ActionState.EXECUTING)
+        ):
+            if open_plan.state == ActionState.EXECUTING:
+                return DefragOutcome(open_plan, f"defrag #{open_plan.pk} is executing", open_plan.plan)
+            problems = action_services.check_plan(open_plan)
+            if not problems and actor is None:
+                return DefragOutcome(open_plan, f"defrag #{open_plan.pk} still holds and awaits a decision", open_plan.plan)
+            open_plan.state = ActionState.EXPIRED
+            open_plan.error = "; ".join(problems) or f"superseded by a new plan requested by {audit.actor_name(actor)}"
+            open_plan.finished_at = timezone.now()
+            open_plan.save(update_fields=["state", "error", "finished_at", "updated_at"])
+            audit.record(actor, "action.expire", open_plan, after={"state": open_plan.state}, message=open_plan.error[:500])
+
+    snap = engine.load_snapshot()
+    pending = [engine.job_request(j) for j in Job.objects.select_related("tenant").filter(state=JobState.PENDING)]
+    target = None
+    if free_racks is not None:
+        target = FreeRacks(free_racks)
+    elif room_for_nodes is not None:
+        gpn = gpus_per_node or max(snap.fleet.shapes(), default=4)
+        target = RoomFor(room_for_nodes, gpn)
+    plan = defragment(
+        snap.fleet,
+        pending,
+        target,
+        budget_gpu_hours=budget_gpu_hours if budget_gpu_hours is not None else settings.RACKWISE_DEFRAG_BUDGET_GPU_HOURS,
+        max_moves=max_moves or settings.RACKWISE_DEFRAG_MAX_MOVES,
+        shapes=_typical_shapes(pending),
+    )
+    plan_dict = plan.to_dict()
+    if not plan.moves:
+        return DefragOutcome(None, plan.reason or "nothing to move", plan_dict)
+    steps: list[dict] = []
+    for move in plan.moves:
+        job_id = int(move.job_id)
+        steps += [
+            {"op": "checkpoint", "job": job_id},
+            {"op": "stop", "job": job_id},
+            {
+                "op": "allocate",
+                "job": job_id,
+                "nodes": {k: list(v) for k, v in move.to_nodes.items()},
+                "segments": move.to_segments,
+                "hostnames": snap.describe_nodes(move.to_nodes),
+                "reason": move.reason,
+            },
+            {"op": "start", "job": job_id},
+        ]
+    touched_racks = sorted(
+        {snap.rack_names[snap.fleet.nodes[n].rack] for m in plan.moves for n in [*m.from_nodes, *m.to_nodes]}
+    )
+    benefit = {
+        "target": plan.target,
+        "feasible": plan.feasible,
+        "jobs_made_placeable": [int(j) for j in plan.jobs_made_placeable],
+        "fragmentation_before": plan.fragmentation_before,
+        "fragmentation_after": plan.fragmentation_after,
+        "free_racks_before": plan.free_racks_before,
+        "free_racks_after": plan.free_racks_after,
+        "racks": touched_racks,
+        "reason": plan.reason,
+    }
+    title = (
+        f"defragment: {len(plan.moves)} move(s) for {plan.target}, "
+        f"{plan.cost_gpu_hours:.1f} GPU-h, whole free racks {plan.free_racks_before} -> {plan.free_racks_after}"
+    )
+    action = action_services.propose(
+        kind=ActionKind.DEFRAG,
+        title=title,
+        steps=steps,
+        jobs=[int(m.job_id) for m in plan.moves],
+        engine_plan=plan_dict,
+        cost_gpu_hours=plan.cost_gpu_hours,
+        benefit=benefit,
+        actor=actor,
+    )
+    return DefragOutcome(action, plan.reason, plan_dict)
+
+
+def defrag_due() -> str | None:
+    """Why a defrag plan should be made now, or None: fragmentation above the
+    threshold while gangs wait, or a required job waiting too long."""
+    cutoff = timezone.now() - timedelta(seconds=settings.RACKWISE_DEFRAG_WAIT_THRESHOLD_S)
+    waiting = Job.objects.filter(state=JobState.PENDING, locality=Locality.REQUIRED, submitted_at__lte=cutoff)
+    if waiting.exists():
+        return f"{waiting.count()} required job(s) waited longer than {settings.RACKWISE_DEFRAG_WAIT_THRESHOLD_S} s"
+    if Job.objects.filter(state=JobState.PENDING, num_nodes__isnull=False).exists():
+        fraction = fragmentation_report().fraction
+        if fraction > settings.RACKWISE_DEFRAG_FRAGMENTATION_THRESHOLD:
+            return f"fragmentation {fraction:.2f} is above {settings.RACKWISE_DEFRAG_FRAGMENTATION_THRESHOLD:.2f}"
+    return None

@@ -1,0 +1,39 @@
+"""Enqueue background work once the current transaction commits.
+
+Sending never breaks the caller: if the broker is unreachable the rows are
+already committed, and the periodic reconcile pass re-enqueues whatever they say
+is pending. That is what makes a lost message harmless."""
+
+from __future__ import annotations
+
+import logging
+
+from django.db import transaction
+
+log = logging.getLogger(__name__)
+
+
+def _send(name: str, args: tuple) -> None:
+    from rackwise.celery import app
+
+    try:
+        app.send_task(name, args=args)
+    except Exception:  # broker down: reconcile will pick the work up
+        log.warning("could not enqueue %s%s; reconcile will retry", name, args, exc_info=True)
+
+
+def after_commit(name: str, *args) -> None:
+    """Send task ``name`` (e.g. ``fleet.tasks.schedule_pending``) after commit."""
+    transaction.on_commit(lambda: _send(name, args))
+
+
+def schedule_soon() -> None:
+    after_commit("fleet.tasks.schedule_pending")
+
+
+def recover_soon(job_id: int) -> None:
+    after_commit("fleet.tasks.recover_job", job_id)
+
+
+def execute_soon(action_id: int) -> None:
+    after_commit("fleet.tasks.execute_action", action_id)

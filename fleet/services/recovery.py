@@ -1,0 +1,115 @@
+"""Turning a failed node under a running job into a recovery decision."""
+
+from __future__ import annotations
+
+import logging
+
+from fleet import engine
+from fleet.choices import ActionKind, JobState
+from fleet.models import Action, Job
+from fleet.services import actions as action_services
+from fleet.services import jobs as job_services
+from placement import model as pm
+from placement.recover import recover, restart_cost_gpu_hours
+from placement.validate import validate_recovery
+
+log = logging.getLogger(__name__)
+
+KIND_BY_ENGINE_ACTION = {
+    "swap": ActionKind.RECOVERY,
+    "preempt_swap": ActionKind.PREEMPTION,
+    "move": ActionKind.MIGRATION,
+    "requeue": ActionKind.REQUEUE,
+}
+
+
+def plan_recovery(job_id: int) -> Action | None:
+    """Propose how to recover a job interrupted by failed nodes.
+
+    1. Skip a job that is not recovering or is already held by an open action.
+    2. Ask the engine: swap the failed nodes for spares in the same rack; else
+       preempt lower-priority jobs there; else move the whole job; else requeue.
+    3. Check the plan with the invariant checker, then propose it as steps; the
+       approval policy decides whether it runs at once (in-place swaps do by
+       default) or waits for an operator (preemptions, migrations).
+    """
+    job = Job.objects.select_related("tenant").filter(pk=job_id).first()
+    if job is None or job.state != JobState.RECOVERING or job.pk in action_services.open_action_job_ids():
+        return None
+    snap = engine.load_snapshot()
+    fleet = snap.fleet
+    jid = str(job.pk)
+    alloc = fleet.allocations.get(jid)
+    if alloc is None:
+        # Holds nothing any more (drift): back to the queue.
+        return action_services.propose(
+            kind=ActionKind.REQUEUE,
+            title=f"requeue job #{job.pk} {job.name}: it holds no GPUs",
+            steps=[{"op": "requeue", "job": job.pk, "reason": "recovering without GPUs"}],
+            jobs=[job.pk],
+        )
+    failed = [nid for nid in alloc.nodes if fleet.nodes[nid].health == pm.FAILED]
+    if not failed:
+        # The node came back before recovery ran: restart in place.
+        return action_services.propose(
+            kind=ActionKind.RECOVERY,
+            title=f"restart job #{job.pk} {job.name} in place: its nodes are healthy again",
+            steps=[{"op": "restart", "job": job.pk}],
+            jobs=[job.pk],
+            cost_gpu_hours=restart_cost_gpu_hours(alloc.job, alloc.gpus),
+        )
+    plan = recover(fleet, jid, failed, policy=engine.policy())
+    if plan.action == "none":
+        return None
+    problems = validate_recovery(fleet, plan)
+    if problems:
+        log.error("recovery plan for job %s violates invariants: %s", job.pk, problems)
+        job_services.requeue_job(None, job.pk, reason="recovery plan refused by the invariant checker")
+        return None
+    steps: list[dict] = []
+    jobs = [job.pk]
+    cost = restart_cost_gpu_hours(alloc.job, alloc.gpus)
+    for victim in plan.preempted:
+        victim_alloc = fleet.allocations[victim]
+        cost += restart_cost_gpu_hours(victim_alloc.job, victim_alloc.gpus)
+        steps.append({"op": "preempt", "job": int(victim)})
+        jobs.append(int(victim))
+    if plan.action in ("swap", "preempt_swap"):
+        steps.append(
+            {
+                "op": "swap",
+                "job": job.pk,
+                "swaps": dict(plan.swaps),
+                "hostname_swaps": {snap.hostnames[a]: snap.hostnames[b] for a, b in plan.swaps.items()},
+            }
+        )
+        steps.append({"op": "restart", "job": job.pk})
+        title = f"recover job #{job.pk} {job.name} in place: " + ", ".join(
+            f"{snap.hostnames[a]} -> {snap.hostnames[b]}" for a, b in plan.swaps.items()
+        )
+    elif plan.action == "move":
+        steps += [
+            {"op": "stop", "job": job.pk},
+            {
+                "op": "allocate",
+                "job": job.pk,
+                "nodes": {k: list(v) for k, v in plan.new_nodes.items()},
+                "segments": plan.new_segments,
+                "hostnames": snap.describe_nodes(plan.new_nodes),
+                "reason": plan.reason,
+            },
+            {"op": "start", "job": job.pk},
+        ]
+        title = f"move job #{job.pk} {job.name} to {', '.join(sorted({snap.rack_names[fleet.nodes[n].rack] for n in plan.new_nodes}))}"
+    else:
+        steps.append({"op": "requeue", "job": job.pk, "reason": plan.reason})
+        title = f"requeue job #{job.pk} {job.name}: {plan.reason}"
+    return action_services.propose(
+        kind=KIND_BY_ENGINE_ACTION[plan.action],
+        title=title,
+        steps=steps,
+        jobs=jobs,
+        engine_plan=plan.to_dict(),
+        cost_gpu_hours=cost,
+        benefit={"reason": plan.reason},
+    )

@@ -1,0 +1,146 @@
+"""The scheduling pass: place pending jobs with the placement engine.
+
+One pass at a time fleet-wide (the caller holds the fleet lock, see
+fleet.locks); allocations are still guarded by the database constraint."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from django.db import transaction
+from django.utils import timezone
+
+from fleet import engine
+from fleet.choices import ActionKind, ActionState, ApprovalMode, JobState, Locality
+from fleet.models import Action, ApprovalPolicy, Job
+from fleet.services import actions as action_services
+from fleet.services import jobs as job_services
+from fleet.services.errors import Conflict
+from placement import model as pm
+from placement import schedule
+from placement.plans import PlacementPlan
+from placement.validate import validate
+
+log = logging.getLogger(__name__)
+
+# After an operator rejects a cross-rack placement, the job waits for a rack-local
+# slot for this long before a spill is proposed again.
+SPILL_COOLDOWN = timedelta(minutes=15)
+
+
+@dataclass
+class PassResult:
+    placed: list[int] = field(default_factory=list)
+    proposed: list[int] = field(default_factory=list)
+    waiting: dict[int, str] = field(default_factory=dict)
+
+
+def _spills(plan: PlacementPlan, job: pm.JobRequest, fleet: pm.Fleet) -> bool:
+    """Does the placement use more racks than the job needs?"""
+    if len(plan.racks) <= 1:
+        return False
+    gpn = fleet.nodes[next(iter(plan.nodes))].gpus
+    size = max(r.size for r in fleet.groups.get(gpn, fleet.racks))
+    return len(plan.racks) > pm.racks_needed(job.nodes_needed(gpn) or 1, size)
+
+
+def _describe(plan: PlacementPlan, snap: engine.Snapshot) -> str:
+    racks = ", ".join(snap.describe_racks(plan.racks))
+    return f"{len(plan.nodes)} node(s) in {racks}"
+
+
+def schedule_pass() -> PassResult:
+    """Place every pending job that may start now, in queue order.
+
+    1. Snapshot the fleet; leave out jobs an open action already holds.
+    2. Ask the engine for a queue pass (look-ahead and backfill included).
+    3. For each placement, re-check it with the invariant checker against the
+       fleet as the earlier placements of this pass left it.
+    4. A placement that keeps locality is allocated right away (auto policy) and
+       its start handed to the executor; one that spreads a preferred job over
+       more racks than needed waits for an operator (manual policy).
+    5. Jobs that wait get their reason in words.
+    """
+    result = PassResult()
+    busy = action_services.open_action_job_ids()
+    pending = list(Job.objects.select_related("tenant").filter(state=JobState.PENDING).exclude(pk__in=busy))
+    if not pending:
+        return result
+    snap = engine.load_snapshot()
+    recent_refusals = set(
+        Action.jobs.through.objects.filter(
+            action__kind=ActionKind.PLACEMENT_SPILL,
+            action__state=ActionState.REJECTED,
+            action__decided_at__gte=timezone.now() - SPILL_COOLDOWN,
+        ).values_list("job_id", flat=True)
+    )
+    requests = {}
+    for job in pending:
+        request = engine.job_request(job)
+        if job.pk in recent_refusals and request.locality == Locality.PREFERRED:
+            request = dataclasses.replace(request, locality=Locality.REQUIRED)
+        requests[request.id] = request
+    plan = schedule(snap.fleet, list(requests.values()), engine.policy(), now=time.time())
+    by_id = {str(j.pk): j for j in pending}
+    modes = {kind: ApprovalPolicy.mode_for(kind) for kind in (ActionKind.PLACEMENT, ActionKind.PLACEMENT_SPILL)}
+
+    for placement_plan in plan.placements:
+        job, request = by_id[placement_plan.job_id], requests[placement_plan.job_id]
+        violations = validate(snap.fleet, placement_plan, job=request)
+        if violations:
+            log.error("engine plan for job %s violates invariants: %s", job.pk, violations)
+            result.waiting[job.pk] = "placement refused by the invariant checker"
+            continue
+        snap.fleet.allocate(placement_plan.allocation(request))
+        kind = ActionKind.PLACEMENT_SPILL if _spills(placement_plan, request, snap.fleet) else ActionKind.PLACEMENT
+        steps = [
+            {
+                "op": "allocate",
+                "job": job.pk,
+                "nodes": {k: list(v) for k, v in placement_plan.nodes.items()},
+                "segments": placement_plan.segments,
+                "hostnames": snap.describe_nodes(placement_plan.nodes),
+                "reason": placement_plan.reason,
+                "choices": placement_plan.choices,
+            },
+            {"op": "start", "job": job.pk},
+        ]
+        title = f"place job #{job.pk} {job.name}: {_describe(placement_plan, snap)}"
+        common = dict(kind=kind, title=title, steps=steps, jobs=[job.pk], engine_plan=placement_plan.to_dict())
+        if modes[kind] == ApprovalMode.MANUAL:
+            action_services.propose(**common)
+            result.proposed.append(job.pk)
+            _set_reason(job, "waiting for an operator to approve a placement across racks")
+            continue
+        try:
+            with transaction.atomic():
+                job_services.apply_placement(
+                    None,
+                    job.pk,
+                    {int(k): list(v) for k, v in placement_plan.nodes.items()},
+                    reason=placement_plan.reason,
+                    segments=placement_plan.segments,
+                    choices=placement_plan.choices,
+                )
+                action_services.propose(**common, done_steps=1)
+            result.placed.append(job.pk)
+        except Conflict as exc:
+            # Someone changed the fleet under us (cancelled the job, took a GPU);
+            # the next pass decides again.
+            snap.fleet.release(request.id)
+            log.info("placement of job %s skipped: %s", job.pk, exc)
+
+    for job_id, reason in plan.waiting.items():
+        job = by_id[job_id]
+        result.waiting[job.pk] = reason
+        _set_reason(job, reason)
+    return result
+
+
+def _set_reason(job: Job, reason: str) -> None:
+    if job.state_reason != reason:
+        Job.objects.filter(pk=job.pk, state=JobState.PENDING).update(state_reason=reason[:500])

@@ -1,0 +1,200 @@
+"""Celery tasks. Each takes ids, re-reads the rows, and returns early when there
+is nothing to do, so a redelivered or duplicated message is harmless; all run
+with acks_late (a task killed mid-way is delivered again). Tasks only call
+services."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from celery import shared_task
+from django.conf import settings
+from django.db.models import Q
+from django.utils import timezone
+
+from fleet import locks
+from fleet.choices import HOLDING_JOB_STATES, ActionState, JobState
+from fleet.models import Action, Allocation, Job
+from fleet.services import actions as action_services
+from fleet.services import audit, scheduling
+from fleet.services import defrag as defrag_services
+from fleet.services import jobs as job_services
+from fleet.services import recovery as recovery_services
+from fleet.services.errors import Conflict
+
+log = logging.getLogger(__name__)
+
+TASK_OPTIONS = {"acks_late": True, "ignore_result": True}
+
+
+@shared_task(name="fleet.tasks.schedule_pending", **TASK_OPTIONS)
+def schedule_pending() -> str:
+    """One scheduling pass at a time fleet-wide. A request that arrives while a
+    pass runs marks the queue dirty; the running pass goes round again."""
+    r = locks.client()
+    r.set(locks.SCHEDULE_DIRTY, 1)
+    passes = 0
+    while r.get(locks.SCHEDULE_DIRTY):
+        try:
+            with locks.decisions(wait=None):
+                while r.getdel(locks.SCHEDULE_DIRTY):
+                    result = scheduling.schedule_pass()
+                    passes += 1
+                    if result.placed or result.proposed:
+                        log.info("scheduling pass: placed %s, proposed %s", result.placed, result.proposed)
+        except locks.Busy:
+            return "another worker holds the decision lock; it will see the queue is dirty"
+    return f"{passes} pass(es)"
+
+
+@shared_task(name="fleet.tasks.recover_job", **TASK_OPTIONS)
+def recover_job(job_id: int) -> str:
+    with locks.decisions():
+        action = recovery_services.plan_recovery(job_id)
+    return f"proposed action #{action.pk}" if action else "nothing to do"
+
+
+@shared_task(name="fleet.tasks.plan_defrag", **TASK_OPTIONS)
+def plan_defrag(
+    free_racks: int | None = None,
+    room_for_nodes: int | None = None,
+    gpus_per_node: int | None = None,
+    budget_gpu_hours: float | None = None,
+    max_moves: int | None = None,
+) -> str:
+    with locks.decisions():
+        outcome = defrag_services.plan_defrag(
+            None,
+            free_racks=free_racks,
+            room_for_nodes=room_for_nodes,
+            gpus_per_node=gpus_per_node,
+            budget_gpu_hours=budget_gpu_hours,
+            max_moves=max_moves,
+        )
+    return f"action #{outcome.action.pk}" if outcome.action else outcome.reason
+
+
+@shared_task(name="fleet.tasks.defrag_watch", **TASK_OPTIONS)
+def defrag_watch() -> str:
+    """Plan a defrag now, without waiting for the hourly run, when fragmentation
+    or a required job's wait passes its threshold."""
+    why = defrag_services.defrag_due()
+    if why is None:
+        return "not due"
+    return f"{why}: {plan_defrag()}"
+
+
+@shared_task(name="fleet.tasks.execute_action", **TASK_OPTIONS)
+def execute_action(action_id: int) -> str:
+    """Carry out an action step by step. The per-action lock keeps a duplicate
+    delivery from running the same step twice at once; the step counter, moved
+    under the row lock with the step's database change, makes each step count
+    once."""
+    try:
+        with locks.action_lock(action_id) as lock:
+            while True:
+                result = action_services.execute_next_step(action_id)
+                if not result.more:
+                    return result.message
+                lock.extend(settings.RACKWISE_STALL_S, replace_ttl=True)
+    except locks.Busy:
+        return "another worker is executing it"
+
+
+@shared_task(name="fleet.tasks.simulated_job_end", **TASK_OPTIONS)
+def simulated_job_end(job_id: int, attempt: int) -> str:
+    """A simulated job reaches the end of its expected duration."""
+    job = Job.objects.filter(pk=job_id).first()
+    if job is None or job.state != JobState.RUNNING or job.attempt != attempt:
+        return "stale"
+    try:
+        job_services.finish_job(None, job_id, succeeded=True, reason="completed (simulated)")
+    except Conflict as exc:
+        return str(exc)
+    return "completed"
+
+
+@shared_task(name="fleet.tasks.detect_failures", **TASK_OPTIONS)
+def detect_failures() -> str:
+    from fleet.services.health import detect_failures as detect
+
+    return str(detect())
+
+
+@shared_task(name="fleet.tasks.reconcile", **TASK_OPTIONS)
+def reconcile() -> dict:
+    """Re-enqueue what the rows say should be happening but no worker holds, and
+    repair drift. Safe to run any time, any number of times."""
+    return reconcile_once()
+
+
+def reconcile_once(now=None) -> dict:
+    now = now or timezone.now()
+    stall = timedelta(seconds=settings.RACKWISE_STALL_S)
+    done: dict[str, list] = {"executing": [], "recovering": [], "released": [], "requeued": [], "finished": []}
+
+    # 1. Approved actions, and executing ones with no progress for a while whose
+    #    worker is gone (its lock lapsed), go back to the workers.
+    quiet = Q(state=ActionState.APPROVED, updated_at__lte=now - timedelta(seconds=5)) | Q(
+        state=ActionState.EXECUTING, updated_at__lte=now - stall
+    )
+    for action_id in Action.objects.filter(quiet).values_list("pk", flat=True):
+        if not locks.is_held(f"rackwise:lock:action:{action_id}"):
+            execute_action.delay(action_id)
+            done["executing"].append(action_id)
+
+    busy = action_services.open_action_job_ids()
+    # 2. Allocations left behind by jobs that no longer hold GPUs.
+    leaked = Allocation.objects.filter(released_at__isnull=True).exclude(job__state__in=HOLDING_JOB_STATES)
+    for job_id in set(leaked.values_list("job_id", flat=True)):
+        count = Allocation.objects.filter(job_id=job_id, released_at__isnull=True).update(released_at=now)
+        job = Job.objects.get(pk=job_id)
+        audit.record(None, "allocation.release_drift", job, message=f"released {count} GPU(s) of a {job.state} job")
+        done["released"].append(job_id)
+
+    # 3. Jobs stuck between steps with no action to carry them on.
+    for job in Job.objects.filter(state=JobState.PLACED, placed_at__lte=now - stall).exclude(pk__in=busy):
+        try:
+            job_services.requeue_job(None, job.pk, reason="placed but never started; requeued by reconcile")
+            done["requeued"].append(job.pk)
+        except Conflict:
+            pass
+    for job_id in Job.objects.filter(state=JobState.RECOVERING).exclude(pk__in=busy).values_list("pk", flat=True):
+        recover_job.delay(job_id)
+        done["recovering"].append(job_id)
+
+    # 4. Simulated jobs whose end message was lost.
+    if settings.RACKWISE_EXECUTOR == "simulated":
+        for job in Job.objects.filter(state=JobState.RUNNING, expected_duration_s__isnull=False).exclude(pk__in=busy):
+            end = job.started_at + timedelta(seconds=job.expected_duration_s * settings.RACKWISE_SIM_TIME_SCALE)
+            if end + stall <= now:
+                simulated_job_end.delay(job.pk, job.attempt)
+                done["finished"].append(job.pk)
+
+    # 5. And a scheduling pass if anything waits.
+    if Job.objects.filter(state=JobState.PENDING).exclude(pk__in=busy).exists():
+        schedule_pending.delay()
+    return done
+
+
+@shared_task(name="fleet.tasks.demo_tick", **TASK_OPTIONS)
+def demo_tick() -> str:
+    if not settings.RACKWISE_DEMO:
+        return "demo mode is off"
+    from fleet.services.demo import tick
+
+    return tick()
+
+
+__all__ = [
+    "defrag_watch",
+    "demo_tick",
+    "detect_failures",
+    "execute_action",
+    "plan_defrag",
+    "reconcile",
+    "recover_job",
+    "schedule_pending",
+    "simulated_job_end",
+]
