@@ -257,7 +257,11 @@ class Fleet:
                  spare_nodes=r.spare_nodes)
             for r in self.racks
         ]
-        return Fleet(racks, self.allocations.values())
+        out = Fleet(racks)
+        # restore: a job may sit on a node that failed since (it awaits recovery).
+        for alloc in self.allocations.values():
+            out.allocate(alloc, restore=True)
+        return out
 
     # -- queries --------------------------------------------------------------------
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from placement_helpers import gang, occupy
 
 from placement.model import Fleet, JobRequest
 from placement.place import place, schedule
 from placement.validate import validate
-from placement_helpers import gang, occupy
 
 POLICIES = ["rackwise", "first-fit", "random", "slurm-block", "kueue-tas"]
 

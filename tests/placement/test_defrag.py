@@ -1,0 +1,88 @@
+"""Defragmentation plans: cheapest moves, never a non-preemptible job, budgets."""
+
+from __future__ import annotations
+
+import json
+
+from placement_helpers import gang, occupy
+
+from placement.defrag import FreeRacks, RoomFor, defragment
+from placement.model import Allocation, Fleet
+from placement.validate import validate
+
+
+def _scattered() -> Fleet:
+    """Three racks, each with 12 nodes busy in two jobs: no rack can take 16 nodes."""
+    fleet = Fleet.uniform(3)
+    for r in range(3):
+        occupy(fleet, f"big{r}", r, list(range(8)))
+        occupy(fleet, f"small{r}", r, [8, 9, 10, 11])
+    return fleet
+
+
+def _apply(fleet: Fleet, plan_moves: list) -> None:  # type: ignore[type-arg]
+    for m in plan_moves:
+        old = fleet.release(m.job_id)
+        fleet.allocate(Allocation(old.job, dict(m.to_nodes), m.to_segments))
+
+
+def test_it_makes_room_for_a_pending_gang_with_the_cheapest_moves() -> None:
+    fleet = _scattered()
+    plan = defragment(fleet, [gang("wanted", 12)])
+    assert plan.feasible
+    assert plan.jobs_made_placeable == ["wanted"]
+    # 12 nodes plus 2 spares: moving the 8-node job out of one rack is enough.
+    assert len(plan.moves) == 1
+    assert plan.moves[0].job_id.startswith("big")
+    assert plan.cost_gpu_hours == plan.moves[0].cost_gpu_hours > 0
+    _apply(fleet, plan.moves)
+    assert validate(fleet) == []
+
+
+def test_it_never_moves_a_non_preemptible_job() -> None:
+    fleet = Fleet.uniform(2)
+    occupy(fleet, "pinned0", 0, list(range(10)), preemptible=False)
+    occupy(fleet, "pinned1", 1, list(range(10)), preemptible=False)
+    plan = defragment(fleet, [gang("wanted", 14)])
+    assert not plan.feasible
+    assert plan.moves == []
+
+
+def test_it_honours_the_budget() -> None:
+    fleet = _scattered()
+    assert defragment(fleet, [gang("wanted", 16)]).feasible
+    poor = defragment(fleet, [gang("wanted", 16)], budget_gpu_hours=1.0)
+    assert not poor.feasible and poor.moves == []
+    assert "budget" in poor.reason
+    no_moves = defragment(fleet, [gang("wanted", 16)], max_moves=0)
+    assert not no_moves.feasible
+
+
+def test_it_can_free_whole_racks() -> None:
+    fleet = _scattered()
+    plan = defragment(fleet, target=FreeRacks(1))
+    assert plan.feasible
+    assert plan.free_racks_before == 0 and plan.free_racks_after == 1
+    _apply(fleet, plan.moves)
+    assert sum(1 for r in fleet.racks if r.free_count == 18) == 1
+
+
+def test_it_reports_fragmentation_before_and_after() -> None:
+    fleet = _scattered()
+    plan = defragment(fleet, target=RoomFor(16))
+    assert plan.feasible
+    assert plan.fragmentation_after < plan.fragmentation_before
+    data = json.loads(json.dumps(plan.to_dict()))
+    assert data["moves"] and all(m["reason"] for m in data["moves"])
+
+
+def test_nothing_to_do_is_a_feasible_empty_plan() -> None:
+    plan = defragment(Fleet.uniform(2), [gang("wanted", 16)])
+    assert plan.feasible and plan.moves == []
+
+
+def test_planning_leaves_the_fleet_unchanged() -> None:
+    fleet = _scattered()
+    before = fleet.to_dict()
+    defragment(fleet, target=FreeRacks(2))
+    assert fleet.to_dict() == before
