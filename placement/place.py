@@ -171,8 +171,8 @@ def reservation(fleet: Fleet, job: JobRequest, now: float | None
             continue
         size = max(r.size for r in racks)
         k = min_racks(n, size, job.segment_nodes)
-        if k > len(racks):
-            continue
+        if not 0 < k <= len(racks):
+            continue  # this shape can never hold the gang
         share = -(-n // k) if not job.segment_nodes else min(n, job.segment_nodes)
         cands = sorted(racks, key=lambda r: (-r.free_count, fleet.rack_pos[r.id]))[:k + 8]
         ready: list[tuple[float, int, str]] = []
