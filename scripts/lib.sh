@@ -69,6 +69,12 @@ ensure_redis() {
     export REDIS_URL="redis://127.0.0.1:6379/0"
     return
   fi
+  start_private_redis
+}
+
+# A Redis of our own on a free port, stopped when this script exits. Exports
+# REDIS_URL, and RACKWISE_REDIS_SERVER / RACKWISE_REDIS_PORT so tests can restart it.
+start_private_redis() {
   local server port
   server="$(command -v redis-server || true)"
   if [ -z "$server" ]; then
@@ -80,7 +86,7 @@ ensure_redis() {
   "$server" --daemonize yes --bind 127.0.0.1 --port "$port" --save "" --appendonly no \
     --dir "$ROOT/var" --pidfile "$ROOT/var/redis-$port.pid" --logfile "$ROOT/var/redis-$port.log"
   CLEANUP+=("kill \$(cat '$ROOT/var/redis-$port.pid') 2>/dev/null")
-  export REDIS_URL="redis://127.0.0.1:$port/0"
+  export REDIS_URL="redis://127.0.0.1:$port/0" RACKWISE_REDIS_SERVER="$server" RACKWISE_REDIS_PORT="$port"
   for _ in $(seq 50); do redis_answers "$REDIS_URL" && return; sleep 0.1; done
   die "the private Redis did not start; see var/redis-$port.log"
 }

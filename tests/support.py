@@ -1,0 +1,125 @@
+"""Helpers for tests that run real Celery workers against the test database and
+the test run's private Redis."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import redis
+from django.conf import settings
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Fast simulated cluster: steps take milliseconds, a job's expected second takes
+# a hundredth of a second.
+FAST_CLUSTER = {
+    "RACKWISE_SIM_STEP_SECONDS": "0.05",
+    "RACKWISE_SIM_TIME_SCALE": "0.01",
+    "RACKWISE_STALL_S": "3",
+}
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 30.0, what: str = "condition") -> object:
+    """Poll application state until ``predicate`` is truthy (no fixed sleeps)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def flush_broker() -> None:
+    """Empty the test Redis: no message of an earlier test reaches this one."""
+    redis.Redis.from_url(settings.REDIS_URL).flushdb()
+
+
+class Worker:
+    """A real ``celery worker`` process (prefork pool) on the test database."""
+
+    def __init__(self, env: dict[str, str] | None = None, concurrency: int = 2) -> None:
+        db = connection.settings_dict
+        url = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+        self.name = f"test-{uuid.uuid4().hex[:8]}"
+        self.log_path = ROOT / "var" / f"{self.name}.log"
+        self.log_path.parent.mkdir(exist_ok=True)
+        self.env = os.environ | {"DATABASE_URL": url, "REDIS_URL": settings.REDIS_URL} | FAST_CLUSTER | (env or {})
+        self.concurrency = concurrency
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> Worker:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "rackwise", "worker", "-n", f"{self.name}@%h",
+             "--concurrency", str(self.concurrency), "-l", "info",
+             "--without-gossip", "--without-mingle", "--without-heartbeat"],
+            cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        wait_for(lambda: b"ready." in self.log_path.read_bytes() or self.proc.poll() is not None, 60, "worker start")
+        if self.proc.poll() is not None:
+            raise AssertionError(f"worker exited: {self.log_path.read_text()[-3000:]}")
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL the worker and its pool processes, as a crash would."""
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@contextmanager
+def workers(count: int = 1, env: dict[str, str] | None = None) -> Iterator[list[Worker]]:
+    flush_broker()
+    started = [Worker(env).start() for _ in range(count)]
+    try:
+        yield started
+    finally:
+        for w in started:
+            w.stop()
+
+
+def restart_redis() -> None:
+    """Restart the test run's private Redis (it keeps nothing on disk, so every
+    queued message is lost, as after a crash)."""
+    server, port = os.environ.get("RACKWISE_REDIS_SERVER"), os.environ.get("RACKWISE_REDIS_PORT")
+    if not (server and port):
+        raise RuntimeError("run through scripts/test, which starts a private Redis this test may restart")
+    try:
+        redis.Redis(port=int(port)).shutdown(nosave=True)
+    except redis.exceptions.ConnectionError:
+        pass  # shutting down drops the connection
+    pidfile = ROOT / "var" / f"redis-{port}.pid"
+    subprocess.run(
+        [server, "--daemonize", "yes", "--bind", "127.0.0.1", "--port", port, "--save", "", "--appendonly", "no",
+         "--dir", str(ROOT / "var"), "--pidfile", str(pidfile), "--logfile", str(ROOT / "var" / f"redis-{port}.log")],
+        check=True,
+    )
+    wait_for(lambda: _pings(int(port)), 10, "redis restart")
+
+
+def _pings(port: int) -> bool:
+    try:
+        return bool(redis.Redis(port=port).ping())
+    except redis.exceptions.ConnectionError:
+        return False

@@ -1,0 +1,167 @@
+"""The control loop end to end with real Celery worker processes on the test
+PostgreSQL and Redis: placement, in-place recovery, and defrag plans that are
+approved, rejected or expire."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleet.choices import ActionKind, ActionState, JobState
+from fleet.models import Action, Allocation, AuditEvent, Job, Node
+from fleet.services.jobs import JobSpec, apply_placement, start_job, submit_job
+from tests.support import wait_for, workers
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _nodes_of(job_id: int) -> set[int]:
+    return set(
+        Allocation.objects.filter(job_id=job_id, released_at__isnull=True).values_list("gpu__node_id", flat=True)
+    )
+
+
+def _job(job_id: int, **state) -> Job | None:
+    return Job.objects.filter(pk=job_id, **state).first()
+
+
+def test_a_submitted_job_is_placed_started_and_completed_by_a_worker(fleet, submitter_client):
+    with workers(1):
+        response = submitter_client.post(
+            "/api/jobs/",
+            {"name": "train", "num_nodes": 8, "gpus_per_node": 4, "expected_duration_s": 100, "tenant": "llm"},
+            format="json",
+        )
+        assert response.status_code == 201, response.content
+        job_id = response.json()["id"]
+        job = wait_for(lambda: _job(job_id, state=JobState.COMPLETED), 30, "the job to complete")
+
+    trail = list(
+        AuditEvent.objects.filter(object_type="job", object_id=str(job_id)).order_by("id").values_list("action", flat=True)
+    )
+    assert trail == ["job.submit", "job.place", "job.start", "job.finish"]
+    assert len(job.placement["racks"]) == 1, "an 8-node job fits one rack and must stay in it"
+    assert Allocation.objects.filter(job_id=job_id).count() == 32
+    assert not _nodes_of(job_id)
+    action = Action.objects.get(jobs=job_id)
+    assert (action.kind, action.state, action.step_index) == (ActionKind.PLACEMENT, ActionState.SUCCEEDED, 2)
+
+
+def test_a_failed_node_is_swapped_for_a_spare_in_the_same_rack_keeping_the_others(
+    fleet, submitter_client, operator_client
+):
+    with workers(1):
+        response = submitter_client.post(
+            "/api/jobs/",
+            {"name": "pretrain", "num_nodes": 16, "gpus_per_node": 4, "expected_duration_s": 10**6, "tenant": "llm"},
+            format="json",
+        )
+        job_id = response.json()["id"]
+        wait_for(lambda: _job(job_id, state=JobState.RUNNING), 30, "the job to run")
+        before = _nodes_of(job_id)
+        victim = min(before)
+        response = operator_client.post(f"/api/nodes/{victim}/mark-failed/", {"reason": "XID 79"}, format="json")
+        assert response.status_code == 200
+        wait_for(lambda: _job(job_id, state=JobState.RUNNING, attempt=2), 30, "the job to restart in place")
+        wait_for(
+            lambda: Action.objects.filter(jobs=job_id, kind=ActionKind.RECOVERY, state=ActionState.SUCCEEDED).exists(),
+            30,
+            "the recovery to finish",
+        )
+
+    after = _nodes_of(job_id)
+    assert before - after == {victim}
+    (replacement,) = after - before
+    assert Node.objects.get(pk=replacement).rack_id == Node.objects.get(pk=victim).rack_id
+    recovery = Action.objects.get(jobs=job_id, kind=ActionKind.RECOVERY)
+    assert recovery.state == ActionState.SUCCEEDED
+    assert [s["op"] for s in recovery.steps] == ["swap", "restart"]
+
+
+@pytest.fixture
+def fragmented(fleet, submitter, operator):
+    """Rack r1 holds a preemptible 4-node job A, rack r2 a non-preemptible 4-node
+    job B; a required 16-node job C waits, since no rack has 16 nodes plus its two
+    spares free. Moving A next to B frees r1 whole."""
+    r1, r2 = fleet
+
+    def run(rack, name, preemptible):
+        job = submit_job(
+            submitter,
+            JobSpec(name=name, num_nodes=4, gpus_per_node=4, tenant="llm", preemptible=preemptible, expected_duration_s=10**6),
+        )
+        nodes = Node.objects.filter(rack=rack).order_by("slot")[:4]
+        apply_placement(None, job.pk, {n.pk: [0, 1, 2, 3] for n in nodes}, reason="test setup")
+        return start_job(None, job.pk)
+
+    a, b = run(r1, "a", True), run(r2, "b", False)
+    c = submit_job(submitter, JobSpec(name="c", num_nodes=16, gpus_per_node=4, tenant="llm", expected_duration_s=10**6))
+    return a, b, c
+
+
+def _propose_defrag(operator_client) -> dict:
+    response = operator_client.post("/api/actions/defrag/", {}, format="json")
+    assert response.status_code == 201, response.content
+    plan = response.json()
+    assert plan["kind"] == ActionKind.DEFRAG and plan["state"] == ActionState.PROPOSED
+    return plan
+
+
+def test_an_approved_defrag_plan_runs_step_by_step_and_the_waiting_job_is_placed(fragmented, fleet, operator_client):
+    a, b, c = fragmented
+    b_nodes = _nodes_of(b.pk)
+    with workers(1):
+        plan = _propose_defrag(operator_client)
+        assert plan["jobs"] == [a.pk]
+        assert plan["benefit"]["jobs_made_placeable"] == [c.pk]
+        assert plan["cost_gpu_hours"] > 0
+        response = operator_client.post(f"/api/actions/{plan['id']}/approve/", {"note": "go"}, format="json")
+        assert response.status_code == 200
+        wait_for(lambda: Action.objects.filter(pk=plan["id"], state=ActionState.SUCCEEDED).exists(), 30, "the plan to run")
+        wait_for(lambda: _job(c.pk, state=JobState.RUNNING), 30, "the waiting job to start")
+
+    r1, r2 = fleet
+    assert {Node.objects.get(pk=n).rack_id for n in _nodes_of(a.pk)} == {r2.pk}
+    assert _job(a.pk).state == JobState.RUNNING
+    assert _nodes_of(b.pk) == b_nodes, "a non-preemptible job never moves"
+    assert {Node.objects.get(pk=n).rack_id for n in _nodes_of(c.pk)} == {r1.pk}
+    done = Action.objects.get(pk=plan["id"])
+    assert [entry["op"] for entry in done.log] == ["checkpoint", "stop", "allocate", "start"]
+    assert AuditEvent.objects.filter(action="action.approve", object_id=str(done.pk)).exists()
+    assert AuditEvent.objects.filter(action="action.step", object_id=str(done.pk)).count() == 4
+
+
+def test_a_rejected_defrag_plan_moves_nothing(fragmented, operator_client):
+    a, _, c = fragmented
+    a_nodes = _nodes_of(a.pk)
+    with workers(1):
+        plan = _propose_defrag(operator_client)
+        response = operator_client.post(f"/api/actions/{plan['id']}/reject/", {"note": "not now"}, format="json")
+        assert response.status_code == 200
+        assert response.json()["state"] == ActionState.REJECTED
+        again = operator_client.post(f"/api/actions/{plan['id']}/approve/", {}, format="json")
+        assert again.status_code == 409
+    assert _nodes_of(a.pk) == a_nodes
+    assert _job(c.pk).state == JobState.PENDING
+    assert AuditEvent.objects.filter(action="action.reject", object_id=str(plan["id"])).exists()
+
+
+def test_a_plan_the_fleet_has_moved_away_from_expires_and_a_new_one_is_proposed(fragmented, operator_client):
+    a, _, _ = fragmented
+    with workers(1):
+        plan = _propose_defrag(operator_client)
+        target = int(next(step for step in plan["plan"]["steps"] if step["op"] == "allocate")["nodes"].popitem()[0])
+        # The fleet changes under the plan: one of its destination nodes fails.
+        assert operator_client.post(f"/api/nodes/{target}/mark-failed/", {}, format="json").status_code == 200
+        operator_client.post(f"/api/actions/{plan['id']}/approve/", {}, format="json")
+        expired = wait_for(
+            lambda: Action.objects.filter(pk=plan["id"], state=ActionState.EXPIRED).first(), 30, "the plan to expire"
+        )
+        assert "failed" in expired.error
+        fresh = wait_for(
+            lambda: Action.objects.filter(kind=ActionKind.DEFRAG, state=ActionState.PROPOSED).exclude(pk=plan["id"]).first(),
+            30,
+            "a new plan",
+        )
+    new_targets = {int(n) for s in fresh.steps if s["op"] == "allocate" for n in s["nodes"]}
+    assert target not in new_targets
+    assert _job(a.pk).state == JobState.RUNNING, "nothing moved under the expired plan"
