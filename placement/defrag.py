@@ -179,7 +179,7 @@ def _best_rack(work: Fleet, nodes: int, gpn: int, targeted: set[str],
                restart_minutes: float) -> tuple[Rack, list[Move], float] | None:
     pool = work.groups.get(gpn, []) if gpn else work.racks
     racks = [r for r in pool if r.id not in targeted
-             and (nodes < 0 or r.healthy >= nodes)]
+             and (r.healthy >= nodes if nodes >= 0 else r.free_count < r.healthy)]
     racks.sort(key=lambda r: (_need(r, nodes), work.rack_pos[r.id]))
     best: tuple[Rack, list[Move], float] | None = None
     for rack in racks[:CANDIDATE_RACKS]:
@@ -221,7 +221,8 @@ def _clear(work: Fleet, rack: Rack, nodes: int, targeted: set[str],
         if not alloc.job.preemptible:
             continue
         work.release(jid)
-        plan = place(work, alloc.job, exclude=avoid)
+        # The moved job keeps its locality: fewest racks, never a new span.
+        plan = place(work, _local(alloc.job), exclude=avoid)
         # Nothing may land in a rack being cleared (not even on a partly used node).
         if not plan.placed or any(r in avoid for r in plan.racks):
             work.allocate(alloc)

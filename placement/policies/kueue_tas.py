@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from placement.model import NONE, PREFERRED, REQUIRED, Fleet, JobRequest, Rack
 from placement.plans import PlacementPlan, not_placed
-from placement.policies.common import Context, segment_sizes, small_plan, whole_node_plan
+from placement.policies.common import Context, min_racks, segment_sizes, small_plan, whole_node_plan
 
 NAME = "kueue-tas"
 
@@ -49,14 +49,16 @@ def kueue_tas(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) ->
         order = sorted((r for r in racks if cap(r) or r.free_count), key=lambda r: (
             r.free_count, pos[r.id]))
         return _take(fleet, job, order, slices, ctx, "LeastFreeCapacity")
-    if len(slices) == 1:
-        fits = [r for r in racks if cap(r) >= 1 and (0 if r.id in ctx.reserved else
-                                                      r.free_count) >= n]
+    if n <= size:
+        # The whole job in one rack, slices whole: the tightest rack that holds it.
+        fits = [r for r in racks if r.id not in ctx.reserved and r.free_count >= n
+                and cap(r) >= n // seg]
         if fits:
             rack = min(fits, key=lambda r: (r.free_count, pos[r.id]))
             why = f"BestFit: {rack.id} is the tightest rack that holds {n} nodes"
-            return whole_node_plan(fleet, job, NAME, [(rack, sorted(rack.free)[:n])], why,
-                                   [why])
+            slots = sorted(rack.free)[:n]
+            picks = [(rack, slots[i:i + seg]) for i in range(0, n, seg)]
+            return whole_node_plan(fleet, job, NAME, picks, why, [why])
         if job.locality == REQUIRED:
             return not_placed(job, NAME, f"required: no rack has {n} free nodes; waits")
     if job.locality == PREFERRED and job.segment_nodes is None:
@@ -67,7 +69,11 @@ def kueue_tas(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) ->
             return 0 if rack.id in ctx.reserved else rack.free_count
     # BestFit one level up: most free first, last domain the tightest that fits.
     order = sorted(racks, key=lambda r: (-cap(r), pos[r.id]))
-    return _take(fleet, job, order, slices, ctx, "BestFit")
+    plan = _take(fleet, job, order, slices, ctx, "BestFit")
+    if plan.placed and job.locality == REQUIRED and len(plan.racks) > min_racks(
+            n, size, job.segment_nodes):
+        return not_placed(job, NAME, "required: the fewest racks do not have room; waits")
+    return plan
 
 
 def _take(fleet: Fleet, job: JobRequest, order: list[Rack], slices: list[int], ctx: Context,

@@ -18,6 +18,8 @@
 
 from __future__ import annotations
 
+import bisect
+
 from placement.model import REQUIRED, Fleet, JobRequest, Node, Rack
 from placement.plans import PlacementPlan, not_placed
 from placement.policies.common import (
@@ -113,7 +115,7 @@ def _many_racks(fleet: Fleet, job: JobRequest, racks: list[Rack], n: int, ctx: C
     spread_ok = job.locality != REQUIRED and may_span(job, ctx)
     k_limit = len(racks) if spread_ok else max(k_min, k_start)
     pos = {r.id: i for i, r in enumerate(racks)}
-    for k in range(max(1, k_start), k_limit + 1):
+    for k in range(max(1, k_start), min(k_limit, n) + 1):
         sizes = _split(n, k, seg)
         if max(sizes) > size:
             continue
@@ -133,26 +135,43 @@ def _many_racks(fleet: Fleet, job: JobRequest, racks: list[Rack], n: int, ctx: C
 
 def _assign(racks: list[Rack], sizes: list[int], ctx: Context, pos: dict[str, int],
             k: int) -> list[tuple[Rack, list[int]]] | None:
-    """Best-fit each segment (largest first) onto a rack, at most ``k`` racks."""
-    for borrow in (False, True):
-        left = {r.id: _offer(r, ctx, borrow or sz_over_slice(r, sizes)) for r in racks}
-        slots = {r.id: sorted(r.free) for r in racks}
-        picks: list[tuple[Rack, list[int]]] = []
-        used: set[str] = set()
-        ok = True
-        for s in sorted(sizes, reverse=True):
-            cands = [r for r in racks if left[r.id] >= s and (r.id in used or len(used) < k)]
-            if not cands:
-                ok = False
-                break
-            rack = min(cands, key=lambda r: (r.id not in used, left[r.id], pos[r.id]))
-            picks.append((rack, slots[rack.id][:s]))
-            slots[rack.id] = slots[rack.id][s:]
-            left[rack.id] -= s
-            used.add(rack.id)
-        if ok:
-            return picks
-    return None
+    """Best-fit each segment (largest first) onto a rack, at most ``k`` racks.
+
+    Racks are sorted once by offer; each new segment takes the rack with the smallest
+    offer that holds it (bisect), after trying racks it already uses.
+    """
+    smallest = min(sizes)
+    offers: list[tuple[int, int, Rack]] = []
+    for r in racks:
+        o = _offer(r, ctx, sz_over_slice(r, sizes))
+        if o >= smallest:
+            offers.append((o, pos[r.id], r))
+    if sum(o for o, _, _ in offers) < sum(sizes):
+        return None
+    offers.sort(key=lambda x: (x[0], x[1]))
+    keys = [o for o, _, _ in offers]
+    left: dict[str, int] = {}
+    used: dict[str, Rack] = {}
+    slots: dict[str, list[int]] = {}
+    picks: list[tuple[Rack, list[int]]] = []
+    for size in sorted(sizes, reverse=True):
+        rid = min((r for r in left if left[r] >= size), key=lambda r: (left[r], pos[r]),
+                  default=None)
+        if rid is None:
+            if len(used) >= k:
+                return None
+            i = bisect.bisect_left(keys, size)
+            while i < len(offers) and offers[i][2].id in used:
+                i += 1
+            if i == len(offers):
+                return None
+            o, _, rack = offers[i]
+            rid = rack.id
+            used[rid], left[rid], slots[rid] = rack, o, sorted(rack.free)
+        picks.append((used[rid], slots[rid][:size]))
+        slots[rid] = slots[rid][size:]
+        left[rid] -= size
+    return picks
 
 
 def sz_over_slice(rack: Rack, sizes: list[int]) -> bool:

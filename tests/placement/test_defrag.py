@@ -12,11 +12,14 @@ from placement.validate import validate
 
 
 def _scattered() -> Fleet:
-    """Three racks, each with 12 nodes busy in two jobs: no rack can take 16 nodes."""
+    """Three racks: two hold 8+4 busy nodes, the third two 4-node jobs. No rack can
+    take a 12-node gang (it needs 12 idle nodes plus 2 spares)."""
     fleet = Fleet.uniform(3)
-    for r in range(3):
+    for r in range(2):
         occupy(fleet, f"big{r}", r, list(range(8)))
         occupy(fleet, f"small{r}", r, [8, 9, 10, 11])
+    occupy(fleet, "small2", 2, [0, 1, 2, 3])
+    occupy(fleet, "small3", 2, [4, 5, 6, 7])
     return fleet
 
 
@@ -31,9 +34,10 @@ def test_it_makes_room_for_a_pending_gang_with_the_cheapest_moves() -> None:
     plan = defragment(fleet, [gang("wanted", 12)])
     assert plan.feasible
     assert plan.jobs_made_placeable == ["wanted"]
-    # 12 nodes plus 2 spares: moving the 8-node job out of one rack is enough.
+    # 12 nodes plus 2 spares: moving one 4-node job out of r002 is enough.
     assert len(plan.moves) == 1
-    assert plan.moves[0].job_id.startswith("big")
+    assert plan.moves[0].job_id in ("small2", "small3")
+    assert all(r != "r002" for r in {n[:4] for n in plan.moves[0].to_nodes})
     assert plan.cost_gpu_hours == plan.moves[0].cost_gpu_hours > 0
     _apply(fleet, plan.moves)
     assert validate(fleet) == []
@@ -54,7 +58,7 @@ def test_it_honours_the_budget() -> None:
     poor = defragment(fleet, [gang("wanted", 16)], budget_gpu_hours=1.0)
     assert not poor.feasible and poor.moves == []
     assert "budget" in poor.reason
-    no_moves = defragment(fleet, [gang("wanted", 16)], max_moves=0)
+    no_moves = defragment(fleet, [gang("wanted", 16)], max_moves=1)
     assert not no_moves.feasible
 
 

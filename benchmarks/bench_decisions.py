@@ -1,0 +1,96 @@
+"""Decision latency on a 1,000-rack fleet (72,000 GPUs).
+
+    .venv/bin/python benchmarks/bench_decisions.py [--racks 1000] [--samples 300]
+
+Prints p50/p99 of place() per policy at 50/70/90 % occupancy, recovery decision
+time, defrag plan time and fragmentation time. Figures, not pass/fail tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+from common import fill, ms, pct, random_job
+
+from placement.defrag import FreeRacks, defragment
+from placement.fragmentation import fragmentation
+from placement.model import Fleet
+from placement.place import place
+from placement.recover import recover
+
+POLICIES = ["rackwise", "first-fit", "random", "slurm-block", "kueue-tas"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--racks", type=int, default=1000)
+    ap.add_argument("--samples", type=int, default=300)
+    args = ap.parse_args()
+    print(f"fleet: {args.racks} racks x 18 nodes x 4 GPUs = {args.racks * 72:,} GPUs; "
+          f"{args.samples} decisions per cell")
+    print(f"{'occupancy':>9}  {'policy':<11}  {'p50 ms':>7}  {'p99 ms':>7}  {'max ms':>7}")
+    states: dict[float, Fleet] = {}
+    for occ in (0.5, 0.7, 0.9):
+        fleet = Fleet.uniform(args.racks)
+        t0 = time.perf_counter()
+        fill(fleet, occ, seed=int(occ * 100))
+        fill_s = time.perf_counter() - t0
+        states[occ] = fleet
+        held = 1 - fleet.free_gpus() / fleet.total_gpus
+        rng = random.Random(1)
+        jobs = [random_job(rng, f"q{i}") for i in range(args.samples)]
+        for policy in POLICIES:
+            prng = random.Random(2)
+            times = []
+            for job in jobs:
+                t = time.perf_counter()
+                place(fleet, job, policy, rng=prng)
+                times.append(time.perf_counter() - t)
+            print(f"{held:>8.0%}  {policy:<11}  {ms(pct(times, .5)):>7}  "
+                  f"{ms(pct(times, .99)):>7}  {ms(max(times)):>7}")
+        print(f"{'':>9}  (filling the fleet took {fill_s:.1f} s, "
+              f"{len(fleet.allocations):,} jobs)")
+
+    fleet = states[0.7]
+    rng = random.Random(3)
+    gangs = sorted(j for j, a in fleet.allocations.items() if len(a.nodes) > 1)
+    times = []
+    actions: dict[str, int] = {}
+    for jid in rng.sample(gangs, min(200, len(gangs))):
+        node = rng.choice(sorted(fleet.allocations[jid].nodes))
+        t = time.perf_counter()
+        plan = recover(fleet, jid, [node])
+        times.append(time.perf_counter() - t)
+        actions[plan.action] = actions.get(plan.action, 0) + 1
+    print(f"\nrecover() at 70 % occupancy, {len(times)} single-node failures: "
+          f"p50 {ms(pct(times, .5))} ms, p99 {ms(pct(times, .99))} ms; actions {actions}")
+
+    for occ in (0.7, 0.9):
+        fleet = states[occ]
+        pending = [random_job(random.Random(i), f"p{i}") for i in range(20)]
+        pending = [j for j in pending if j.num_gpus >= 32][:10]
+        t = time.perf_counter()
+        plan = defragment(fleet, pending)
+        dt = time.perf_counter() - t
+        print(f"defragment() for {len(pending)} pending gangs at {occ:.0%}: {dt * 1000:.0f} ms, "
+              f"{len(plan.moves)} moves, {plan.cost_gpu_hours:.1f} GPU-h, "
+              f"made placeable {len(plan.jobs_made_placeable)}")
+        t = time.perf_counter()
+        plan = defragment(fleet, target=FreeRacks(sum(
+            1 for r in fleet.racks if r.free_count == r.healthy) + 5))
+        dt = time.perf_counter() - t
+        print(f"defragment(target=5 more free racks) at {occ:.0%}: {dt * 1000:.0f} ms, "
+              f"feasible={plan.feasible}, {len(plan.moves)} moves, "
+              f"{plan.cost_gpu_hours:.1f} GPU-h")
+        t = time.perf_counter()
+        rep = fragmentation(fleet)
+        dt = time.perf_counter() - t
+        print(f"fragmentation() at {occ:.0%}: {dt * 1000:.1f} ms "
+              f"(fraction {rep.fraction:.3f}, largest rack-local job {rep.largest_job_gpus} "
+              "GPUs)")
+
+
+if __name__ == "__main__":
+    main()
