@@ -15,6 +15,8 @@ from django.contrib.auth import get_user_model
 from rest_framework.test import APIClient
 
 from fleet.choices import RackKind
+from fleet.models import Node
+from fleet.services.jobs import JobSpec, apply_placement, start_job, submit_job
 from fleet.services.inventory import create_rack
 from fleet.services.users import ensure_user
 
@@ -94,3 +96,24 @@ def operator_client(operator):
 @pytest.fixture
 def outsider_client(outsider):
     return _client_for(outsider)
+
+
+@pytest.fixture
+def fragmented(fleet, submitter, operator):
+    """Rack r1 holds a preemptible 4-node job A, rack r2 a non-preemptible 4-node
+    job B; a required 16-node job C waits, since no rack has 16 nodes plus its two
+    spares free. Moving A next to B frees r1 whole."""
+    r1, r2 = fleet
+
+    def run(rack, name, preemptible):
+        job = submit_job(
+            submitter,
+            JobSpec(name=name, num_nodes=4, gpus_per_node=4, tenant="llm", preemptible=preemptible, expected_duration_s=10**6),
+        )
+        nodes = Node.objects.filter(rack=rack).order_by("slot")[:4]
+        apply_placement(None, job.pk, {n.pk: [0, 1, 2, 3] for n in nodes}, reason="test setup")
+        return start_job(None, job.pk)
+
+    a, b = run(r1, "a", True), run(r2, "b", False)
+    c = submit_job(submitter, JobSpec(name="c", num_nodes=16, gpus_per_node=4, tenant="llm", expected_duration_s=10**6))
+    return a, b, c

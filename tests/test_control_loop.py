@@ -8,16 +8,9 @@ import pytest
 
 from fleet.choices import ActionKind, ActionState, JobState
 from fleet.models import Action, Allocation, AuditEvent, Job, Node
-from fleet.services.jobs import JobSpec, apply_placement, start_job, submit_job
-from tests.support import wait_for, workers
+from tests.support import nodes_of, wait_for, workers
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def _nodes_of(job_id: int) -> set[int]:
-    return set(
-        Allocation.objects.filter(job_id=job_id, released_at__isnull=True).values_list("gpu__node_id", flat=True)
-    )
 
 
 def _job(job_id: int, **state) -> Job | None:
@@ -41,7 +34,7 @@ def test_a_submitted_job_is_placed_started_and_completed_by_a_worker(fleet, subm
     assert trail == ["job.submit", "job.place", "job.start", "job.finish"]
     assert len(job.placement["racks"]) == 1, "an 8-node job fits one rack and must stay in it"
     assert Allocation.objects.filter(job_id=job_id).count() == 32
-    assert not _nodes_of(job_id)
+    assert not nodes_of(job_id)
     action = Action.objects.get(jobs=job_id)
     assert (action.kind, action.state, action.step_index) == (ActionKind.PLACEMENT, ActionState.SUCCEEDED, 2)
 
@@ -57,7 +50,7 @@ def test_a_failed_node_is_swapped_for_a_spare_in_the_same_rack_keeping_the_other
         )
         job_id = response.json()["id"]
         wait_for(lambda: _job(job_id, state=JobState.RUNNING), 30, "the job to run")
-        before = _nodes_of(job_id)
+        before = nodes_of(job_id)
         victim = min(before)
         response = operator_client.post(f"/api/nodes/{victim}/mark-failed/", {"reason": "XID 79"}, format="json")
         assert response.status_code == 200
@@ -68,34 +61,13 @@ def test_a_failed_node_is_swapped_for_a_spare_in_the_same_rack_keeping_the_other
             "the recovery to finish",
         )
 
-    after = _nodes_of(job_id)
+    after = nodes_of(job_id)
     assert before - after == {victim}
     (replacement,) = after - before
     assert Node.objects.get(pk=replacement).rack_id == Node.objects.get(pk=victim).rack_id
     recovery = Action.objects.get(jobs=job_id, kind=ActionKind.RECOVERY)
     assert recovery.state == ActionState.SUCCEEDED
     assert [s["op"] for s in recovery.steps] == ["swap", "restart"]
-
-
-@pytest.fixture
-def fragmented(fleet, submitter, operator):
-    """Rack r1 holds a preemptible 4-node job A, rack r2 a non-preemptible 4-node
-    job B; a required 16-node job C waits, since no rack has 16 nodes plus its two
-    spares free. Moving A next to B frees r1 whole."""
-    r1, r2 = fleet
-
-    def run(rack, name, preemptible):
-        job = submit_job(
-            submitter,
-            JobSpec(name=name, num_nodes=4, gpus_per_node=4, tenant="llm", preemptible=preemptible, expected_duration_s=10**6),
-        )
-        nodes = Node.objects.filter(rack=rack).order_by("slot")[:4]
-        apply_placement(None, job.pk, {n.pk: [0, 1, 2, 3] for n in nodes}, reason="test setup")
-        return start_job(None, job.pk)
-
-    a, b = run(r1, "a", True), run(r2, "b", False)
-    c = submit_job(submitter, JobSpec(name="c", num_nodes=16, gpus_per_node=4, tenant="llm", expected_duration_s=10**6))
-    return a, b, c
 
 
 def _propose_defrag(operator_client) -> dict:
@@ -108,7 +80,7 @@ def _propose_defrag(operator_client) -> dict:
 
 def test_an_approved_defrag_plan_runs_step_by_step_and_the_waiting_job_is_placed(fragmented, fleet, operator_client):
     a, b, c = fragmented
-    b_nodes = _nodes_of(b.pk)
+    b_nodes = nodes_of(b.pk)
     with workers(1):
         plan = _propose_defrag(operator_client)
         assert plan["jobs"] == [a.pk]
@@ -120,10 +92,10 @@ def test_an_approved_defrag_plan_runs_step_by_step_and_the_waiting_job_is_placed
         wait_for(lambda: _job(c.pk, state=JobState.RUNNING), 30, "the waiting job to start")
 
     r1, r2 = fleet
-    assert {Node.objects.get(pk=n).rack_id for n in _nodes_of(a.pk)} == {r2.pk}
+    assert {Node.objects.get(pk=n).rack_id for n in nodes_of(a.pk)} == {r2.pk}
     assert _job(a.pk).state == JobState.RUNNING
-    assert _nodes_of(b.pk) == b_nodes, "a non-preemptible job never moves"
-    assert {Node.objects.get(pk=n).rack_id for n in _nodes_of(c.pk)} == {r1.pk}
+    assert nodes_of(b.pk) == b_nodes, "a non-preemptible job never moves"
+    assert {Node.objects.get(pk=n).rack_id for n in nodes_of(c.pk)} == {r1.pk}
     done = Action.objects.get(pk=plan["id"])
     assert [entry["op"] for entry in done.log] == ["checkpoint", "stop", "allocate", "start"]
     assert AuditEvent.objects.filter(action="action.approve", object_id=str(done.pk)).exists()
@@ -132,7 +104,7 @@ def test_an_approved_defrag_plan_runs_step_by_step_and_the_waiting_job_is_placed
 
 def test_a_rejected_defrag_plan_moves_nothing(fragmented, operator_client):
     a, _, c = fragmented
-    a_nodes = _nodes_of(a.pk)
+    a_nodes = nodes_of(a.pk)
     with workers(1):
         plan = _propose_defrag(operator_client)
         response = operator_client.post(f"/api/actions/{plan['id']}/reject/", {"note": "not now"}, format="json")
@@ -140,7 +112,7 @@ def test_a_rejected_defrag_plan_moves_nothing(fragmented, operator_client):
         assert response.json()["state"] == ActionState.REJECTED
         again = operator_client.post(f"/api/actions/{plan['id']}/approve/", {}, format="json")
         assert again.status_code == 409
-    assert _nodes_of(a.pk) == a_nodes
+    assert nodes_of(a.pk) == a_nodes
     assert _job(c.pk).state == JobState.PENDING
     assert AuditEvent.objects.filter(action="action.reject", object_id=str(plan["id"])).exists()
 

@@ -82,7 +82,7 @@ class IsNodeAgent(BasePermission):
         principal = request.user
         if not isinstance(principal, health.AgentPrincipal):
             return False
-        if False:
+        if str(principal.node_id) != str(view.kwargs.get("pk")):
             self.message = f"This agent token belongs to node {principal.node_id} ({principal.hostname})."
             return False
         return True
