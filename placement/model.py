@@ -7,6 +7,7 @@ lent to small jobs) so that a placement decision scans racks, never GPUs.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -74,9 +75,9 @@ class Rack:
     def gpus_per_node(self) -> int:
         return self.nodes[0].gpus if self.nodes else 0
 
-    @property
+    @functools.cached_property
     def size(self) -> int:
-        return len(self.nodes)
+        return len(self.nodes)  # nodes are fixed for the life of a Rack
 
     @property
     def healthy(self) -> int:
@@ -221,6 +222,8 @@ class Fleet:
         for rack in self.racks:
             self.groups.setdefault(rack.gpus_per_node, []).append(rack)
         self.groups = dict(sorted(self.groups.items()))
+        self.group_size: dict[int, int] = {g: max(r.size for r in rs)
+                                           for g, rs in self.groups.items()}
         self._slot: dict[str, dict[int, Node]] = {
             r.id: {n.index: n for n in r.nodes} for r in self.racks
         }

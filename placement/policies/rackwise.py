@@ -43,7 +43,7 @@ def rackwise(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) -> 
     if job.is_small(gpn):
         return _small(fleet, job, racks, ctx)
     n = job.nodes_needed(gpn)
-    size = max(r.size for r in racks)
+    size = fleet.group_size[gpn]
     seg = job.segment_nodes
     if seg and seg > size:
         return not_placed(job, NAME, f"segment of {seg} nodes is larger than any rack")
@@ -82,6 +82,8 @@ def _one_rack(fleet: Fleet, job: JobRequest, racks: list[Rack], n: int,
               ctx: Context) -> PlacementPlan:
     best: tuple[int, int, int, Rack] | None = None
     for pos, rack in enumerate(racks):
+        if len(rack.free) < n:
+            continue  # cheap reject: most racks of a busy fleet
         # Borrow spares only when the gang is small, or too big for the slice anyway.
         borrow = n <= rack.spare_nodes or n > rack.size - rack.spare_nodes
         offer = _offer(rack, ctx, borrow)
@@ -108,7 +110,7 @@ def _many_racks(fleet: Fleet, job: JobRequest, racks: list[Rack], n: int, ctx: C
                 k_start: int) -> PlacementPlan:
     """Fewest racks; equal segments; each segment best fit (smallest offer that holds it)."""
     seg = job.segment_nodes
-    size = max(r.size for r in racks)
+    size = fleet.group_size[racks[0].gpus_per_node]
     # Fewest racks only, unless the job may span racks (locality none, or a preferred
     # job that has waited as long as the slowdown would cost it).
     k_min = min_racks(n, size, seg)
@@ -142,8 +144,11 @@ def _assign(racks: list[Rack], sizes: list[int], ctx: Context, pos: dict[str, in
     """
     smallest = min(sizes)
     offers: list[tuple[int, int, Rack]] = []
+    biggest = max(sizes)
     for r in racks:
-        o = _offer(r, ctx, sz_over_slice(r, sizes))
+        if len(r.free) < smallest:
+            continue
+        o = _offer(r, ctx, biggest > r.size - r.spare_nodes)
         if o >= smallest:
             offers.append((o, pos[r.id], r))
     if sum(o for o, _, _ in offers) < sum(sizes):
