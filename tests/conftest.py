@@ -16,8 +16,8 @@ from rest_framework.test import APIClient
 
 from fleet.choices import RackKind
 from fleet.models import Node
-from fleet.services.jobs import JobSpec, apply_placement, start_job, submit_job
 from fleet.services.inventory import create_rack
+from fleet.services.jobs import JobSpec, apply_placement, start_job, submit_job
 from fleet.services.users import ensure_user
 
 

@@ -1,5 +1,6 @@
 """Create the demo fleet and demo users. Safe to run again: what exists is kept."""
 
+from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 
 from fleet.choices import RackKind, Role
@@ -36,8 +37,10 @@ class Command(BaseCommand):
                 position=i % (DEMO_RACKS // 2) + 1,
             )
             created += 1
+        User = get_user_model()
         for username, role, tenants in DEMO_USERS:
-            ensure_user(None, username, role=role, tenants=tenants, password=DEMO_PASSWORD)
+            if not User.objects.filter(username=username).exists():
+                ensure_user(None, username, role=role, tenants=tenants, password=DEMO_PASSWORD)
         self.stdout.write(f"Demo fleet: {Rack.objects.count()} racks ({created} new).")
         self.stdout.write("Log in at http://127.0.0.1:8000/ with one of these users,")
         self.stdout.write(f"password {DEMO_PASSWORD!r}:")

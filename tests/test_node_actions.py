@@ -1,0 +1,316 @@
+"""Operator actions on nodes through the API: drain, undrain, mark-failed and
+return-to-service; their conflicts, who may use them, and what they record."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleet.models import GPU, Allocation, AuditEvent, Job, Node, Rack
+from fleet.services import jobs as job_services
+from fleet.services import nodes as node_services
+
+
+def url(node: Node, action: str) -> str:
+    return f"/api/nodes/{node.pk}/{action}/"
+
+
+def rack_version(node: Node) -> int:
+    return Rack.objects.get(pk=node.rack_id).version
+
+
+def node_events(node: Node):
+    return AuditEvent.objects.filter(object_type="node", object_id=str(node.pk))
+
+
+def placed_job(owner, nodes: list[Node], name: str = "job") -> Job:
+    job = job_services.submit_job(owner, job_services.JobSpec(name=name, num_gpus=4 * len(nodes)))
+    return job_services.apply_placement(None, job.pk, {n.id: [0, 1, 2, 3] for n in nodes}, reason="test")
+
+
+@pytest.fixture
+def node(fleet) -> Node:
+    return fleet[0].nodes.get(slot=3)
+
+
+# --- drain ----------------------------------------------------------------------
+
+
+def test_draining_an_idle_node_drains_it_at_once(node, operator, operator_client):
+    version = rack_version(node)
+
+    response = operator_client.post(url(node, "drain"), {"reason": "firmware update"}, format="json")
+
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["state"] == "drained"
+    assert body["state_reason"] == "firmware update"
+    assert len(body["gpus"]) == 4
+    node.refresh_from_db()
+    assert node.state == "drained"
+    assert node.state_reason == "firmware update"
+    assert rack_version(node) == version + 1
+    event = node_events(node).get()
+    assert event.action == "node.drain"
+    assert event.actor == operator
+    assert event.message == "firmware update"
+    assert event.before == {"state": "healthy", "state_reason": ""}
+    assert event.after == {"state": "drained", "state_reason": "firmware update"}
+
+
+def test_a_drain_without_a_reason_records_a_default_one(node, operator_client):
+    response = operator_client.post(url(node, "drain"))
+
+    assert response.status_code == 200, response.content
+    node.refresh_from_db()
+    assert node.state_reason == "drained by operator"
+
+
+def test_draining_a_busy_node_waits_for_its_job_then_drains(node, submitter, operator_client):
+    job = placed_job(submitter, [node])
+
+    response = operator_client.post(url(node, "drain"), {"reason": "swap PSU"}, format="json")
+
+    assert response.status_code == 200, response.content
+    assert response.json()["state"] == "draining"
+    assert [g["job"]["id"] for g in response.json()["gpus"]] == [job.pk] * 4
+    node.refresh_from_db()
+    assert node.state == "draining"
+    job.refresh_from_db()
+    assert job.state == "placed"
+    assert Allocation.objects.filter(job=job, released_at__isnull=True).count() == 4
+
+    job_services.start_job(None, job.pk)
+    version = rack_version(node)
+    job_services.finish_job(None, job.pk, succeeded=True)
+
+    node.refresh_from_db()
+    assert node.state == "drained"
+    assert rack_version(node) > version
+
+
+def test_a_draining_node_stays_draining_while_another_job_is_still_on_it(fleet, submitter, operator_client):
+    node = fleet[0].nodes.get(slot=0)
+    first = job_services.submit_job(submitter, job_services.JobSpec(name="a", num_gpus=2))
+    second = job_services.submit_job(submitter, job_services.JobSpec(name="b", num_gpus=2))
+    job_services.apply_placement(None, first.pk, {node.id: [0, 1]}, reason="test")
+    job_services.apply_placement(None, second.pk, {node.id: [2, 3]}, reason="test")
+    assert operator_client.post(url(node, "drain")).json()["state"] == "draining"
+
+    job_services.finish_job(None, first.pk, succeeded=True)
+    node.refresh_from_db()
+    assert node.state == "draining"
+
+    job_services.cancel_job(None, second.pk)
+    node.refresh_from_db()
+    assert node.state == "drained"
+
+
+# --- undrain --------------------------------------------------------------------
+
+
+def test_undraining_a_drained_node_makes_it_healthy(node, operator, operator_client):
+    node_services.drain_node(operator, node.pk, "maintenance")
+    version = rack_version(node)
+
+    response = operator_client.post(url(node, "undrain"), {"reason": "maintenance done"}, format="json")
+
+    assert response.status_code == 200, response.content
+    assert response.json()["state"] == "healthy"
+    node.refresh_from_db()
+    assert node.state == "healthy"
+    assert node.state_reason == "maintenance done"
+    assert rack_version(node) == version + 1
+    event = node_events(node).get(action="node.undrain")
+    assert event.before["state"] == "drained"
+    assert event.after["state"] == "healthy"
+
+
+def test_undraining_a_draining_node_keeps_its_job_running(node, submitter, operator, operator_client):
+    job = placed_job(submitter, [node])
+    node_services.drain_node(operator, node.pk)
+
+    response = operator_client.post(url(node, "undrain"))
+
+    assert response.status_code == 200, response.content
+    node.refresh_from_db()
+    assert node.state == "healthy"
+    job.refresh_from_db()
+    assert job.state == "placed"
+    assert Allocation.objects.filter(job=job, released_at__isnull=True).count() == 4
+
+
+# --- mark failed ----------------------------------------------------------------
+
+
+def test_marking_a_node_failed_moves_its_jobs_to_recovering(fleet, submitter, operator, operator_client):
+    r1 = fleet[0]
+    broken, partner, elsewhere = (r1.nodes.get(slot=s) for s in (0, 1, 2))
+    hit = placed_job(submitter, [broken, partner], name="hit")
+    job_services.start_job(None, hit.pk)
+    bystander = placed_job(submitter, [elsewhere], name="bystander")
+    version = rack_version(broken)
+
+    response = operator_client.post(url(broken, "mark-failed"), {"reason": "XID 79"}, format="json")
+
+    assert response.status_code == 200, response.content
+    assert response.json()["state"] == "failed"
+    broken.refresh_from_db()
+    assert (broken.state, broken.state_reason) == ("failed", "XID 79")
+    hit.refresh_from_db()
+    assert hit.state == "recovering"
+    assert hit.state_reason == f"node {broken.hostname} failed: XID 79"
+    bystander.refresh_from_db()
+    assert bystander.state == "placed"
+    partner.refresh_from_db()
+    assert partner.state == "healthy"
+    assert rack_version(broken) > version
+    interrupt = AuditEvent.objects.get(action="job.interrupt", object_id=str(hit.pk))
+    assert interrupt.actor == operator
+    assert interrupt.before["state"] == "running"
+    assert interrupt.after["state"] == "recovering"
+    assert node_events(broken).get(action="node.fail").message == "XID 79"
+
+
+def test_marking_a_drained_node_failed_is_allowed(node, operator, operator_client):
+    node_services.drain_node(operator, node.pk)
+
+    response = operator_client.post(url(node, "mark-failed"))
+
+    assert response.status_code == 200, response.content
+    node.refresh_from_db()
+    assert (node.state, node.state_reason) == ("failed", "marked failed by operator")
+
+
+# --- return to service ----------------------------------------------------------
+
+
+def test_returning_a_failed_node_to_service_resets_its_gpu_health(node, operator, operator_client):
+    GPU.objects.filter(node=node, index=2).update(health="failed", last_error="XID 79: GPU fell off the bus")
+    GPU.objects.filter(node=node, index=3).update(health="degraded", last_error="XID 48: DBE")
+    node_services.mark_node_failed(operator, node.pk, "XID 79")
+    version = rack_version(node)
+
+    response = operator_client.post(url(node, "return-to-service"), {"reason": "GPU replaced"}, format="json")
+
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["state"] == "healthy"
+    assert [(g["health"], g["last_error"]) for g in body["gpus"]] == [("ok", "")] * 4
+    node.refresh_from_db()
+    assert (node.state, node.state_reason) == ("healthy", "GPU replaced")
+    assert set(GPU.objects.filter(node=node).values_list("health", flat=True)) == {"ok"}
+    assert set(GPU.objects.filter(node=node).values_list("last_error", flat=True)) == {""}
+    assert rack_version(node) == version + 1
+    assert node_events(node).get(action="node.return").before["state"] == "failed"
+
+
+# --- suspect nodes --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("action", "state"), [("drain", "drained"), ("return-to-service", "healthy"), ("mark-failed", "failed")])
+def test_a_suspect_node_can_be_drained_returned_or_failed(node, operator_client, action, state):
+    Node.objects.filter(pk=node.pk).update(state="suspect", state_reason="ECC errors rising")
+
+    response = operator_client.post(url(node, action))
+
+    assert response.status_code == 200, response.content
+    node.refresh_from_db()
+    assert node.state == state
+    assert node_events(node).get().before == {"state": "suspect", "state_reason": "ECC errors rising"}
+
+
+# --- conflicts ------------------------------------------------------------------
+
+
+def _drained(operator, node):
+    node_services.drain_node(operator, node.pk)
+
+
+def _failed(operator, node):
+    node_services.mark_node_failed(operator, node.pk)
+
+
+def _untouched(operator, node):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("prepare", "action", "state", "message"),
+    [
+        (_drained, "drain", "drained", "only a healthy or suspect node can be drained"),
+        (_untouched, "undrain", "healthy", "only a draining or drained node can be undrained"),
+        (_failed, "mark-failed", "failed", "it is already out of service"),
+        (_untouched, "return-to-service", "healthy", "only a failed, in-repair or suspect node"),
+        (_drained, "return-to-service", "drained", "use undrain for a drained node"),
+        (_failed, "drain", "failed", "only a healthy or suspect node can be drained"),
+    ],
+)
+def test_a_transition_that_does_not_apply_is_a_conflict(node, operator, operator_client, prepare, action, state, message):
+    prepare(operator, node)
+    node.refresh_from_db()
+    reason_before = node.state_reason
+    version = rack_version(node)
+    events = AuditEvent.objects.count()
+
+    response = operator_client.post(url(node, action), {"reason": "again"}, format="json")
+
+    assert response.status_code == 409
+    detail = response.json()["detail"]
+    assert f"node {node.hostname} is {state}" in detail
+    assert message in detail
+    node.refresh_from_db()
+    assert (node.state, node.state_reason) == (state, reason_before)
+    assert rack_version(node) == version
+    assert AuditEvent.objects.count() == events
+
+
+def test_an_action_on_an_unknown_node_is_not_found(fleet, operator_client):
+    response = operator_client.post("/api/nodes/999999/drain/")
+
+    assert response.status_code == 404
+    assert not AuditEvent.objects.filter(object_type="node").exists()
+
+
+# --- permissions ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("action", ["drain", "undrain", "mark-failed", "return-to-service"])
+@pytest.mark.parametrize("client_fixture", ["submitter_client", "viewer_client", "outsider_client"])
+def test_only_operators_may_act_on_nodes(request, node, action, client_fixture):
+    client = request.getfixturevalue(client_fixture)
+    version = rack_version(node)
+
+    response = client.post(url(node, action), {"reason": "not mine to do"}, format="json")
+
+    assert response.status_code == 403
+    node.refresh_from_db()
+    assert node.state == "healthy"
+    assert rack_version(node) == version
+    assert not node_events(node).exists()
+
+
+def test_a_too_long_reason_is_refused_without_changing_the_node(node, operator_client):
+    response = operator_client.post(url(node, "drain"), {"reason": "x" * 501}, format="json")
+
+    assert response.status_code == 400
+    assert "reason" in response.json()
+    node.refresh_from_db()
+    assert node.state == "healthy"
+    assert not node_events(node).exists()
+
+
+def test_each_action_bumps_the_rack_version(node, operator_client):
+    versions = [rack_version(node)]
+    for action in ("drain", "undrain", "mark-failed", "return-to-service"):
+        response = operator_client.post(url(node, action), {"reason": action}, format="json")
+        assert response.status_code == 200, (action, response.content)
+        versions.append(rack_version(node))
+
+    assert versions == sorted(set(versions))
+    assert len(versions) == 5
+    assert list(node_events(node).order_by("id").values_list("action", "message")) == [
+        ("node.drain", "drain"),
+        ("node.undrain", "undrain"),
+        ("node.fail", "mark-failed"),
+        ("node.return", "return-to-service"),
+    ]
