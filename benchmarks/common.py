@@ -9,9 +9,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from placement.model import Fleet, JobRequest  # noqa: E402
-from placement.place import place  # noqa: E402
-from placement.tracegen import SIZE_MIX  # noqa: E402
+from placement.model import Fleet, JobRequest
+from placement.place import place
+from placement.tracegen import SIZE_MIX
 
 
 def random_job(rng: random.Random, jid: str, max_gpus: int | None = None) -> JobRequest:

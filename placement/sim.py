@@ -18,7 +18,7 @@ from typing import Any
 
 from placement.fragmentation import fragmentation
 from placement.model import FAILED, HEALTHY, Allocation, Fleet, JobRequest
-from placement.place import can_ever_fit, place, reservation
+from placement.place import RESERVE_AFTER_S, can_ever_fit, place, reservation
 from placement.policies.common import min_racks
 from placement.recover import apply_recovery, recover
 from placement.trace import TraceJob
@@ -44,9 +44,7 @@ class SimConfig:
     samples: int = 0  # >0: record that many (time, util, queue, frag) points
     spare_nodes: int = 2  # per-rack spare policy (rackwise keeps these from big gangs)
     lookahead: bool = True  # rackwise reservations for a blocked gang
-    # ...once it has waited this long (like Slurm's bf_min_age_reserve): reserving at
-    # once starved the many small jobs more than it helped the big one.
-    reserve_after_s: float = 6 * 3600.0
+    reserve_after_s: float = RESERVE_AFTER_S  # ...once it has waited this long
 
 
 @dataclass

@@ -181,7 +181,7 @@ def test_schedule_reserves_racks_for_a_blocked_gang() -> None:
     big = gang("big", 14, submit_time=0.0, expected_duration=3600.0)
     long_small = gang("long", 4, submit_time=1.0, expected_duration=10_000.0)
     short_small = gang("short", 4, submit_time=2.0, expected_duration=100.0)
-    plan = schedule(fleet, [big, long_small, short_small], now=10.0)
+    plan = schedule(fleet, [big, long_small, short_small], now=10.0, reserve_after_s=0)
     assert plan.reservation is not None
     assert plan.reservation["racks"] == ["r000"]  # ready first (a ends at 1000)
     started = {p.job_id: p.racks for p in plan.placements}

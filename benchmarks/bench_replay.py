@@ -1,0 +1,50 @@
+"""Replay speed: 70,000 tracegen jobs on 100 racks.
+
+    .venv/bin/python benchmarks/bench_replay.py [--jobs 70000] [--racks 100]
+        [--load 0.85] [--policy rackwise|all]
+
+Generates the trace (seed 0), then times the replay of each policy; prints jobs per
+second of wall time and the simulator's own figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import common  # noqa: F401  (puts the repo on sys.path)
+
+from placement.sim import POLICY_NAMES, SimConfig, simulate
+from placement.trace import read_trace, write_trace
+from placement.tracegen import generate
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--jobs", type=int, default=70_000)
+    ap.add_argument("--racks", type=int, default=100)
+    ap.add_argument("--load", type=float, default=0.85)
+    ap.add_argument("--policy", default="rackwise")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.csv"
+        t = time.perf_counter()
+        write_trace(path, generate(args.jobs, args.load, racks=args.racks, seed=0))
+        trace = read_trace(path)
+        print(f"trace: {args.jobs:,} jobs, load {args.load}, {args.racks} racks "
+              f"(generated and parsed in {time.perf_counter() - t:.1f} s)")
+    policies = list(POLICY_NAMES) if args.policy == "all" else [args.policy]
+    for policy in policies:
+        t = time.perf_counter()
+        m = simulate(trace, policy, SimConfig(racks=args.racks)).metrics
+        wall = time.perf_counter() - t
+        print(f"{policy:<11} replay {wall:6.1f} s ({args.jobs / wall:,.0f} jobs/s); "
+              f"completed {m['completed']:,}, rejected {m['rejected']}, "
+              f"util {m['gpu_utilization']:.3f}, mean wait {m['mean_wait_s']:.0f} s, "
+              f"failures {m['failures']}")
+
+
+if __name__ == "__main__":
+    main()
