@@ -12,6 +12,7 @@ from placement.model import REQUIRED, Allocation, Fleet, JobRequest, Rack
 from placement.place import place, queue_order
 from placement.plans import DefragPlan, Move
 from placement.policies.common import min_racks
+from placement.policies.rackwise import may_borrow
 from placement.recover import DEFAULT_RESTART_MINUTES, restart_cost_gpu_hours
 
 CANDIDATE_RACKS = 24  # racks evaluated per goal, fewest nodes to clear first
@@ -167,11 +168,12 @@ def _segments(fleet: Fleet, nodes: int, gpn: int, seg: int | None = None) -> lis
 
 
 def _need(rack: Rack, nodes: int) -> int:
-    """Nodes still to free so that rackwise would give ``nodes`` (-1: the whole rack)."""
+    """Nodes still to free so that rackwise would give ``nodes`` (-1: the whole rack).
+
+    The goal is planned as a non-preemptible gang: it keeps the rack's spares."""
     if nodes < 0:
         return rack.healthy - rack.free_count
-    borrow = nodes <= rack.spare_nodes or nodes > rack.size - rack.spare_nodes
-    have = rack.free_count if borrow else rack.slice_offer()
+    have = rack.free_count if may_borrow(rack, nodes, False) else rack.slice_offer()
     return max(0, nodes - have)
 
 

@@ -61,15 +61,17 @@ class Node:
 
 @dataclass
 class Rack:
-    """An NVLink domain. ``spare_nodes`` idle nodes are kept back from big gangs."""
+    """An NVLink domain. ``spare_nodes`` idle nodes are kept back from big gangs that
+    cannot be preempted; small and preemptible jobs may borrow them."""
 
     id: str
     nodes: list[Node]
     spare_nodes: int = 2
     # Maintained by the Fleet: slot indices of healthy idle nodes, and how many nodes
-    # host only single-node jobs (those jobs are "borrowing" spare capacity).
+    # host only small or preemptible jobs (they may be "borrowing" spare capacity:
+    # recovery can reclaim those nodes).
     free: set[int] = field(default_factory=set)
-    small_nodes: int = 0
+    lent_nodes: int = 0
 
     @property
     def gpus_per_node(self) -> int:
@@ -88,11 +90,11 @@ class Rack:
         return len(self.free)
 
     def unlent_spares(self) -> int:
-        """Spare nodes still to keep idle: the policy minus nodes lent to small jobs."""
-        return max(0, self.spare_nodes - self.small_nodes)
+        """Spare nodes still to keep idle: the policy minus nodes lent out already."""
+        return max(0, self.spare_nodes - self.lent_nodes)
 
     def slice_offer(self) -> int:
-        """Idle nodes this rack offers a big gang while keeping its spares."""
+        """Idle nodes this rack offers a non-preemptible big gang, keeping its spares."""
         return max(0, len(self.free) - self.unlent_spares())
 
     def free_gpus(self) -> int:
@@ -214,7 +216,7 @@ class Fleet:
                 node.jobs = {}
                 self.nodes[node.id] = node
             rack.free = {n.index for n in rack.nodes if n.health == HEALTHY}
-            rack.small_nodes = 0
+            rack.lent_nodes = 0
         # partial[f]: healthy nodes holding some GPUs with exactly f GPUs still free;
         # small-job best fit reads it instead of scanning every node.
         self.partial: dict[int, set[str]] = {}
@@ -297,7 +299,7 @@ class Fleet:
         return node.gpus - node.used.bit_count()
 
     def _state(self, node: Node) -> tuple[bool, bool, int]:
-        return node.idle, self._is_small_node(node), self._partial_key(node)
+        return node.idle, self._is_lent_node(node), self._partial_key(node)
 
     def _node_changed(self, node: Node, before: tuple[bool, bool, int]) -> None:
         was_idle, was_small, was_key = before
@@ -313,14 +315,18 @@ class Fleet:
             rack.free.discard(node.index)
         elif now_idle and not was_idle:
             rack.free.add(node.index)
-        now_small = self._is_small_node(node)
-        rack.small_nodes += int(now_small) - int(was_small)
+        now_lent = self._is_lent_node(node)
+        rack.lent_nodes += int(now_lent) - int(was_small)
 
-    def _is_small_node(self, node: Node) -> bool:
+    def _is_lent_node(self, node: Node) -> bool:
+        """A node whose jobs are all small or preemptible: reclaimable as a spare."""
         if not node.jobs:
             return False
-        return all(len(self.allocations[j].nodes) == 1 and self.allocations[j].job.is_small(
-            node.gpus) for j in node.jobs if j in self.allocations)
+        for j in node.jobs:
+            a = self.allocations.get(j)
+            if a is not None and not (a.job.preemptible or a.job.is_small(node.gpus)):
+                return False
+        return True
 
     def allocate(self, alloc: Allocation, *, restore: bool = False) -> None:
         """Record a job's allocation. Raises CapacityError if any GPU is unavailable.

@@ -10,6 +10,7 @@ from placement.model import HEALTHY, Fleet, JobRequest
 from placement.plans import PlacementPlan, SchedulePlan, not_placed
 from placement.policies import POLICIES, Context
 from placement.policies.common import min_racks
+from placement.policies.rackwise import may_borrow
 
 DEFAULT_POLICY = "rackwise"
 # A blocked gang gets a reservation once it has waited this long (Slurm has the same
@@ -183,7 +184,7 @@ def reservation(fleet: Fleet, job: JobRequest, now: float | None
         cands = sorted(racks, key=lambda r: (-r.free_count, fleet.rack_pos[r.id]))[:k + 8]
         ready: list[tuple[float, int, str]] = []
         for rack in cands:
-            borrow = share <= rack.spare_nodes or share > rack.size - rack.spare_nodes
+            borrow = may_borrow(rack, share, job.preemptible)
             need = share + (0 if borrow else rack.unlent_spares())
             ready.append((_ready_at(fleet, rack.id, need, now), fleet.rack_pos[rack.id],
                           rack.id))

@@ -30,7 +30,8 @@ def recover(
     1. Swap each failed node for an idle healthy node in the same rack (a spare or any
        free node), keeping every other node where it is.
     2. Else free nodes in that rack by preempting preemptible jobs of lower priority
-       (or single-node jobs that borrowed the rack's spares), cheapest first.
+       or jobs borrowing the rack's spares (small jobs, for any gang; preemptible
+       jobs, for a non-preemptible gang), cheapest first.
     3. Else move the whole job to the fewest racks that hold it (``policy`` placement).
     4. Else requeue it.
     The fleet is left as it was; apply the plan with :func:`apply_recovery`.
@@ -154,8 +155,9 @@ def _victims(fleet: Fleet, alloc: Allocation, hit: list[str], short: set[str], s
                 if vid == job.id or vid in chosen or vid in cands:
                     continue
                 v = fleet.allocations[vid]
-                borrower = (len(v.nodes) == 1 and v.job.is_small(node.gpus)
-                            and not small)
+                # Spares lent out come back: a gang reclaims nodes from small jobs, and
+                # a non-preemptible gang from any preemptible job.
+                borrower = not small and (v.job.is_small(node.gpus) or not job.preemptible)
                 if v.job.preemptible and (v.job.priority < job.priority or borrower):
                     cands[vid] = restart_cost_gpu_hours(v.job, v.gpus, restart_minutes)
         # Cheapest first, until enough nodes of this rack would be idle.

@@ -3,10 +3,12 @@
 1. Single-node jobs: best fit onto a partly used node (fewest free GPUs that fit), in
    the busiest rack; else an idle node in the busiest rack that has one. Whole racks
    stay free for gangs. Small jobs may use a rack's spare nodes ("borrow" them).
-2. Gangs that fit in one rack: the rack whose slice offer (idle nodes minus the spares
-   it keeps) is the smallest that holds the gang (best fit). Gangs of at most
-   ``spare_nodes`` nodes may borrow spares, and so may a gang bigger than a slice
-   (splitting it would cost far more than the spares are worth).
+2. Gangs that fit in one rack: the rack whose offer is the smallest that holds the gang
+   (best fit). A non-preemptible gang is offered the idle nodes minus the spares the
+   rack keeps (18 healthy nodes: a 16-node slice and 2 hot spares). Preemptible gangs
+   may borrow spares (recovery reclaims them), and so may gangs of at most
+   ``spare_nodes`` nodes, and a gang bigger than a slice (splitting it would cost far
+   more than the spares are worth).
 3. Otherwise, for ``preferred`` or ``none`` locality, or gangs bigger than a rack:
    the fewest racks, with the gang split into equal segments (24 -> 12+12, not
    16+8), each segment best fit onto the rack with the smallest offer that holds it.
@@ -72,6 +74,13 @@ def may_span(job: JobRequest, ctx: Context) -> bool:
     return ctx.now - job.submit_time >= SPAN_PATIENCE * penalty
 
 
+def may_borrow(rack: Rack, n: int, preemptible: bool) -> bool:
+    """May a gang of ``n`` nodes use this rack's spares? Preemptible gangs may (recovery
+    can reclaim the nodes), so may gangs of at most ``spare_nodes`` nodes, and gangs too
+    big for the slice (splitting them would cost far more than the spares are worth)."""
+    return preemptible or n <= rack.spare_nodes or n > rack.size - rack.spare_nodes
+
+
 def _offer(rack: Rack, ctx: Context, borrow: bool) -> int:
     if rack.id in ctx.reserved:
         return 0
@@ -84,9 +93,7 @@ def _one_rack(fleet: Fleet, job: JobRequest, racks: list[Rack], n: int,
     for pos, rack in enumerate(racks):
         if len(rack.free) < n:
             continue  # cheap reject: most racks of a busy fleet
-        # Borrow spares only when the gang is small, or too big for the slice anyway.
-        borrow = n <= rack.spare_nodes or n > rack.size - rack.spare_nodes
-        offer = _offer(rack, ctx, borrow)
+        offer = _offer(rack, ctx, may_borrow(rack, n, job.preemptible))
         if offer >= n:
             key = (offer, rack.free_count, pos)
             if best is None or key < best[:3]:
@@ -121,7 +128,7 @@ def _many_racks(fleet: Fleet, job: JobRequest, racks: list[Rack], n: int, ctx: C
         sizes = _split(n, k, seg)
         if max(sizes) > size:
             continue
-        picks = _assign(racks, sizes, ctx, pos, k)
+        picks = _assign(racks, sizes, ctx, pos, k, job.preemptible)
         if picks is not None:
             n_racks = len({r.id for r, _ in picks})
             why = (f"{n} nodes over the fewest racks ({n_racks}) in segments "
@@ -136,7 +143,7 @@ def _many_racks(fleet: Fleet, job: JobRequest, racks: list[Rack], n: int, ctx: C
 
 
 def _assign(racks: list[Rack], sizes: list[int], ctx: Context, pos: dict[str, int],
-            k: int) -> list[tuple[Rack, list[int]]] | None:
+            k: int, preemptible: bool) -> list[tuple[Rack, list[int]]] | None:
     """Best-fit each segment (largest first) onto a rack, at most ``k`` racks.
 
     Racks are sorted once by offer; each new segment takes the rack with the smallest
@@ -148,7 +155,7 @@ def _assign(racks: list[Rack], sizes: list[int], ctx: Context, pos: dict[str, in
     for r in racks:
         if len(r.free) < smallest:
             continue
-        o = _offer(r, ctx, biggest > r.size - r.spare_nodes)
+        o = _offer(r, ctx, may_borrow(r, biggest, preemptible))
         if o >= smallest:
             offers.append((o, pos[r.id], r))
     if sum(o for o, _, _ in offers) < sum(sizes):

@@ -12,12 +12,14 @@ Followed: slurm.schedmd.com topology.html ("Block Topology") and topology.conf(5
 4. With ``--segment`` each segment lies in one base block, placed best fit (the base
    block with the fewest free nodes that holds it); without it the nodes are taken
    from the block's base blocks, fullest-free first.
-There is no spare logic: every idle node may be allocated.
+There is no spare logic: every idle node may be allocated. A ``required`` job is
+submitted as Slurm users do it, with ``--segment`` equal to the job (or to a whole
+block when the job is bigger than one).
 """
 
 from __future__ import annotations
 
-from placement.model import Fleet, JobRequest, Rack
+from placement.model import REQUIRED, Fleet, JobRequest, Rack
 from placement.plans import PlacementPlan, not_placed
 from placement.policies.common import Context, segment_sizes, small_plan, whole_node_plan
 
@@ -34,15 +36,20 @@ def slurm_block(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) 
         return _small(job, racks, ctx)
     n = job.nodes_needed(gpn)
     seg = job.segment_nodes
+    if job.locality == REQUIRED and seg is None:
+        # How a Slurm user asks for it: --segment of the job (or of a whole block).
+        seg = min(n, max(r.size for r in racks))
     if seg and seg > max(r.size for r in racks):
         return not_placed(job, NAME, f"segment of {seg} nodes is larger than any block")
     # 1-2. Smallest level whose aggregated block size holds the job.
     level = 1
-    while level < len(racks) and sum(r.size for r in racks[:level]) < n:
+    while True:
+        blocks = [racks[i:i + level] for i in range(0, len(racks), level)]
+        if max(sum(r.size for r in b) for b in blocks) >= n:
+            break
+        if level >= len(racks):
+            return not_placed(job, NAME, f"no block holds {n} nodes")
         level *= 2
-    blocks = [racks[i:i + level] for i in range(0, len(racks), level)]
-    if max(sum(r.size for r in b) for b in blocks) < n:
-        return not_placed(job, NAME, f"no block holds {n} nodes")
     # 3. Best fit among blocks of that level that have room right now.
     best: tuple[int, int] | None = None
     for bi, block in enumerate(blocks):

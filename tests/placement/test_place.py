@@ -16,12 +16,22 @@ POLICIES = ["rackwise", "first-fit", "random", "slurm-block", "kueue-tas"]
 
 def test_rackwise_keeps_two_spares_in_a_healthy_rack() -> None:
     fleet = Fleet.uniform(1)
-    plan = place(fleet, gang("big", 16))
+    big = gang("big", 16, preemptible=False)
+    plan = place(fleet, big)
     assert plan.placed
-    fleet.allocate(plan.allocation(gang("big", 16)))
-    # Two idle nodes are left, but they are spares: a 4-node gang may not take them.
-    assert not place(fleet, gang("next", 4)).placed
-    assert "spares" in place(fleet, gang("next", 4)).reason
+    fleet.allocate(plan.allocation(big))
+    # Two idle nodes are left, but they are spares: a non-preemptible 4-node gang may
+    # not take them, nor a 3-node one.
+    job = gang("next", 3, preemptible=False)
+    assert not place(fleet, job).placed
+    assert "spares" in place(fleet, job).reason
+
+
+def test_preemptible_gangs_may_borrow_spares() -> None:
+    fleet = Fleet.uniform(1)
+    occupy(fleet, "big", 0, list(range(15)), preemptible=False)
+    assert not place(fleet, gang("stiff", 3, preemptible=False)).placed
+    assert place(fleet, gang("soft", 3, preemptible=True)).placed
 
 
 def test_small_jobs_may_borrow_spares() -> None:
@@ -68,7 +78,7 @@ def test_rackwise_waits_rather_than_span_when_a_clock_is_given() -> None:
     fleet = Fleet.uniform(2)
     occupy(fleet, "a", 0, list(range(10)))
     occupy(fleet, "b", 1, list(range(10)))
-    job = gang("g", 8, submit_time=0.0, expected_duration=3600.0)
+    job = gang("g", 9, submit_time=0.0, expected_duration=3600.0)
     assert not place(fleet, job, now=60.0).placed
     assert place(fleet, job).placed  # no clock: span at once (preferred)
 
