@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 
-from placement.model import FAILED, HEALTHY, Allocation, Fleet, JobRequest
+from placement.model import FAILED, HEALTHY, REQUIRED, Allocation, Fleet, JobRequest
 from placement.place import place
 from placement.plans import RecoveryPlan
 
@@ -30,8 +31,8 @@ def recover(
     1. Swap each failed node for an idle healthy node in the same rack (a spare or any
        free node), keeping every other node where it is.
     2. Else free nodes in that rack by preempting preemptible jobs of lower priority
-       or jobs borrowing the rack's spares (small jobs, for any gang; preemptible
-       jobs, for a non-preemptible gang), cheapest first.
+       (a non-preemptible gang also takes back spares lent to preemptible jobs of
+       any priority), cheapest first.
     3. Else move the whole job to the fewest racks that hold it (``policy`` placement).
     4. Else requeue it.
     The fleet is left as it was; apply the plan with :func:`apply_recovery`.
@@ -88,10 +89,11 @@ def _plan(fleet: Fleet, alloc: Allocation, hit: list[str], policy: str,
         steps.append("preempting eligible jobs would not free enough nodes")
     else:
         steps.append("no preemptible lower-priority job frees a node there")
-    # 3. Move the whole job.
+    # 3. Move the whole job, to the fewest racks (never a new cross-rack span).
     fleet.release(job.id)
     try:
-        plan = place(fleet, job, policy)
+        plan = place(fleet, dataclasses.replace(job, locality=REQUIRED), policy)
+        plan.job_id = job.id
     finally:
         fleet.allocate(alloc, restore=True)
     if plan.placed:
@@ -155,9 +157,9 @@ def _victims(fleet: Fleet, alloc: Allocation, hit: list[str], short: set[str], s
                 if vid == job.id or vid in chosen or vid in cands:
                     continue
                 v = fleet.allocations[vid]
-                # Spares lent out come back: a gang reclaims nodes from small jobs, and
-                # a non-preemptible gang from any preemptible job.
-                borrower = not small and (v.job.is_small(node.gpus) or not job.preemptible)
+                # Spares lent out come back to a non-preemptible gang: it may preempt
+                # any preemptible job in its rack, not only lower-priority ones.
+                borrower = not small and not job.preemptible
                 if v.job.preemptible and (v.job.priority < job.priority or borrower):
                     cands[vid] = restart_cost_gpu_hours(v.job, v.gpus, restart_minutes)
         # Cheapest first, until enough nodes of this rack would be idle.

@@ -105,3 +105,28 @@ def test_a_node_outside_the_job_needs_no_recovery() -> None:
     fleet = Fleet.uniform(1)
     occupy(fleet, "job", 0, [0, 1])
     assert recover(fleet, "job", ["r000-n09"]).action == "none"
+
+
+def test_a_non_preemptible_gang_takes_back_spares_lent_to_preemptible_jobs() -> None:
+    fleet = Fleet.uniform(1)
+    occupy(fleet, "job", 0, list(range(16)), preemptible=False)
+    occupy(fleet, "borrower", 0, [16, 17])  # same priority, preemptible
+    plan = recover(fleet, "job", ["r000-n07"])
+    assert plan.action == "preempt_swap" and plan.preempted == ["borrower"]
+
+
+def test_a_preemptible_gang_only_preempts_lower_priority_jobs() -> None:
+    fleet = Fleet.uniform(1)
+    occupy(fleet, "job", 0, list(range(16)))
+    occupy(fleet, "peer", 0, [16, 17])
+    assert recover(fleet, "job", ["r000-n07"]).action == "requeue"
+
+
+def test_a_move_never_spreads_a_job_over_more_racks_than_it_needs() -> None:
+    fleet = Fleet.uniform(3)
+    occupy(fleet, "job", 0, list(range(12)))
+    occupy(fleet, "peer", 0, list(range(12, 18)), priority=9)
+    occupy(fleet, "a", 1, list(range(10)), priority=9)
+    occupy(fleet, "b", 2, list(range(10)), priority=9)
+    # 8 idle nodes in each of r001 and r002: 12 nodes would need both racks.
+    assert recover(fleet, "job", ["r000-n01"]).action == "requeue"
