@@ -129,10 +129,16 @@ def _many_racks(fleet: Fleet, job: JobRequest, racks: list[Rack], n: int, ctx: C
         if max(sizes) > size:
             continue
         picks = _assign(racks, sizes, ctx, pos, k, job.preemptible)
+        note = ""
+        if picks is None and not seg and k > 1:
+            # Equal segments do not fit now; unequal ones over the same number of racks
+            # cost nothing more in rack count, and beat waiting.
+            picks = _unequal(racks, n, k, ctx, pos, job.preemptible, size)
+            note = f" (no {k} racks hold {'+'.join(map(str, sizes))}, so unequal)"
         if picks is not None:
             n_racks = len({r.id for r, _ in picks})
             why = (f"{n} nodes over the fewest racks ({n_racks}) in segments "
-                   + "+".join(str(len(s)) for _, s in picks))
+                   + "+".join(str(len(s)) for _, s in picks) + note)
             choices = [why] + [f"segment of {len(s)} -> {r.id} (best fit)" for r, s in picks]
             return whole_node_plan(fleet, job, NAME, picks, why, choices)
         if seg:
@@ -184,6 +190,24 @@ def _assign(racks: list[Rack], sizes: list[int], ctx: Context, pos: dict[str, in
         slots[rid] = slots[rid][size:]
         left[rid] -= size
     return picks
+
+
+def _unequal(racks: list[Rack], n: int, k: int, ctx: Context, pos: dict[str, int],
+             preemptible: bool, size: int) -> list[tuple[Rack, list[int]]] | None:
+    """The ``k`` racks with the largest offers, filled as evenly as they allow."""
+    offers = sorted(((_offer(r, ctx, may_borrow(r, min(n, size), preemptible)), pos[r.id], r)
+                     for r in racks if len(r.free) > 0), key=lambda x: (-x[0], x[1]))[:k]
+    if len(offers) < k or sum(o for o, _, _ in offers) < n:
+        return None
+    # Water-fill: the smallest racks take what they can, the rest share evenly.
+    take = [0] * k
+    left = n
+    for done, (i, (o, _, _)) in enumerate(sorted(enumerate(offers), key=lambda x: x[1][0])):
+        take[i] = min(o, -(-left // (k - done)))
+        left -= take[i]
+    if left > 0:
+        return None
+    return [(r, sorted(r.free)[:t]) for (_, _, r), t in zip(offers, take, strict=True) if t]
 
 
 def sz_over_slice(rack: Rack, sizes: list[int]) -> bool:
