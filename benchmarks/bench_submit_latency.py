@@ -138,7 +138,8 @@ def main() -> None:
     port = _free_port()
     procs = [
         subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "rackwise.asgi:application"],
-                         cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True),
+                         cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=(ROOT / "var" / "bench-web.log").open("w"),
+                         start_new_session=True),
     ] + [
         subprocess.Popen([sys.executable, "-m", "celery", "-A", "rackwise", "worker", "-n", f"bench{i}@%h", "--concurrency", "1",
                           "-l", "warning", "--without-gossip", "--without-mingle"],

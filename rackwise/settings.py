@@ -101,9 +101,17 @@ _database_url = env_url(
     "DATABASE_URL", _sqlite_default, schemes=("sqlite", "postgres", "postgresql", "pgsql")
 )
 try:
-    DATABASES = {"default": dj_database_url.parse(_database_url, conn_max_age=60)}
+    DATABASES = {"default": dj_database_url.parse(_database_url)}
 except ValueError as exc:
     raise ImproperlyConfigured(f"DATABASE_URL is not usable: {exc}") from exc
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # A connection pool per process: under ASGI each request may run on another
+    # thread, and per-thread persistent connections would pile up past the
+    # server's limit under load.
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"]["OPTIONS"] = {
+        "pool": {"min_size": 1, "max_size": env_int("DATABASE_POOL_SIZE", 10, minimum=1), "timeout": 30}
+    }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     VAR_DIR.mkdir(parents=True, exist_ok=True)
     # IMMEDIATE takes the write lock at BEGIN, so concurrent writers queue up

@@ -73,54 +73,77 @@ def _snapshot(action: Action) -> dict:
 # --- proposing ------------------------------------------------------------------------
 
 
-def propose(
-    *,
-    kind: str,
-    title: str,
-    steps: list[dict],
-    jobs: list[int],
-    engine_plan: dict | None = None,
-    cost_gpu_hours: float = 0.0,
-    benefit: dict | None = None,
-    actor=None,
-    done_steps: int = 0,
-) -> Action:
-    """Record a decision. Kinds the approval policy runs automatically start
+@dataclass
+class Proposal:
+    """A decision to record as an Action (see :func:`propose`)."""
+
+    kind: str
+    title: str
+    steps: list[dict]
+    jobs: list[int]
+    engine_plan: dict | None = None
+    cost_gpu_hours: float = 0.0
+    benefit: dict | None = None
+    done_steps: int = 0
+
+
+def propose(*, actor=None, version: int | None = None, **fields) -> Action:
+    """Record one decision; see :func:`propose_many`."""
+    return propose_many([Proposal(**fields)], actor=actor, version=version)[0]
+
+
+def propose_many(proposals: list[Proposal], *, actor=None, version: int | None = None) -> list[Action]:
+    """Record decisions as actions, in one transaction with a handful of queries
+    whatever their number. Kinds the approval policy runs automatically start
     executing on commit; the others wait for an operator.
 
-    ``done_steps`` marks leading steps already carried out by the caller in the
-    same transaction (the scheduler allocates inline, under its lock)."""
-    auto = ApprovalPolicy.mode_for(kind) == ApprovalMode.AUTO
+    ``done_steps`` marks leading steps the caller already carried out in the same
+    transaction (the scheduler allocates inline, under its lock). ``version`` is
+    the fleet version the plans were made on (read now if not given)."""
+    if not proposals:
+        return []
+    version = fleet_version() if version is None else version
+    modes = {kind: ApprovalPolicy.mode_for(kind) for kind in {p.kind for p in proposals}}
     now = timezone.now()
-    with transaction.atomic():
-        action = Action.objects.create(
-            kind=kind,
-            title=title[:300],
-            plan={"steps": steps, "engine": engine_plan or {}},
-            cost_gpu_hours=round(cost_gpu_hours, 4),
-            benefit=benefit or {},
-            fleet_version=fleet_version(),
-            proposed_by=actor if actor is not None and actor.pk else None,
-            proposed_by_name=audit.actor_name(actor),
-            state=ActionState.EXECUTING if done_steps else (ActionState.APPROVED if auto else ActionState.PROPOSED),
-            decided_by_name="policy (auto)" if auto else "",
-            decided_at=now if auto else None,
-            step_index=done_steps,
-            progress=done_steps / len(steps) if steps else 1.0,
-            started_at=now if done_steps else None,
-            log=[_log_entry(i, s, "done") for i, s in enumerate(steps[:done_steps])],
+    rows = []
+    for p in proposals:
+        auto = modes[p.kind] == ApprovalMode.AUTO
+        rows.append(
+            Action(
+                kind=p.kind,
+                title=p.title[:300],
+                plan={"steps": p.steps, "engine": p.engine_plan or {}},
+                cost_gpu_hours=round(p.cost_gpu_hours, 4),
+                benefit=p.benefit or {},
+                fleet_version=version,
+                proposed_by=actor if actor is not None and actor.pk else None,
+                proposed_by_name=audit.actor_name(actor),
+                state=ActionState.EXECUTING if p.done_steps else (ActionState.APPROVED if auto else ActionState.PROPOSED),
+                decided_by_name="policy (auto)" if auto else "",
+                decided_at=now if auto else None,
+                step_index=p.done_steps,
+                progress=p.done_steps / len(p.steps) if p.steps else 1.0,
+                started_at=now if p.done_steps else None,
+                log=[_log_entry(i, s, "done") for i, s in enumerate(p.steps[: p.done_steps])],
+            )
         )
-        action.jobs.set(jobs)
-        audit.record(
+    with transaction.atomic():
+        actions = Action.objects.bulk_create(rows)
+        Action.jobs.through.objects.bulk_create(
+            Action.jobs.through(action_id=a.pk, job_id=j) for a, p in zip(actions, proposals, strict=True) for j in p.jobs
+        )
+        audit.record_many(
             actor,
             "action.propose",
-            action,
-            after={"kind": kind, "state": action.state, "steps": len(steps), "cost_gpu_hours": action.cost_gpu_hours},
-            message=title,
+            [
+                (a, None, {"kind": a.kind, "state": a.state, "steps": len(a.steps), "cost_gpu_hours": a.cost_gpu_hours}, a.title)
+                for a in actions
+            ],
         )
-        if action.state != ActionState.PROPOSED:
-            dispatch.execute_soon(action.pk)
-    return action
+        for a in actions:
+            if a.state != ActionState.PROPOSED:
+                dispatch.execute_soon(a.pk)
+    return actions
 
 
 def open_action_job_ids() -> set[int]:
@@ -417,7 +440,9 @@ def _finish(action_id: int) -> None:
         if changed:
             action = Action.objects.get(pk=action_id)
             audit.record(None, "action.succeeded", action, after=_snapshot(action))
-            dispatch.schedule_soon()
+            if action.kind not in (ActionKind.PLACEMENT, ActionKind.PLACEMENT_SPILL):
+                # Recoveries, moves and drains change what is free; placements don't.
+                dispatch.schedule_soon()
 
 
 def _fail(action_id: int, index: int, step: dict, error: str) -> None:

@@ -46,3 +46,27 @@ def record(
         after=after,
         request_id=current_request_id.get(),
     )
+
+
+def record_many(
+    actor: Actor,
+    action: str,
+    entries: list[tuple[models.Model, dict[str, Any] | None, dict[str, Any] | None, str]],
+) -> None:
+    """Audit many objects at once (one insert): ``(obj, before, after, message)``."""
+    request_id = current_request_id.get()
+    AuditEvent.objects.bulk_create(
+        AuditEvent(
+            actor=actor if actor is not None and actor.pk else None,
+            actor_name=actor_name(actor),
+            action=action,
+            object_type=obj._meta.model_name or obj.__class__.__name__.lower(),
+            object_id=str(obj.pk),
+            object_repr=str(obj)[:200],
+            message=message[:500],
+            before=before,
+            after=after,
+            request_id=request_id,
+        )
+        for obj, before, after, message in entries
+    )

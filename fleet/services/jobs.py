@@ -3,10 +3,11 @@ transaction that writes its audit record."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from fleet.choices import (
@@ -127,6 +128,17 @@ def cancel_job(actor, job_id: int) -> Job:
     return job
 
 
+@dataclass(frozen=True)
+class PlacementDecision:
+    """Where the engine put a job: node id -> GPU indices, with the why."""
+
+    job_id: int
+    gpus_by_node: Mapping[int, list[int]]
+    reason: str
+    segments: list[list[str]] | None = None
+    choices: list[str] | None = None
+
+
 def apply_placement(
     actor,
     job_id: int,
@@ -139,27 +151,74 @@ def apply_placement(
     """Bind a pending job to GPUs (node id -> GPU indices) as decided by the
     placement engine. Raises Conflict if the job is no longer pending or any GPU
     is taken or unusable; nothing is written in that case."""
+    placed, refused = place_jobs(actor, [PlacementDecision(job_id, gpus_by_node, reason, segments, choices)])
+    if refused:
+        raise Conflict(refused[job_id])
+    return placed[0]
+
+
+def place_jobs(actor, decisions: list[PlacementDecision]) -> tuple[list[Job], dict[int, str]]:
+    """Apply many placements in one transaction, with a few queries whatever
+    their number. Returns the jobs placed and, for each refused one, why (no
+    longer pending, a GPU gone unhealthy). If any GPU turns out to be taken
+    (the database constraint), the whole batch is refused with Conflict and
+    nothing is written: the caller retries one by one."""
     with transaction.atomic():
-        job = Job.objects.select_for_update().get(pk=job_id)
-        if job.state != JobState.PENDING:
-            raise Conflict(f"job #{job.pk} is {job.state}, not pending; it cannot be placed")
-        chosen = _take_gpus(job, gpus_by_node)
-        before = job_snapshot(job)
-        racks = sorted({g.node.rack_id for g in chosen})
-        job.state = JobState.PLACED
-        job.state_reason = ""
-        job.placed_at = timezone.now()
-        job.placement = {
-            "racks": sorted({g.node.rack.name for g in chosen}),
-            "nodes": sorted({g.node.hostname for g in chosen}),
-            "segments": segments or [sorted({str(g.node_id) for g in chosen})],
-            "reason": reason,
-            "choices": choices or [],
+        jobs = {j.pk: j for j in Job.objects.select_for_update().filter(pk__in=[d.job_id for d in decisions])}
+        node_ids = {int(n) for d in decisions for n in d.gpus_by_node}
+        gpus = {
+            (g.node_id, g.index): g
+            for g in GPU.objects.select_related("node__rack").filter(node_id__in=node_ids, node__state=NodeState.HEALTHY)
         }
-        job.save(update_fields=["state", "state_reason", "placed_at", "placement"])
-        audit.record(actor, "job.place", job, before=before, after=job_snapshot(job), message=reason)
-        bump_versions(racks)
-    return job
+        refused: dict[int, str] = {}
+        accepted: list[tuple[PlacementDecision, Job, list[GPU]]] = []
+        for d in decisions:
+            job = jobs.get(d.job_id)
+            if job is None or job.state != JobState.PENDING:
+                state = job.state if job else "gone"
+                refused[d.job_id] = f"job #{d.job_id} is {state}, not pending; it cannot be placed"
+                continue
+            keys = [(int(n), i) for n, idxs in d.gpus_by_node.items() for i in idxs]
+            missing = [k for k in keys if k not in gpus]
+            if missing:
+                refused[d.job_id] = f"GPUs {missing} are not on healthy nodes; the plan is stale"
+                continue
+            accepted.append((d, job, [gpus[k] for k in keys]))
+        try:
+            # A savepoint, so the IntegrityError leaves the outer transaction usable
+            # for the rollback and the caller gets a clean Conflict.
+            with transaction.atomic():
+                Allocation.objects.bulk_create(Allocation(job=job, gpu=g) for _, job, chosen in accepted for g in chosen)
+        except IntegrityError as exc:
+            raise Conflict("a GPU in the plan is already allocated; the plan is stale") from exc
+        now = timezone.now()
+        for d, job, chosen in accepted:
+            job.state = JobState.PLACED
+            job.state_reason = ""
+            job.placed_at = now
+            job.placement = {
+                "racks": sorted({g.node.rack.name for g in chosen}),
+                "nodes": sorted({g.node.hostname for g in chosen}),
+                "segments": d.segments or [sorted({str(g.node_id) for g in chosen})],
+                "reason": d.reason,
+                "choices": d.choices or [],
+            }
+        placed = [job for _, job, _ in accepted]
+        Job.objects.filter(pk__in=[j.pk for j in placed]).update(state=JobState.PLACED, state_reason="", placed_at=now)
+        # One executemany rather than bulk_update's CASE per row: the placement
+        # differs per job, and bulk_update's SQL building dominates large batches.
+        with connection.cursor() as cursor:
+            cursor.executemany(
+                f"UPDATE {Job._meta.db_table} SET placement = %s WHERE id = %s",
+                [(json.dumps(job.placement), job.pk) for job in placed],
+            )
+        audit.record_many(
+            actor,
+            "job.place",
+            [(job, {"state": JobState.PENDING}, job_snapshot(job), d.reason) for d, job, _ in accepted],
+        )
+        bump_versions({g.node.rack_id for _, _, chosen in accepted for g in chosen})
+    return placed, refused
 
 
 def _take_gpus(job: Job, gpus_by_node: Mapping[int, list[int]]) -> list[GPU]:

@@ -87,58 +87,103 @@ def schedule_pass() -> PassResult:
     plan = schedule(snap.fleet, list(requests.values()), engine.policy(), now=time.time())
     by_id = {str(j.pk): j for j in pending}
     modes = {kind: ApprovalPolicy.mode_for(kind) for kind in (ActionKind.PLACEMENT, ActionKind.PLACEMENT_SPILL)}
-
+    version = action_services.fleet_version()
+    auto: list[tuple[job_services.PlacementDecision, action_services.Proposal]] = []
+    manual: list[action_services.Proposal] = []
     for placement_plan in plan.placements:
         job, request = by_id[placement_plan.job_id], requests[placement_plan.job_id]
-        violations = validate(snap.fleet, placement_plan, job=request)
+        # The invariant checker on the new allocation (gang whole, locality,
+        # segments, healthy nodes), and the fleet model refusing any GPU already
+        # held by the pass so far: together, the whole fleet stays valid without
+        # re-checking every allocation for every job.
+        allocation = placement_plan.allocation(request)
+        violations = validate(snap.fleet, {request.id: allocation})
+        try:
+            if not violations:
+                snap.fleet.allocate(allocation)
+        except pm.CapacityError as exc:
+            violations = [str(exc)]
         if violations:
             log.error("engine plan for job %s violates invariants: %s", job.pk, violations)
             result.waiting[job.pk] = "placement refused by the invariant checker"
             continue
-        snap.fleet.allocate(placement_plan.allocation(request))
         kind = ActionKind.PLACEMENT_SPILL if _spills(placement_plan, request, snap.fleet) else ActionKind.PLACEMENT
-        steps = [
-            {
-                "op": "allocate",
-                "job": job.pk,
-                "nodes": {k: list(v) for k, v in placement_plan.nodes.items()},
-                "segments": placement_plan.segments,
-                "hostnames": snap.describe_nodes(placement_plan.nodes),
-                "reason": placement_plan.reason,
-                "choices": placement_plan.choices,
-            },
-            {"op": "start", "job": job.pk},
-        ]
-        title = f"place job #{job.pk} {job.name}: {_describe(placement_plan, snap)}"
-        common = dict(kind=kind, title=title, steps=steps, jobs=[job.pk], engine_plan=placement_plan.to_dict())
+        decision = job_services.PlacementDecision(
+            job.pk,
+            {int(k): list(v) for k, v in placement_plan.nodes.items()},
+            placement_plan.reason,
+            placement_plan.segments,
+            placement_plan.choices,
+        )
+        proposal = action_services.Proposal(
+            kind=kind,
+            title=f"place job #{job.pk} {job.name}: {_describe(placement_plan, snap)}",
+            steps=[
+                {
+                    "op": "allocate",
+                    "job": job.pk,
+                    "nodes": {k: list(v) for k, v in placement_plan.nodes.items()},
+                    "segments": placement_plan.segments,
+                    "hostnames": snap.describe_nodes(placement_plan.nodes),
+                    "reason": placement_plan.reason,
+                    "choices": placement_plan.choices,
+                },
+                {"op": "start", "job": job.pk},
+            ],
+            jobs=[job.pk],
+            engine_plan=placement_plan.to_dict(),
+        )
         if modes[kind] == ApprovalMode.MANUAL:
-            action_services.propose(**common)
-            result.proposed.append(job.pk)
+            manual.append(proposal)
             _set_reason(job, "waiting for an operator to approve a placement across racks")
-            continue
-        try:
-            with transaction.atomic():
-                job_services.apply_placement(
-                    None,
-                    job.pk,
-                    {int(k): list(v) for k, v in placement_plan.nodes.items()},
-                    reason=placement_plan.reason,
-                    segments=placement_plan.segments,
-                    choices=placement_plan.choices,
-                )
-                action_services.propose(**common, done_steps=1)
-            result.placed.append(job.pk)
-        except Conflict as exc:
-            # Someone changed the fleet under us (cancelled the job, took a GPU);
-            # the next pass decides again.
-            snap.fleet.release(request.id)
-            log.info("placement of job %s skipped: %s", job.pk, exc)
+        else:
+            auto.append((decision, proposal))
 
+    action_services.propose_many(manual, version=version)
+    result.proposed = [p.jobs[0] for p in manual]
+    result.placed = _place_auto(auto, version)
     for job_id, reason in plan.waiting.items():
         job = by_id[job_id]
         result.waiting[job.pk] = reason
         _set_reason(job, reason)
     return result
+
+
+def _place_auto(
+    auto: list[tuple[job_services.PlacementDecision, action_services.Proposal]], version: int
+) -> list[int]:
+    """Allocate the pass's automatic placements and record their actions, in one
+    transaction. If the batch conflicts with a change made meanwhile (a GPU
+    taken), fall back to one job at a time so the others still go through."""
+    if not auto:
+        return []
+    try:
+        with transaction.atomic():
+            placed, refused = job_services.place_jobs(None, [d for d, _ in auto])
+            for job_id, why in refused.items():
+                log.info("placement of job %s skipped: %s", job_id, why)
+            done = {job.pk for job in placed}
+            proposals = [p for d, p in auto if d.job_id in done]
+            for p in proposals:
+                p.done_steps = 1
+            action_services.propose_many(proposals, version=version)
+        return sorted(done)
+    except Conflict:
+        pass
+    placed_ids = []
+    for decision, proposal in auto:
+        try:
+            with transaction.atomic():
+                placed, refused = job_services.place_jobs(None, [decision])
+                if refused:
+                    raise Conflict(refused[decision.job_id])
+                proposal.done_steps = 1
+                action_services.propose_many([proposal], version=version)
+            placed_ids.append(decision.job_id)
+        except Conflict as exc:
+            # Someone changed the fleet under us; the next pass decides again.
+            log.info("placement of job %s skipped: %s", decision.job_id, exc)
+    return placed_ids
 
 
 def _set_reason(job: Job, reason: str) -> None:
