@@ -211,6 +211,21 @@ def test_a_non_fatal_xid_marks_only_that_gpu_degraded(node, token):
     assert (event.before["health"], event.after["health"]) == ("ok", "degraded")
 
 
+def test_a_degrading_gpu_proposes_draining_its_node_once_for_an_operator(node, token):
+    from fleet.models import Action
+
+    client = agent_client(token)
+    post_beat(client, node, beat({"index": 2, "xids": [13]}))
+    post_beat(client, node, beat({"index": 3, "xids": [13]}))
+
+    (drain,) = Action.objects.filter(kind="drain")
+    assert drain.state == "proposed", "drains wait for an operator by default"
+    assert drain.steps == [{"op": "drain", "node": node.pk, "hostname": "r1-n00", "reason": drain.steps[0]["reason"]}]
+    assert "GPU 2" in drain.title and "XID 13" in drain.title
+    node.refresh_from_db()
+    assert node.state == NodeState.HEALTHY, "nothing is drained before the approval"
+
+
 def test_health_changes_are_audited_once_not_on_every_heartbeat(node, token):
     client = agent_client(token)
     for _ in range(3):

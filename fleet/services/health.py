@@ -28,7 +28,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from fleet.choices import GpuHealth, NodeState
+from fleet.choices import OPEN_ACTION_STATES, ActionKind, GpuHealth, NodeState
 from fleet.models import GPU, AgentToken, Node
 from fleet.services import audit
 from fleet.services.errors import InvalidInput
@@ -307,6 +307,9 @@ def record_heartbeat(node_id: int, payload: Any) -> dict[str, Any]:
         ):
             node = return_node_to_service(agent, node.pk, reason="heartbeat resumed")
         elif gpus_written:
+            degraded = [c for c in changed if c["health"] == GpuHealth.DEGRADED]
+            if degraded and node.state == NodeState.HEALTHY:
+                _propose_drain(node, degraded)
             # A bare heartbeat bumps nothing: live views would re-fetch every rack
             # every few seconds for a timestamp.
             bump_versions([node.rack_id])
@@ -319,6 +322,24 @@ def record_heartbeat(node_id: int, payload: Any) -> dict[str, Any]:
         "agent_version": version,
         "gpus_changed": changed,
     }
+
+
+def _propose_drain(node: Node, degraded: list[dict[str, Any]]) -> None:
+    """A GPU that degrades without failing is a warning: propose draining the node
+    (its jobs finish, no new work lands), once, for an operator to decide."""
+    from fleet.models import Action
+    from fleet.services.actions import propose
+
+    if Action.objects.filter(kind=ActionKind.DRAIN, state__in=OPEN_ACTION_STATES, plan__steps__0__node=node.pk).exists():
+        return
+    why = "; ".join(f"GPU {c['index']}: {c['last_error'] or 'degraded'}" for c in degraded)
+    propose(
+        kind=ActionKind.DRAIN,
+        title=f"drain {node.hostname}: {why}"[:300],
+        steps=[{"op": "drain", "node": node.pk, "hostname": node.hostname, "reason": f"degraded GPU ({why})"[:250]}],
+        jobs=[],
+        benefit={"reason": "jobs on the node finish in place; no new work lands on a degrading GPU"},
+    )
 
 
 # --- silence --------------------------------------------------------------------------
