@@ -15,7 +15,7 @@ from placement.policies.common import min_racks
 from placement.policies.rackwise import may_borrow
 from placement.recover import DEFAULT_RESTART_MINUTES, restart_cost_gpu_hours
 
-CANDIDATE_RACKS = 24  # racks evaluated per goal, fewest nodes to clear first
+CANDIDATE_RACKS = 8  # racks tried per goal, fewest nodes to clear first (speed bound)
 
 
 @dataclass(frozen=True)
@@ -80,14 +80,14 @@ def defragment(
     targeted: set[str] = set()
 
     # 1. Goals as (label, nodes to free in one rack, gpus_per_node) lists.
-    goals: list[tuple[str, list[tuple[int, int]]]] = []
+    goals: list[tuple[str, list[tuple[int, int]], bool]] = []  # (label, segs, borrow)
     if isinstance(target, FreeRacks):
         missing = target.count - racks_before
-        goals = [(f"free rack {i + 1}", [(-1, 0)]) for i in range(max(0, missing))]
+        goals = [(f"free rack {i + 1}", [(-1, 0)], False) for i in range(max(0, missing))]
         label = f"free {target.count} whole racks"
     elif isinstance(target, RoomFor):
         goals = [(f"room for {target.nodes} nodes", _segments(fleet, target.nodes,
-                                                              target.gpus_per_node))]
+                                                              target.gpus_per_node), False)]
         label = f"room for a job of {target.nodes} nodes"
     else:
         label = "room for the pending jobs"
@@ -97,7 +97,8 @@ def defragment(
             for gpn in fleet.groups:
                 if not job.is_small(gpn) and job.nodes_needed(gpn):
                     goals.append((f"job {job.id}", _segments(
-                        fleet, job.nodes_needed(gpn), gpn, job.segment_nodes)))
+                        fleet, job.nodes_needed(gpn), gpn, job.segment_nodes),
+                        job.preemptible))
                     break
     if not goals:
         reason = "nothing to do: the target is already met" if target else (
@@ -107,12 +108,12 @@ def defragment(
                           free_racks_after=racks_before,
                           jobs_made_placeable=[])
     met = 0
-    for name, segs in goals:
+    for name, segs, borrow in goals:
         goal_moves: list[Move] = []
         goal_cost = 0.0
         ok = True
         for nodes, gpn in segs:
-            best = _best_rack(work, nodes, gpn, targeted, restart_minutes)
+            best = _best_rack(work, nodes, gpn, targeted, restart_minutes, borrow)
             if best is None:
                 ok = False
                 reasons.append(f"{name}: no rack can be cleared by moving preemptible jobs")
@@ -140,7 +141,10 @@ def defragment(
                 break
     made = [j.id for j in pending if j.id not in placeable_before
             and place(work, _local(j)).placed]
-    feasible = met == len(goals)
+    # Pending mode: success is every blocked job placeable (one goal's moves may serve
+    # another); a target must have met each of its goals.
+    blocked = [j for j in pending if j.id not in placeable_before]
+    feasible = met == len(goals) or (target is None and len(made) == len(blocked))
     return DefragPlan(
         target=label,
         feasible=feasible,
@@ -167,30 +171,32 @@ def _segments(fleet: Fleet, nodes: int, gpn: int, seg: int | None = None) -> lis
     return [(base + 1, gpn)] * extra + [(base, gpn)] * (k - extra)
 
 
-def _need(rack: Rack, nodes: int) -> int:
+def _need(rack: Rack, nodes: int, borrow: bool = False) -> int:
     """Nodes still to free so that rackwise would give ``nodes`` (-1: the whole rack).
 
-    The goal is planned as a non-preemptible gang: it keeps the rack's spares."""
+    ``borrow``: the gang is preemptible and may use the rack's spares; targets are
+    planned as non-preemptible gangs, which keep them."""
     if nodes < 0:
         return rack.healthy - rack.free_count
-    have = rack.free_count if may_borrow(rack, nodes, False) else rack.slice_offer()
+    have = rack.free_count if may_borrow(rack, nodes, borrow) else rack.slice_offer()
     return max(0, nodes - have)
 
 
 def _best_rack(work: Fleet, nodes: int, gpn: int, targeted: set[str],
-               restart_minutes: float) -> tuple[Rack, list[Move], float] | None:
+               restart_minutes: float, borrow: bool) -> tuple[Rack, list[Move], float] | None:
     pool = work.groups.get(gpn, []) if gpn else work.racks
     racks = [r for r in pool if r.id not in targeted
              and (r.healthy >= nodes if nodes >= 0 else r.free_count < r.healthy)]
-    racks.sort(key=lambda r: (_need(r, nodes), work.rack_pos[r.id]))
+    racks.sort(key=lambda r: (_need(r, nodes, borrow), work.rack_pos[r.id]))
     best: tuple[Rack, list[Move], float] | None = None
+    racks = [r for r in racks if _freeable(work, r) >= _need(r, nodes, borrow)]
     for rack in racks[:CANDIDATE_RACKS]:
-        if _need(rack, nodes) == 0:
+        if _need(rack, nodes, borrow) == 0:
             return rack, [], 0.0
         if any(not work.allocations[j].job.preemptible for n in rack.nodes for j in n.jobs):
             if nodes < 0:
                 continue
-        trial = _clear(work, rack, nodes, targeted, restart_minutes)
+        trial = _clear(work, rack, nodes, targeted, restart_minutes, borrow)
         _undo(work, trial[0] if trial else [])
         if trial is None:
             continue
@@ -200,8 +206,15 @@ def _best_rack(work: Fleet, nodes: int, gpn: int, targeted: set[str],
     return best
 
 
+def _freeable(work: Fleet, rack: Rack) -> int:
+    """Busy healthy nodes of the rack whose jobs are all preemptible (an upper bound on
+    what moves can free there)."""
+    return sum(1 for n in rack.nodes if n.jobs and n.health == "healthy" and all(
+        work.allocations[j].job.preemptible for j in n.jobs))
+
+
 def _clear(work: Fleet, rack: Rack, nodes: int, targeted: set[str],
-           restart_minutes: float) -> tuple[list[Move], float] | None:
+           restart_minutes: float, borrow: bool) -> tuple[list[Move], float] | None:
     """Move occupants out of ``rack`` (cheapest per node freed first) until it has room.
 
     The moves are applied to ``work``; on failure they are undone and None returned.
@@ -217,16 +230,19 @@ def _clear(work: Fleet, rack: Rack, nodes: int, targeted: set[str],
     cost = 0.0
     avoid = targeted | {rack.id}
     for jid in sorted(occupants, key=lambda j: (occupants[j], j)):
-        if _need(rack, nodes) == 0:
+        if _need(rack, nodes, borrow) == 0:
             break
         alloc = work.allocations[jid]
         if not alloc.job.preemptible:
             continue
         work.release(jid)
-        # The moved job keeps its locality: fewest racks, never a new span.
-        plan = place(work, _local(alloc.job), exclude=avoid)
+        # The moved job's locality never gets worse: a rack-local job stays rack-local
+        # (fewest racks), a job already spread over k racks lands on at most k.
+        spread = len(work.racks_of(alloc))
+        plan = place(work, _local(alloc.job) if spread == 1 else alloc.job, exclude=avoid)
         # Nothing may land in a rack being cleared (not even on a partly used node).
-        if not plan.placed or any(r in avoid for r in plan.racks):
+        if (not plan.placed or any(r in avoid for r in plan.racks)
+                or len(plan.racks) > spread):
             work.allocate(alloc)
             _undo(work, moves)
             return None
@@ -237,7 +253,7 @@ def _clear(work: Fleet, rack: Rack, nodes: int, targeted: set[str],
                           f"move out of {rack.id}: {plan.reason}"))
         moves[-1].__dict__["_old"] = alloc
         cost += c
-    if _need(rack, nodes) > 0:
+    if _need(rack, nodes, borrow) > 0:
         _undo(work, moves)
         return None
     return moves, cost

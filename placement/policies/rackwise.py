@@ -124,6 +124,7 @@ def _many_racks(fleet: Fleet, job: JobRequest, racks: list[Rack], n: int, ctx: C
     spread_ok = job.locality != REQUIRED and may_span(job, ctx)
     k_limit = len(racks) if spread_ok else max(k_min, k_start)
     pos = {r.id: i for i, r in enumerate(racks)}
+    desc: list[tuple[int, int, Rack]] | None = None  # offers, largest first (lazy)
     for k in range(max(1, k_start), min(k_limit, n) + 1):
         sizes = _split(n, k, seg)
         if max(sizes) > size:
@@ -133,7 +134,11 @@ def _many_racks(fleet: Fleet, job: JobRequest, racks: list[Rack], n: int, ctx: C
         if picks is None and not seg and k > 1:
             # Equal segments do not fit now; unequal ones over the same number of racks
             # cost nothing more in rack count, and beat waiting.
-            picks = _unequal(racks, n, k, ctx, pos, job.preemptible, size)
+            if desc is None:
+                desc = sorted(((_offer(r, ctx, may_borrow(r, min(n, size), job.preemptible)),
+                                pos[r.id], r) for r in racks if r.free),
+                              key=lambda x: (-x[0], x[1]))
+            picks = _unequal(desc[:k], n, k)
             note = f" (no {k} racks hold {'+'.join(map(str, sizes))}, so unequal)"
         if picks is not None:
             n_racks = len({r.id for r, _ in picks})
@@ -192,11 +197,9 @@ def _assign(racks: list[Rack], sizes: list[int], ctx: Context, pos: dict[str, in
     return picks
 
 
-def _unequal(racks: list[Rack], n: int, k: int, ctx: Context, pos: dict[str, int],
-             preemptible: bool, size: int) -> list[tuple[Rack, list[int]]] | None:
+def _unequal(offers: list[tuple[int, int, Rack]], n: int, k: int
+             ) -> list[tuple[Rack, list[int]]] | None:
     """The ``k`` racks with the largest offers, filled as evenly as they allow."""
-    offers = sorted(((_offer(r, ctx, may_borrow(r, min(n, size), preemptible)), pos[r.id], r)
-                     for r in racks if len(r.free) > 0), key=lambda x: (-x[0], x[1]))[:k]
     if len(offers) < k or sum(o for o, _, _ in offers) < n:
         return None
     # Water-fill: the smallest racks take what they can, the rest share evenly.
@@ -208,10 +211,6 @@ def _unequal(racks: list[Rack], n: int, k: int, ctx: Context, pos: dict[str, int
     if left > 0:
         return None
     return [(r, sorted(r.free)[:t]) for (_, _, r), t in zip(offers, take, strict=True) if t]
-
-
-def sz_over_slice(rack: Rack, sizes: list[int]) -> bool:
-    return max(sizes) > rack.size - rack.spare_nodes
 
 
 def _small(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) -> PlacementPlan:
