@@ -108,7 +108,12 @@ def defragment(
                           free_racks_after=racks_before,
                           jobs_made_placeable=[])
     met = 0
+    failed_goals: set[tuple[object, ...]] = set()  # an identical goal failed already
     for name, segs, borrow in goals:
+        sig = (tuple(segs), borrow)
+        if sig in failed_goals:
+            reasons.append(f"{name}: same shape as a goal that could not be met")
+            continue
         goal_moves: list[Move] = []
         goal_cost = 0.0
         ok = True
@@ -134,6 +139,7 @@ def defragment(
             met += 1
             reasons.append(f"{name}: {len(goal_moves)} move(s), {goal_cost:.2f} GPU-h")
         else:
+            failed_goals.add(sig)
             _undo(work, goal_moves)
             for m in goal_moves:
                 targeted.discard(fleet.nodes[m.from_nodes[0]].rack)
