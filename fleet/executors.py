@@ -23,7 +23,7 @@ from typing import Protocol
 from django.conf import settings
 from django.utils import timezone
 
-from fleet import signing
+from fleet import events, signing
 from fleet.models import Action, Job
 from fleet.services.actions import StepFailed
 from fleet.services.dispatch import after_commit
@@ -74,6 +74,7 @@ class SimulatedExecutor:
             Action.objects.filter(pk=action.pk, step_index=index).update(
                 progress=(index + done) / total, step_started_at=timezone.now()
             )
+            events.actions_changed([action.pk])
         if self.failure_rate and self.rng.random() < self.failure_rate:
             raise StepFailed(f"simulated failure injected in {step['op']}")
         return DONE

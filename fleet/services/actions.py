@@ -29,7 +29,7 @@ from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
-from fleet import engine
+from fleet import engine, events
 from fleet.choices import (
     HOLDING_JOB_STATES,
     OPEN_ACTION_STATES,
@@ -143,6 +143,7 @@ def propose_many(proposals: list[Proposal], *, actor=None, version: int | None =
         for a in actions:
             if a.state != ActionState.PROPOSED:
                 dispatch.execute_soon(a.pk)
+        events.actions_changed(a.pk for a in actions)
     return actions
 
 
@@ -170,6 +171,7 @@ def approve(actor, action_id: int, note: str = "") -> Action:
         if changed != 1:
             raise Conflict(f"action #{action_id} is {action.state}; only a proposed action can be approved")
         audit.record(actor, "action.approve", action, before={"state": ActionState.PROPOSED}, after=_snapshot(action), message=note)
+        events.actions_changed([action.pk])
         dispatch.execute_soon(action.pk)
     return action
 
@@ -191,6 +193,7 @@ def reject(actor, action_id: int, note: str = "") -> Action:
         if changed != 1:
             raise Conflict(f"action #{action_id} is {action.state}; only a proposed action can be rejected")
         audit.record(actor, "action.reject", action, before={"state": ActionState.PROPOSED}, after=_snapshot(action), message=note)
+        events.actions_changed([action.pk])
         if action.kind in (ActionKind.PREEMPTION, ActionKind.MIGRATION):
             for job in action.jobs.filter(state=JobState.RECOVERING):
                 job_services.requeue_job(actor, job.pk, reason=f"recovery #{action.pk} rejected; requeued")
@@ -212,6 +215,7 @@ def cancel(actor, action_id: int, note: str = "") -> Action:
         action.log = [*action.log, {"at": timezone.now().isoformat(), "message": f"cancelled by {audit.actor_name(actor)}"}]
         action.save(update_fields=["state", "decision_note", "finished_at", "log", "updated_at"])
         audit.record(actor, "action.cancel", action, before=before, after=_snapshot(action), message=note)
+        events.actions_changed([action.pk])
         _settle_jobs(action, actor)
     return action
 
@@ -395,6 +399,7 @@ def execute_next_step(action_id: int, executor=None) -> StepResult:
             return StepResult(False, "claimed elsewhere")
         action.refresh_from_db()
         audit.record(None, "action.execute", action, before={"state": ActionState.APPROVED}, after=_snapshot(action))
+        events.actions_changed([action.pk])
     if action.state != ActionState.EXECUTING:
         return StepResult(False, action.state)
     steps = action.steps
@@ -422,6 +427,7 @@ def execute_next_step(action_id: int, executor=None) -> StepResult:
             locked.log = [*locked.log, _log_entry(index, step, "done")]
             locked.save(update_fields=["step_index", "progress", "step_started_at", "log", "updated_at"])
             audit.record(None, "action.step", locked, after={"step": index, "op": step["op"]}, message=describe_step(step))
+            events.actions_changed([locked.pk])
     except ServiceError as exc:
         _fail(action.pk, index, step, str(exc))
         return StepResult(False, "failed")
@@ -440,6 +446,7 @@ def _finish(action_id: int) -> None:
         if changed:
             action = Action.objects.get(pk=action_id)
             audit.record(None, "action.succeeded", action, after=_snapshot(action))
+            events.actions_changed([action.pk])
             if action.kind not in (ActionKind.PLACEMENT, ActionKind.PLACEMENT_SPILL):
                 # Recoveries, moves and drains change what is free; placements don't.
                 dispatch.schedule_soon()
@@ -456,6 +463,7 @@ def _fail(action_id: int, index: int, step: dict, error: str) -> None:
         action.finished_at = timezone.now()
         action.save(update_fields=["log", "state", "error", "finished_at", "updated_at"])
         audit.record(None, "action.failed", action, after=_snapshot(action), message=action.error)
+        events.actions_changed([action.pk])
         _settle_jobs(action, None)
     log.warning("action #%s failed: %s", action_id, error)
 
@@ -470,6 +478,7 @@ def _expire(action: Action, problems: list[str]) -> None:
             return
         action.refresh_from_db()
         audit.record(None, "action.expire", action, after=_snapshot(action), message=action.error[:500])
+        events.actions_changed([action.pk])
         _settle_jobs(action, None)
         if action.kind == ActionKind.DEFRAG:
             dispatch.after_commit("fleet.tasks.plan_defrag")

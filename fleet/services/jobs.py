@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
+from fleet import events
 from fleet.choices import (
     FINISHED_JOB_STATES,
     HOLDING_JOB_STATES,
@@ -86,6 +87,7 @@ def submit_job(actor, spec: JobSpec) -> Job:
             expected_duration_s=spec.expected_duration_s,
         )
         audit.record(actor, "job.submit", job, after=job_snapshot(job) | {"num_gpus": job.num_gpus})
+        events.jobs_changed([job.pk])
         dispatch.schedule_soon()
     return job
 
@@ -122,6 +124,7 @@ def cancel_job(actor, job_id: int) -> Job:
         job.finished_at = timezone.now()
         job.save(update_fields=["state", "state_reason", "finished_at"])
         audit.record(actor, "job.cancel", job, before=before, after=job_snapshot(job))
+        events.jobs_changed([job.pk])
         bump_versions(racks)
         if racks:
             dispatch.schedule_soon()
@@ -217,6 +220,7 @@ def place_jobs(actor, decisions: list[PlacementDecision]) -> tuple[list[Job], di
             "job.place",
             [(job, {"state": JobState.PENDING}, job_snapshot(job), d.reason) for d, job, _ in accepted],
         )
+        events.jobs_changed(j.pk for j in placed)
         bump_versions({g.node.rack_id for _, _, chosen in accepted for g in chosen})
     return placed, refused
 
@@ -256,6 +260,7 @@ def start_job(actor, job_id: int) -> Job:
         job.attempt += 1
         job.save(update_fields=["state", "state_reason", "started_at", "attempt"])
         audit.record(actor, "job.start", job, before=before, after=job_snapshot(job) | {"attempt": job.attempt})
+        events.jobs_changed([job.pk])
     return job
 
 
@@ -306,6 +311,7 @@ def swap_job_nodes(actor, job_id: int, swaps: Mapping[int, int], *, reason: str)
             after=job_snapshot(job) | {"nodes": [hosts[n] for n in swaps.values()]},
             message=reason,
         )
+        events.jobs_changed([job.pk])
         bump_versions(rack_ids)
     return job
 
@@ -323,6 +329,7 @@ def requeue_job(actor, job_id: int, *, reason: str, action: str = "job.requeue")
         job.state_reason = reason
         job.save(update_fields=["state", "state_reason"])
         audit.record(actor, action, job, before=before, after=job_snapshot(job), message=reason)
+        events.jobs_changed([job.pk])
         bump_versions(racks)
         dispatch.schedule_soon()
     return job
@@ -341,6 +348,7 @@ def finish_job(actor, job_id: int, *, succeeded: bool, reason: str = "") -> Job:
         job.finished_at = timezone.now()
         job.save(update_fields=["state", "state_reason", "finished_at"])
         audit.record(actor, "job.finish", job, before=before, after=job_snapshot(job), message=reason)
+        events.jobs_changed([job.pk])
         bump_versions(racks)
         dispatch.schedule_soon()
     return job

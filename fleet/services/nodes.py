@@ -13,6 +13,7 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
+from fleet import events
 from fleet.choices import HOLDING_JOB_STATES, GpuHealth, JobState, NodeState
 from fleet.models import GPU, Allocation, Job, Node
 from fleet.services import audit, dispatch
@@ -123,6 +124,7 @@ def mark_node_failed(actor, node_id: int, reason: str = "") -> Node:
                 before=before,
                 after={"state": job.state, "state_reason": job.state_reason},
             )
+            events.jobs_changed([job.pk])
             dispatch.recover_soon(job.pk)
         bump_versions([node.rack_id])
     return node

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 
 from django.db.models import F
 
+from fleet import events
 from fleet.models import Rack
 
 
@@ -15,3 +16,4 @@ def bump_versions(rack_ids: Iterable[int]) -> None:
     ids = sorted(set(rack_ids))
     if ids:
         Rack.objects.filter(id__in=ids).update(version=F("version") + 1)
+        events.racks_changed(ids)

@@ -1,0 +1,132 @@
+"""Live events for the console, sent to the channel layer after commit.
+
+Every rack carries a version (bumped in the same transaction as the change); a
+rack event carries the rack's whole cell state at that version, so a client that
+missed a message loses nothing by applying a later one, and one that sees a gap
+or reconnects re-fetches the snapshot over REST. Group messages can be dropped:
+nothing here is the only copy of anything.
+
+Message shapes (``type`` is the event kind):
+
+* ``rack``: ``{"rack": id, "name", "version", "nodes": [[node_id, slot, hostname, state, [[health, job_id|null], ...]], ...], "jobs": {job_id: {"name", "tenant", "state"}}}``
+* ``job``: ``{"job": {"id", "name", "tenant", "state", "state_reason", "num_gpus"}}``
+* ``action``: ``{"action": {"id", "kind", "state", "title", "progress", "step_index", "steps", "error"}}``
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import transaction
+from django.db.models import Prefetch
+
+log = logging.getLogger(__name__)
+
+GROUP = "fleet"
+
+
+def _send(event: dict) -> None:
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        async_to_sync(layer.group_send)(GROUP, {"type": "fleet.event", "event": event})
+    except Exception:  # the console re-fetches on reconnect; never fail the writer
+        log.warning("could not publish %s event", event.get("type"), exc_info=True)
+
+
+def rack_state(rack_ids: Iterable[int]) -> list[dict]:
+    """The cell state of each rack, as sent in ``rack`` events and served by the
+    console snapshot."""
+    from fleet.models import Allocation, Job, Node, Rack
+
+    ids = sorted(set(rack_ids))
+    nodes = Node.objects.filter(rack_id__in=ids).order_by("slot").prefetch_related("gpus")
+    racks = Rack.objects.filter(pk__in=ids).prefetch_related(Prefetch("nodes", queryset=nodes))
+    holder = dict(
+        Allocation.objects.filter(released_at__isnull=True, gpu__node__rack_id__in=ids).values_list("gpu_id", "job_id")
+    )
+    jobs = {
+        j.pk: {"name": j.name, "tenant": j.tenant.name, "state": j.state, "tenant_id": j.tenant_id}
+        for j in Job.objects.select_related("tenant").filter(pk__in=set(holder.values()))
+    }
+    out = []
+    for rack in racks:
+        out.append(
+            {
+                "type": "rack",
+                "rack": rack.pk,
+                "name": rack.name,
+                "version": rack.version,
+                "spare_nodes": rack.spare_nodes,
+                "nodes": [
+                    [n.pk, n.slot, n.hostname, n.state, [[g.health, holder.get(g.pk)] for g in sorted(n.gpus.all(), key=lambda g: g.index)]]
+                    for n in rack.nodes.all()
+                ],
+                "jobs": {str(k): v for k, v in jobs.items() if k in set(holder.values())},
+            }
+        )
+    return out
+
+
+def racks_changed(rack_ids: Iterable[int]) -> None:
+    ids = set(rack_ids)
+    if ids:
+        transaction.on_commit(lambda: [_send(event) for event in rack_state(ids)])
+
+
+def job_state(job) -> dict:
+    return {
+        "id": job.pk,
+        "name": job.name,
+        "tenant": job.tenant.name,
+        "tenant_id": job.tenant_id,
+        "state": job.state,
+        "state_reason": job.state_reason,
+        "num_gpus": job.num_gpus,
+        "num_nodes": job.num_nodes,
+    }
+
+
+def jobs_changed(job_ids: Iterable[int]) -> None:
+    ids = set(job_ids)
+    if not ids:
+        return
+
+    def publish() -> None:
+        from fleet.models import Job
+
+        for job in Job.objects.select_related("tenant").filter(pk__in=ids):
+            _send({"type": "job", "job": job_state(job)})
+
+    transaction.on_commit(publish)
+
+
+def action_state(action) -> dict:
+    return {
+        "id": action.pk,
+        "kind": action.kind,
+        "state": action.state,
+        "title": action.title,
+        "progress": round(action.progress, 4),
+        "step_index": action.step_index,
+        "steps": len(action.steps),
+        "error": action.error,
+    }
+
+
+def actions_changed(action_ids: Iterable[int]) -> None:
+    ids = set(action_ids)
+    if not ids:
+        return
+
+    def publish() -> None:
+        from fleet.models import Action
+
+        for action in Action.objects.filter(pk__in=ids):
+            _send({"type": "action", "action": action_state(action)})
+
+    transaction.on_commit(publish)
