@@ -69,9 +69,21 @@ def test_every_policy_keeps_the_invariants(fleet: Fleet, spec: list, policy: str
 
 
 @SETTINGS
-@given(fleets(), jobs_st, st.sampled_from(["rackwise", "slurm-block", "kueue-tas"]))
-def test_a_queue_pass_keeps_the_invariants(fleet: Fleet, spec: list, policy: str) -> None:  # type: ignore[type-arg]
-    plan = schedule(fleet, _jobs(spec), policy, now=100.0, apply=True)
+@given(fleets(), jobs_st, jobs_st, st.sampled_from(["rackwise", "slurm-block", "kueue-tas"]),
+       st.sampled_from([0.0, 6 * 3600.0]))
+def test_a_queue_pass_keeps_the_invariants(fleet: Fleet, running: list, spec: list,  # type: ignore[type-arg]
+                                           policy: str, reserve_after: float) -> None:
+    # Some jobs already run, with known ends, so look-ahead reservations have data.
+    _fill(fleet, _jobs(running), "rackwise", 3)
+    for i, alloc in enumerate(fleet.allocations.values()):
+        alloc.expected_end = 100.0 + 600.0 * i
+    pending = [JobRequest(f"q{j.id}", num_gpus=j.num_gpus, locality=j.locality,
+                          segment_nodes=j.segment_nodes, priority=j.priority,
+                          preemptible=j.preemptible, submit_time=j.submit_time,
+                          expected_duration=j.expected_duration * (1 + i % 3))
+               for i, j in enumerate(_jobs(spec))]
+    plan = schedule(fleet, pending, policy, now=100.0, apply=True,
+                    reserve_after_s=reserve_after)
     assert validate(fleet) == []
     assert len(plan.placements) + len(plan.waiting) == len(spec)
 
