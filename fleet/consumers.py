@@ -6,12 +6,10 @@ only as ids, as in the REST API."""
 
 from __future__ import annotations
 
-import copy
-
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from fleet.events import GROUP
+from fleet.events import GROUP, visible_to
 from fleet.permissions import role_of, sees_all_tenants
 
 # Close codes the page understands: log in again / you have no role.
@@ -55,13 +53,4 @@ class FleetConsumer(AsyncJsonWebsocketConsumer):
         await self.send_json(self._visible(message["event"]))
 
     def _visible(self, event: dict) -> dict:
-        if self.all_tenants:
-            return event
-        event = copy.deepcopy(event)
-        if event["type"] == "rack":
-            for job in event["jobs"].values():
-                if job["tenant_id"] not in self.tenant_ids:
-                    job["name"] = job["tenant"] = None
-        elif event["type"] == "job" and event["job"]["tenant_id"] not in self.tenant_ids:
-            event["job"] = {"id": event["job"]["id"], "state": event["job"]["state"], "name": None, "tenant": None}
-        return event
+        return visible_to(event, None if self.all_tenants else self.tenant_ids)

@@ -15,6 +15,7 @@ Message shapes (``type`` is the event kind):
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Iterable
 
@@ -70,6 +71,22 @@ def rack_state(rack_ids: Iterable[int]) -> list[dict]:
             }
         )
     return out
+
+
+def visible_to(event: dict, tenant_ids: set[int] | None) -> dict:
+    """The event as a user sees it: ``tenant_ids`` None sees every tenant; else a
+    job of another tenant shows only its id and state (as in the REST API). Used
+    by the live feed and the console's REST snapshot alike."""
+    if tenant_ids is None:
+        return event
+    event = copy.deepcopy(event)
+    if event["type"] == "rack":
+        for job in event["jobs"].values():
+            if job["tenant_id"] not in tenant_ids:
+                job["name"] = job["tenant"] = None
+    elif event["type"] == "job" and event["job"]["tenant_id"] not in tenant_ids:
+        event["job"] = {"id": event["job"]["id"], "state": event["job"]["state"], "name": None, "tenant": None}
+    return event
 
 
 def racks_changed(rack_ids: Iterable[int]) -> None:

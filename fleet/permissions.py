@@ -5,7 +5,7 @@ here."""
 from __future__ import annotations
 
 from django.contrib.auth.models import AnonymousUser
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 
 from fleet.choices import Role
@@ -46,6 +46,17 @@ def visible_jobs(user, queryset: QuerySet) -> QuerySet:
     if role_of(user) is None:
         return queryset.none()
     return queryset.filter(tenant__members=user)
+
+
+def visible_audit_events(user, queryset: QuerySet) -> QuerySet:
+    """Viewers and operators read the whole audit log; a submitter its own
+    actions and its tenants' jobs' records."""
+    if sees_all_tenants(user):
+        return queryset
+    from fleet.models import Job
+
+    job_ids = [str(pk) for pk in visible_jobs(user, Job.objects.all()).values_list("id", flat=True)]
+    return queryset.filter(Q(actor=user) | Q(object_type="job", object_id__in=job_ids))
 
 
 def may_cancel(user, job) -> bool:

@@ -11,6 +11,7 @@ DEFAULT_SCHEDULES: dict[str, tuple[str, int]] = {
     "detect failed nodes": ("fleet.tasks.detect_failures", 15),
     "defrag plan (hourly)": ("fleet.tasks.plan_defrag", 3600),
     "defrag thresholds": ("fleet.tasks.defrag_watch", 60),
+    "fleet sample (console chart)": ("fleet.tasks.sample_fleet", 60),
     "demo workload": ("fleet.tasks.demo_tick", 5),
 }
 

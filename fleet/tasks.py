@@ -187,6 +187,15 @@ def demo_tick() -> str:
     return tick()
 
 
+@shared_task(name="fleet.tasks.sample_fleet", **TASK_OPTIONS)
+def sample_fleet() -> str:
+    """One point of the console's utilization and fragmentation chart."""
+    from fleet.services.metrics import record_sample
+
+    sample = record_sample()
+    return f"sampled: {sample}"
+
+
 __all__ = [
     "defrag_watch",
     "demo_tick",
@@ -195,6 +204,7 @@ __all__ = [
     "plan_defrag",
     "reconcile",
     "recover_job",
+    "sample_fleet",
     "schedule_pending",
     "simulated_job_end",
 ]

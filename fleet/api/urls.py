@@ -2,7 +2,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
-from fleet.api import actions, agent, views
+from fleet.api import actions, agent, console, views
 
 router = DefaultRouter()
 router.register("jobs", views.JobViewSet, basename="job")
@@ -15,6 +15,8 @@ urlpatterns = [
     path("", include(router.urls)),
     path("fleet/summary/", views.FleetSummaryView.as_view(), name="fleet-summary"),
     path("fleet/fragmentation/", views.FragmentationView.as_view(), name="fleet-fragmentation"),
+    path("console/racks/", console.ConsoleRacksView.as_view(), name="console-racks"),
+    path("console/samples/", console.FleetSamplesView.as_view(), name="console-samples"),
     path("approval-policy/", actions.ApprovalPolicyView.as_view(), name="approval-policy"),
     path("actions/<int:pk>/callback/", actions.ActionCallbackView.as_view(), name="action-callback"),
     path("nodes/<int:pk>/heartbeat/", agent.NodeHeartbeatView.as_view(), name="node-heartbeat"),

@@ -14,7 +14,7 @@ from fleet.api import serializers as s
 from fleet.choices import Role
 from fleet.filtersets import AuditEventFilterSet, JobFilterSet, NodeFilterSet, RackFilterSet
 from fleet.models import GPU, Allocation, AuditEvent, Job, Node, Rack
-from fleet.permissions import may_cancel, role_of, sees_all_tenants, visible_jobs
+from fleet.permissions import may_cancel, role_of, sees_all_tenants, visible_audit_events, visible_jobs
 from fleet.services import jobs as job_services
 from fleet.services import nodes as node_services
 from fleet.services.defrag import fragmentation_report
@@ -170,11 +170,9 @@ class AuditEventViewSet(viewsets.ReadOnlyModelViewSet):
 
     def get_queryset(self):
         qs = AuditEvent.objects.all()
-        user = self.request.user
-        if getattr(self, "swagger_fake_view", False) or sees_all_tenants(user):
+        if getattr(self, "swagger_fake_view", False):
             return qs
-        job_ids = [str(pk) for pk in visible_jobs(user, Job.objects.all()).values_list("id", flat=True)]
-        return qs.filter(Q(actor=user) | Q(object_type="job", object_id__in=job_ids))
+        return visible_audit_events(self.request.user, qs)
 
 
 class FleetSummaryView(APIView):

@@ -1,6 +1,7 @@
 from fleet.models.actions import Action, AgentToken, ApprovalPolicy
 from fleet.models.audit import AuditEvent
 from fleet.models.jobs import Allocation, Job, Tenant
+from fleet.models.metrics import FleetSample
 from fleet.models.racks import GPU, Node, Rack
 
 __all__ = [
@@ -10,6 +11,7 @@ __all__ = [
     "Allocation",
     "ApprovalPolicy",
     "AuditEvent",
+    "FleetSample",
     "Job",
     "Node",
     "Rack",

@@ -157,21 +157,28 @@ def open_action_job_ids() -> set[int]:
 # --- operator decisions ------------------------------------------------------------
 
 
-def approve(actor, action_id: int, note: str = "") -> Action:
+def _decide(actor, action_id: int, to_state: str, verb: str, note: str, **extra) -> Action:
+    """proposed -> approved|rejected by compare-and-set, audited and announced."""
     _require_operator(actor)
+    changed = Action.objects.filter(pk=action_id, state=ActionState.PROPOSED).update(
+        state=to_state,
+        decided_by=actor,
+        decided_by_name=audit.actor_name(actor),
+        decided_at=timezone.now(),
+        decision_note=note[:500],
+        **extra,
+    )
+    action = Action.objects.get(pk=action_id)
+    if changed != 1:
+        raise Conflict(f"action #{action_id} is {action.state}; only a proposed action can be {to_state}")
+    audit.record(actor, f"action.{verb}", action, before={"state": ActionState.PROPOSED}, after=_snapshot(action), message=note)
+    events.actions_changed([action.pk])
+    return action
+
+
+def approve(actor, action_id: int, note: str = "") -> Action:
     with transaction.atomic():
-        changed = Action.objects.filter(pk=action_id, state=ActionState.PROPOSED).update(
-            state=ActionState.APPROVED,
-            decided_by=actor,
-            decided_by_name=audit.actor_name(actor),
-            decided_at=timezone.now(),
-            decision_note=note[:500],
-        )
-        action = Action.objects.get(pk=action_id)
-        if changed != 1:
-            raise Conflict(f"action #{action_id} is {action.state}; only a proposed action can be approved")
-        audit.record(actor, "action.approve", action, before={"state": ActionState.PROPOSED}, after=_snapshot(action), message=note)
-        events.actions_changed([action.pk])
+        action = _decide(actor, action_id, ActionState.APPROVED, "approve", note)
         dispatch.execute_soon(action.pk)
     return action
 
@@ -179,21 +186,8 @@ def approve(actor, action_id: int, note: str = "") -> Action:
 def reject(actor, action_id: int, note: str = "") -> Action:
     """Refuse a proposed action. A refused preemption or migration leaves the job
     with no way to recover in place, so it goes back to the queue."""
-    _require_operator(actor)
     with transaction.atomic():
-        changed = Action.objects.filter(pk=action_id, state=ActionState.PROPOSED).update(
-            state=ActionState.REJECTED,
-            decided_by=actor,
-            decided_by_name=audit.actor_name(actor),
-            decided_at=timezone.now(),
-            decision_note=note[:500],
-            finished_at=timezone.now(),
-        )
-        action = Action.objects.get(pk=action_id)
-        if changed != 1:
-            raise Conflict(f"action #{action_id} is {action.state}; only a proposed action can be rejected")
-        audit.record(actor, "action.reject", action, before={"state": ActionState.PROPOSED}, after=_snapshot(action), message=note)
-        events.actions_changed([action.pk])
+        action = _decide(actor, action_id, ActionState.REJECTED, "reject", note, finished_at=timezone.now())
         if action.kind in (ActionKind.PREEMPTION, ActionKind.MIGRATION):
             for job in action.jobs.filter(state=JobState.RECOVERING):
                 job_services.requeue_job(actor, job.pk, reason=f"recovery #{action.pk} rejected; requeued")

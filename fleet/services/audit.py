@@ -34,28 +34,17 @@ def record(
     after: dict[str, Any] | None = None,
     message: str = "",
 ) -> AuditEvent:
-    return AuditEvent.objects.create(
-        actor=actor if actor is not None and actor.pk else None,
-        actor_name=actor_name(actor),
-        action=action,
-        object_type=obj._meta.model_name or obj.__class__.__name__.lower(),
-        object_id=str(obj.pk),
-        object_repr=str(obj)[:200],
-        message=message[:500],
-        before=before,
-        after=after,
-        request_id=current_request_id.get(),
-    )
+    return record_many(actor, action, [(obj, before, after, message)])[0]
 
 
 def record_many(
     actor: Actor,
     action: str,
     entries: list[tuple[models.Model, dict[str, Any] | None, dict[str, Any] | None, str]],
-) -> None:
+) -> list[AuditEvent]:
     """Audit many objects at once (one insert): ``(obj, before, after, message)``."""
     request_id = current_request_id.get()
-    AuditEvent.objects.bulk_create(
+    return AuditEvent.objects.bulk_create(
         AuditEvent(
             actor=actor if actor is not None and actor.pk else None,
             actor_name=actor_name(actor),
