@@ -65,6 +65,38 @@ def validate(
     return out
 
 
+def validate_indexes(fleet: Fleet) -> list[Violation]:
+    """Check the Fleet's incremental indexes against a recount from the nodes
+    (idle sets, lent-node counts, the partly-used-node index, GPU masks)."""
+    out: list[Violation] = []
+    for rack in fleet.racks:
+        idle = {n.index for n in rack.nodes if n.health == "healthy" and not n.jobs}
+        if rack.free != idle:
+            out.append(Violation("-", "index", f"{rack.id}: idle set {sorted(rack.free)} "
+                                               f"!= {sorted(idle)}"))
+        lent = sum(1 for n in rack.nodes if n.jobs and all(
+            fleet.allocations[j].job.preemptible
+            or fleet.allocations[j].job.is_small(n.gpus) for j in n.jobs))
+        if rack.lent_nodes != lent:
+            out.append(Violation("-", "index", f"{rack.id}: lent {rack.lent_nodes} != {lent}"))
+    for node in fleet.nodes.values():
+        mask = 0
+        for jid, m in node.jobs.items():
+            alloc = fleet.allocations.get(jid)
+            if alloc is None or node.id not in alloc.nodes:
+                out.append(Violation(jid, "index", f"{node.id} lists a job not on it"))
+            mask |= m
+        if mask != node.used:
+            out.append(Violation("-", "index", f"{node.id}: used mask out of date"))
+        free = node.gpus - node.used.bit_count()
+        want = free if node.health == "healthy" and node.used and free else 0
+        listed = [f for f, ids in fleet.partial.items() if node.id in ids]
+        if listed != ([want] if want else []):
+            out.append(Violation("-", "index", f"{node.id}: partial index {listed}, "
+                                               f"expected {want}"))
+    return out
+
+
 def validate_recovery(fleet: Fleet, plan: RecoveryPlan) -> list[Violation]:
     """Check the fleet as it would be after applying a recovery plan."""
     from placement.recover import apply_recovery

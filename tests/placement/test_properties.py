@@ -13,7 +13,7 @@ from placement.fragmentation import fragmentation
 from placement.model import Allocation, Fleet, JobRequest
 from placement.place import place, schedule
 from placement.recover import apply_recovery, recover
-from placement.validate import validate
+from placement.validate import validate, validate_indexes
 
 SETTINGS = settings(max_examples=60, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
@@ -149,3 +149,22 @@ def test_fragmentation_is_between_nothing_and_all_free_gpus(fleet: Fleet, spec: 
     assert 0 <= report.fragmented_gpus <= report.free_gpus + 1e-9
     assert report.free_gpus == fleet.free_gpus()
     assert report.largest_job_gpus <= report.free_gpus
+
+
+@SETTINGS
+@given(fleets(), jobs_st, st.data())
+def test_the_fleet_indexes_stay_right_through_any_mutation(fleet: Fleet, spec: list,  # type: ignore[type-arg]
+                                                           data: st.DataObject) -> None:
+    _fill(fleet, _jobs(spec), "rackwise", 4)
+    assert validate_indexes(fleet) == []
+    for _ in range(data.draw(st.integers(0, 12))):
+        action = data.draw(st.sampled_from(["release", "health", "copy"]))
+        if action == "release" and fleet.allocations:
+            fleet.release(data.draw(st.sampled_from(sorted(fleet.allocations))))
+        elif action == "health":
+            nid = data.draw(st.sampled_from(sorted(fleet.nodes)))
+            fleet.set_health(nid, data.draw(st.sampled_from(["healthy", "failed",
+                                                             "draining"])))
+        else:
+            fleet = fleet.copy()
+        assert validate_indexes(fleet) == []
