@@ -180,10 +180,17 @@ class Allocation:
     def to_dict(self) -> dict[str, Any]:
         return {
             "job_id": self.job.id,
+            "job": self.job.to_dict(),
             "nodes": {k: list(v) for k, v in self.nodes.items()},
             "segments": [list(s) for s in self.segments],
             "expected_end": self.expected_end,
         }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Allocation:
+        return cls(JobRequest(**data["job"]),
+                   {k: tuple(v) for k, v in data["nodes"].items()},
+                   [list(s) for s in data.get("segments", [])], data.get("expected_end"))
 
 
 class CapacityError(ValueError):
@@ -381,6 +388,21 @@ class Fleet:
         node.health = health
         self._node_changed(node, before)
         return list(node.jobs)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Fleet:
+        """Rebuild a fleet from :meth:`to_dict` output (JSON round trip)."""
+        racks = [
+            Rack(r["id"], [Node(n["id"], r["id"], n["index"], n["gpus"],
+                                n.get("health", HEALTHY)) for n in r["nodes"]],
+                 spare_nodes=r.get("spare_nodes", 2))
+            for r in data["racks"]
+        ]
+        fleet = cls(racks)
+        for a in data.get("allocations", []):
+            # restore: a job may still sit on a node that failed (awaiting recovery).
+            fleet.allocate(Allocation.from_dict(a), restore=True)
+        return fleet
 
     def to_dict(self) -> dict[str, Any]:
         return {

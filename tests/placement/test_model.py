@@ -68,3 +68,17 @@ def test_a_job_needs_num_gpus_or_a_node_shape() -> None:
         JobRequest("x", num_nodes=2)
     assert JobRequest("x", num_nodes=3, gpus_per_node=4).total_gpus == 12
     assert JobRequest("y", num_gpus=9).nodes_needed(4) == 3
+
+
+def test_a_fleet_survives_a_json_round_trip() -> None:
+    import json
+
+    fleet = Fleet.from_shapes([(2, 18, 4, 2), (1, 1, 8, 0)])
+    occupy(fleet, "a", 0, [0, 1, 2], priority=3, preemptible=False)
+    fleet.allocate(Allocation(JobRequest("s", num_gpus=2), {"r001-n04": (1, 2)}))
+    fleet.set_health("r000-n01", "failed")  # "a" still sits there, awaiting recovery
+    data = json.loads(json.dumps(fleet.to_dict()))
+    back = Fleet.from_dict(data)
+    assert back.to_dict() == fleet.to_dict()
+    assert back.allocations["a"].job.priority == 3
+    assert back.racks[0].free_count == fleet.racks[0].free_count
