@@ -53,6 +53,7 @@ def defragment(
     max_moves: int | None = None,
     restart_minutes: float = DEFAULT_RESTART_MINUTES,
     shapes: Mapping[int, float] | Sequence[JobRequest] | None = None,
+    now: float | None = None,
 ) -> DefragPlan:
     """Plan moves of preemptible jobs that make ``target`` (or the pending jobs) fit.
 
@@ -65,6 +66,8 @@ def defragment(
     3. Goals are served in queue order while the budget (GPU-hours, moves) lasts.
     4. The plan reports cost, the jobs it makes placeable, and fragmentation and whole
        free racks before and after. The fleet itself is not changed.
+    With ``now`` (and ``Allocation.started_at``) a move costs the work really lost
+    since the job's last checkpoint, not the expected half interval.
     """
     pending = queue_order(pending_jobs)
     shape_src: Mapping[int, float] | Sequence[JobRequest] | None = shapes or (
@@ -118,7 +121,7 @@ def defragment(
         goal_cost = 0.0
         ok = True
         for nodes, gpn in segs:
-            best = _best_rack(work, nodes, gpn, targeted, restart_minutes, borrow)
+            best = _best_rack(work, nodes, gpn, targeted, (restart_minutes, now), borrow)
             if best is None:
                 ok = False
                 reasons.append(f"{name}: no rack can be cleared by moving preemptible jobs")
@@ -189,7 +192,8 @@ def _need(rack: Rack, nodes: int, borrow: bool = False) -> int:
 
 
 def _best_rack(work: Fleet, nodes: int, gpn: int, targeted: set[str],
-               restart_minutes: float, borrow: bool) -> tuple[Rack, list[Move], float] | None:
+               clock: tuple[float, float | None], borrow: bool
+               ) -> tuple[Rack, list[Move], float] | None:
     pool = work.groups.get(gpn, []) if gpn else work.racks
     racks = [r for r in pool if r.id not in targeted
              and (r.healthy >= nodes if nodes >= 0 else r.free_count < r.healthy)]
@@ -202,7 +206,7 @@ def _best_rack(work: Fleet, nodes: int, gpn: int, targeted: set[str],
         if any(not work.allocations[j].job.preemptible for n in rack.nodes for j in n.jobs):
             if nodes < 0:
                 continue
-        trial = _clear(work, rack, nodes, targeted, restart_minutes, borrow)
+        trial = _clear(work, rack, nodes, targeted, clock, borrow)
         _undo(work, trial[0] if trial else [])
         if trial is None:
             continue
@@ -220,18 +224,22 @@ def _freeable(work: Fleet, rack: Rack) -> int:
 
 
 def _clear(work: Fleet, rack: Rack, nodes: int, targeted: set[str],
-           restart_minutes: float, borrow: bool) -> tuple[list[Move], float] | None:
+           clock: tuple[float, float | None], borrow: bool
+           ) -> tuple[list[Move], float] | None:
     """Move occupants out of ``rack`` (cheapest per node freed first) until it has room.
 
     The moves are applied to ``work``; on failure they are undone and None returned.
+    ``clock`` is (restart minutes, now).
     """
+    restart_minutes, now = clock
     occupants: dict[str, float] = {}
     for node in rack.nodes:
         for jid in node.jobs:
             if jid not in occupants:
                 a = work.allocations[jid]
                 here = sum(1 for n in a.nodes if work.nodes[n].rack == rack.id)
-                occupants[jid] = restart_cost_gpu_hours(a.job, a.gpus, restart_minutes) / here
+                occupants[jid] = restart_cost_gpu_hours(
+                    a.job, a.gpus, restart_minutes, now=now, started_at=a.started_at) / here
     moves: list[Move] = []
     cost = 0.0
     avoid = targeted | {rack.id}
@@ -254,7 +262,8 @@ def _clear(work: Fleet, rack: Rack, nodes: int, targeted: set[str],
             return None
         new = plan.allocation(alloc.job)
         work.allocate(new)
-        c = restart_cost_gpu_hours(alloc.job, alloc.gpus, restart_minutes)
+        c = restart_cost_gpu_hours(alloc.job, alloc.gpus, restart_minutes, now=now,
+                                   started_at=alloc.started_at)
         moves.append(Move(jid, list(alloc.nodes), dict(new.nodes), new.segments, c,
                           f"move out of {rack.id}: {plan.reason}"))
         moves[-1].__dict__["_old"] = alloc

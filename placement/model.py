@@ -168,6 +168,9 @@ class Allocation:
     # When the job is expected to end (seconds, same clock as ``now``); look-ahead
     # uses it to tell when reserved racks will have room. None: unknown.
     expected_end: float | None = None
+    # When the current run started making progress (after any restart); with the
+    # job's checkpoint interval it tells how much work a stop would lose now.
+    started_at: float | None = None
 
     @property
     def job_id(self) -> str:
@@ -184,13 +187,15 @@ class Allocation:
             "nodes": {k: list(v) for k, v in self.nodes.items()},
             "segments": [list(s) for s in self.segments],
             "expected_end": self.expected_end,
+            "started_at": self.started_at,
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Allocation:
         return cls(JobRequest(**data["job"]),
                    {k: tuple(v) for k, v in data["nodes"].items()},
-                   [list(s) for s in data.get("segments", [])], data.get("expected_end"))
+                   [list(s) for s in data.get("segments", [])], data.get("expected_end"),
+                   data.get("started_at"))
 
 
 class CapacityError(ValueError):

@@ -13,9 +13,18 @@ DEFAULT_RESTART_MINUTES = 10.0
 
 
 def restart_cost_gpu_hours(job: JobRequest, gpus: int,
-                           restart_minutes: float = DEFAULT_RESTART_MINUTES) -> float:
-    """Expected GPU-hours lost by stopping a job: half a checkpoint interval plus restart."""
-    return gpus * (job.checkpoint_minutes / 2 + restart_minutes) / 60.0
+                           restart_minutes: float = DEFAULT_RESTART_MINUTES, *,
+                           now: float | None = None,
+                           started_at: float | None = None) -> float:
+    """GPU-hours lost by stopping a job now: the work since its last checkpoint plus
+    the restart. Exact when ``now`` and the run's ``started_at`` are known; otherwise
+    the expectation, half a checkpoint interval."""
+    ckpt = job.checkpoint_minutes * 60
+    if now is not None and started_at is not None and ckpt > 0 and now >= started_at:
+        since = (now - started_at) % ckpt
+    else:
+        since = ckpt / 2
+    return gpus * (since / 60 + restart_minutes) / 60.0
 
 
 def recover(
@@ -25,6 +34,7 @@ def recover(
     *,
     policy: str = "rackwise",
     restart_minutes: float = DEFAULT_RESTART_MINUTES,
+    now: float | None = None,
 ) -> RecoveryPlan:
     """Plan the recovery of ``job_id`` after ``failed_node_ids`` failed.
 
@@ -35,7 +45,9 @@ def recover(
        any priority), cheapest first.
     3. Else move the whole job to the fewest racks that hold it (``policy`` placement).
     4. Else requeue it.
-    The fleet is left as it was; apply the plan with :func:`apply_recovery`.
+    The fleet is left as it was; apply the plan with :func:`apply_recovery`. With
+    ``now`` (and ``Allocation.started_at``) victims are costed by the work they would
+    really lose, so one that has just checkpointed is preferred.
     """
     alloc = fleet.allocations.get(job_id)
     failed_ids = list(dict.fromkeys(failed_node_ids))
@@ -50,7 +62,7 @@ def recover(
         if saved[n] != FAILED:
             fleet.set_health(n, FAILED)
     try:
-        return _plan(fleet, alloc, hit, policy, restart_minutes)
+        return _plan(fleet, alloc, hit, policy, restart_minutes, now)
     finally:
         for n, h in saved.items():
             if fleet.nodes[n].health != h:
@@ -58,7 +70,7 @@ def recover(
 
 
 def _plan(fleet: Fleet, alloc: Allocation, hit: list[str], policy: str,
-          restart_minutes: float) -> RecoveryPlan:
+          restart_minutes: float, now: float | None) -> RecoveryPlan:
     job = alloc.job
     gpn = fleet.nodes[hit[0]].gpus
     small = job.is_small(gpn)
@@ -72,7 +84,7 @@ def _plan(fleet: Fleet, alloc: Allocation, hit: list[str], policy: str,
         return RecoveryPlan(job.id, "swap", why, swaps, steps=steps)
     steps.append(f"no idle node in rack(s) {sorted(short)} to replace the failed node(s)")
     # 2. Preempt cheaper jobs in the racks that are short.
-    victims = _victims(fleet, alloc, hit, short, small, restart_minutes)
+    victims = _victims(fleet, alloc, hit, short, small, restart_minutes, now)
     if victims is not None:
         released = [fleet.release(v) for v in victims]
         try:
@@ -139,7 +151,7 @@ def _swaps(fleet: Fleet, alloc: Allocation, hit: list[str], small: bool,
 
 
 def _victims(fleet: Fleet, alloc: Allocation, hit: list[str], short: set[str], small: bool,
-             restart_minutes: float) -> list[str] | None:
+             restart_minutes: float, now: float | None) -> list[str] | None:
     job = alloc.job
     need = {r: 0 for r in short}
     for nid in hit:
@@ -161,7 +173,8 @@ def _victims(fleet: Fleet, alloc: Allocation, hit: list[str], short: set[str], s
                 # any preemptible job in its rack, not only lower-priority ones.
                 borrower = not small and not job.preemptible
                 if v.job.preemptible and (v.job.priority < job.priority or borrower):
-                    cands[vid] = restart_cost_gpu_hours(v.job, v.gpus, restart_minutes)
+                    cands[vid] = restart_cost_gpu_hours(v.job, v.gpus, restart_minutes,
+                                                        now=now, started_at=v.started_at)
         # Cheapest first, until enough nodes of this rack would be idle.
         freed: list[Allocation] = []
         try:

@@ -308,6 +308,7 @@ class Simulation:
         self.held_now += st.gpus
         end = t + st.penalty + st.remaining / st.speed
         alloc.expected_end = end
+        alloc.started_at = t + st.penalty
         self.push(end, COMPLETE, f"{job.id}\x00{st.version}")
 
     def _complete(self, t: float, key: str) -> None:
@@ -370,12 +371,13 @@ class Simulation:
             self._requeue(t, st)  # Slurm --requeue: the whole job goes back to the queue
             return
         if self.policy == "kueue-tas":
-            plan = recover(self.fleet, jid, [nid], policy="kueue-tas")
+            plan = recover(self.fleet, jid, [nid], policy="kueue-tas", now=t)
             if plan.action != "swap":
                 self._requeue(t, st)
                 return
         else:
-            plan = recover(self.fleet, jid, [nid], policy="rackwise")
+            plan = recover(self.fleet, jid, [nid], policy="rackwise",
+                           restart_minutes=self.cfg.restart_minutes, now=t)
         if plan.action == "requeue":
             self._requeue(t, st)
             return

@@ -130,3 +130,16 @@ def test_a_move_never_spreads_a_job_over_more_racks_than_it_needs() -> None:
     occupy(fleet, "b", 2, list(range(10)), priority=9)
     # 8 idle nodes in each of r001 and r002: 12 nodes would need both racks.
     assert recover(fleet, "job", ["r000-n01"]).action == "requeue"
+
+
+def test_with_a_clock_it_preempts_the_job_that_checkpointed_last() -> None:
+    fleet = Fleet.uniform(1)
+    occupy(fleet, "job", 0, list(range(16)), preemptible=False)
+    fresh = occupy(fleet, "fresh", 0, [16])
+    stale = occupy(fleet, "stale", 0, [17])
+    stale.started_at = 0.0      # 3,500 s since its last checkpoint at t = 7,300
+    fresh.started_at = 7_100.0  # 200 s since it started (its checkpoint is fresh)
+    plan = recover(fleet, "job", ["r000-n03"], now=7_300.0)
+    assert plan.preempted == ["fresh"]
+    stale.started_at, fresh.started_at = 7_100.0, 0.0
+    assert recover(fleet, "job", ["r000-n03"], now=7_300.0).preempted == ["stale"]
