@@ -135,11 +135,11 @@ def test_a_move_never_spreads_a_job_over_more_racks_than_it_needs() -> None:
 def test_with_a_clock_it_preempts_the_job_that_checkpointed_last() -> None:
     fleet = Fleet.uniform(1)
     occupy(fleet, "job", 0, list(range(16)), preemptible=False)
-    fresh = occupy(fleet, "fresh", 0, [16])
-    stale = occupy(fleet, "stale", 0, [17])
-    stale.started_at = 0.0      # 3,500 s since its last checkpoint at t = 7,300
-    fresh.started_at = 7_100.0  # 200 s since it started (its checkpoint is fresh)
-    plan = recover(fleet, "job", ["r000-n03"], now=7_300.0)
-    assert plan.preempted == ["fresh"]
-    stale.started_at, fresh.started_at = 7_100.0, 0.0
-    assert recover(fleet, "job", ["r000-n03"], now=7_300.0).preempted == ["stale"]
+    early = occupy(fleet, "early", 0, [16])
+    late = occupy(fleet, "late", 0, [17])
+    now = 7_300.0
+    early.started_at = 3_900.0  # 3,400 s of work since its last checkpoint
+    late.started_at = 7_200.0   # 100 s since it started: little to lose
+    assert recover(fleet, "job", ["r000-n03"], now=now).preempted == ["late"]
+    early.started_at, late.started_at = 7_200.0, 3_900.0
+    assert recover(fleet, "job", ["r000-n03"], now=now).preempted == ["early"]
