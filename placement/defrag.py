@@ -36,6 +36,14 @@ class RoomFor:
 Target = FreeRacks | RoomFor
 
 
+@dataclass(frozen=True)
+class _Step:
+    """A planned move and the allocation it replaces (to apply it again or undo it)."""
+
+    move: Move
+    old: Allocation
+
+
 def _whole_racks(fleet: Fleet) -> int:
     return sum(1 for r in fleet.racks if r.free_count and r.free_count == r.healthy)
 
@@ -117,7 +125,8 @@ def defragment(
         if sig in failed_goals:
             reasons.append(f"{name}: same shape as a goal that could not be met")
             continue
-        goal_moves: list[Move] = []
+        goal_moves: list[_Step] = []
+        goal_racks: list[str] = []
         goal_cost = 0.0
         ok = True
         for nodes, gpn in segs:
@@ -134,18 +143,18 @@ def defragment(
                 break
             _apply(work, rack_moves)
             targeted.add(rack.id)
+            goal_racks.append(rack.id)
             goal_moves += rack_moves
             goal_cost += rack_cost
         if ok:
-            moves += goal_moves
+            moves += [st.move for st in goal_moves]
             cost += goal_cost
             met += 1
             reasons.append(f"{name}: {len(goal_moves)} move(s), {goal_cost:.2f} GPU-h")
         else:
             failed_goals.add(sig)
             _undo(work, goal_moves)
-            for m in goal_moves:
-                targeted.discard(fleet.nodes[m.from_nodes[0]].rack)
+            targeted.difference_update(goal_racks)
             if target is not None:
                 break
     made = [j.id for j in pending if j.id not in placeable_before
@@ -193,12 +202,12 @@ def _need(rack: Rack, nodes: int, borrow: bool = False) -> int:
 
 def _best_rack(work: Fleet, nodes: int, gpn: int, targeted: set[str],
                clock: tuple[float, float | None], borrow: bool
-               ) -> tuple[Rack, list[Move], float] | None:
+               ) -> tuple[Rack, list[_Step], float] | None:
     pool = work.groups.get(gpn, []) if gpn else work.racks
     racks = [r for r in pool if r.id not in targeted
              and (r.healthy >= nodes if nodes >= 0 else r.free_count < r.healthy)]
     racks.sort(key=lambda r: (_need(r, nodes, borrow), work.rack_pos[r.id]))
-    best: tuple[Rack, list[Move], float] | None = None
+    best: tuple[Rack, list[_Step], float] | None = None
     racks = [r for r in racks if _freeable(work, r) >= _need(r, nodes, borrow)]
     for rack in racks[:CANDIDATE_RACKS]:
         if _need(rack, nodes, borrow) == 0:
@@ -225,7 +234,7 @@ def _freeable(work: Fleet, rack: Rack) -> int:
 
 def _clear(work: Fleet, rack: Rack, nodes: int, targeted: set[str],
            clock: tuple[float, float | None], borrow: bool
-           ) -> tuple[list[Move], float] | None:
+           ) -> tuple[list[_Step], float] | None:
     """Move occupants out of ``rack`` (cheapest per node freed first) until it has room.
 
     The moves are applied to ``work``; on failure they are undone and None returned.
@@ -240,7 +249,7 @@ def _clear(work: Fleet, rack: Rack, nodes: int, targeted: set[str],
                 here = sum(1 for n in a.nodes if work.nodes[n].rack == rack.id)
                 occupants[jid] = restart_cost_gpu_hours(
                     a.job, a.gpus, restart_minutes, now=now, started_at=a.started_at) / here
-    moves: list[Move] = []
+    moves: list[_Step] = []
     cost = 0.0
     avoid = targeted | {rack.id}
     for jid in sorted(occupants, key=lambda j: (occupants[j], j)):
@@ -257,16 +266,15 @@ def _clear(work: Fleet, rack: Rack, nodes: int, targeted: set[str],
         # Nothing may land in a rack being cleared (not even on a partly used node).
         if (not plan.placed or any(r in avoid for r in plan.racks)
                 or len(plan.racks) > spread):
-            work.allocate(alloc)
+            work.allocate(alloc, restore=True)
             _undo(work, moves)
             return None
         new = plan.allocation(alloc.job)
         work.allocate(new)
         c = restart_cost_gpu_hours(alloc.job, alloc.gpus, restart_minutes, now=now,
                                    started_at=alloc.started_at)
-        moves.append(Move(jid, list(alloc.nodes), dict(new.nodes), new.segments, c,
-                          f"move out of {rack.id}: {plan.reason}"))
-        moves[-1].__dict__["_old"] = alloc
+        moves.append(_Step(Move(jid, list(alloc.nodes), dict(new.nodes), new.segments, c,
+                                f"move out of {rack.id}: {plan.reason}"), alloc))
         cost += c
     if _need(rack, nodes, borrow) > 0:
         _undo(work, moves)
@@ -274,17 +282,17 @@ def _clear(work: Fleet, rack: Rack, nodes: int, targeted: set[str],
     return moves, cost
 
 
-def _apply(work: Fleet, moves: list[Move]) -> None:
-    for m in moves:
-        old: Allocation = m.__dict__["_old"]
-        if work.allocations.get(m.job_id) is old:
+def _apply(work: Fleet, steps: list[_Step]) -> None:
+    for st in steps:
+        m = st.move
+        if work.allocations.get(m.job_id) is st.old:
             work.release(m.job_id)
-            work.allocate(Allocation(old.job, dict(m.to_nodes), m.to_segments))
+            work.allocate(Allocation(st.old.job, dict(m.to_nodes), m.to_segments))
 
 
-def _undo(work: Fleet, moves: list[Move]) -> None:
-    for m in reversed(moves):
-        old: Allocation = m.__dict__["_old"]
-        if m.job_id in work.allocations and work.allocations[m.job_id] is not old:
-            work.release(m.job_id)
-            work.allocate(old)
+def _undo(work: Fleet, steps: list[_Step]) -> None:
+    for st in reversed(steps):
+        jid = st.move.job_id
+        if jid in work.allocations and work.allocations[jid] is not st.old:
+            work.release(jid)
+            work.allocate(st.old, restore=True)
