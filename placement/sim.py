@@ -236,10 +236,16 @@ class Simulation:
                 continue
             group.pop(0)
             self.queued -= 1
-            if self.reserved_for == job.id:
+            released = self.reserved_for == job.id
+            if released:
                 self.reserved, self.reserved_for = frozenset(), None
                 self.reserved_until = None
             self._start(now, st, plan.allocation(job))
+            if released:
+                # Shapes blocked only by the reservation may fit now: pass again.
+                self.blocked.clear()
+                self._pass(now)
+                return
             idle_total = sum(r.free_count for r in fleet.racks)
             max_partial = max((f for f, s in fleet.partial.items() if s), default=0)
             if group:
