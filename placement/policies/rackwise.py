@@ -9,13 +9,16 @@
    may borrow spares (recovery reclaims them), and so may gangs of at most
    ``spare_nodes`` nodes, and a gang bigger than a slice (splitting it would cost far
    more than the spares are worth).
-3. Otherwise, for ``preferred`` or ``none`` locality, or gangs bigger than a rack:
-   the fewest racks, with the gang split into equal segments (24 -> 12+12, not
-   16+8), each segment best fit onto the rack with the smallest offer that holds it.
-   A gang that is not ``required`` waits for the fewest racks until it has waited as
-   long as spanning more racks would cost it (``expected_duration * F / (1 - F)``
-   with the cross-rack slowdown F): locality ``none`` only says the user accepts a
-   span, not that it is free. Without a clock (``now`` is None) it spans at once.
+3. Gangs bigger than a rack go over the fewest racks, split into equal segments
+   (24 -> 12+12, not 16+8), each segment best fit onto the rack with the smallest
+   offer that holds it; only when no such racks exist now, unequal segments over the
+   same number of racks (16+8), which costs no extra rack.
+4. A gang that is not ``required`` may span more racks than it needs only once it
+   has waited SPAN_PATIENCE times what the slowdown would cost it
+   (``expected_duration * F / (1 - F)``, F the cross-rack slowdown). The default is
+   infinite: with a clock (``now``) it waits. Without a clock it spans at once, for
+   interactive what-ifs. Locality ``none`` says the user accepts a span, not that a
+   span is free.
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ def rackwise(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) -> 
 
 
 def may_span(job: JobRequest, ctx: Context) -> bool:
+    """May this gang span more racks than it needs, now? (See step 4 above.)"""
     if ctx.now is None or job.submit_time is None or job.expected_duration is None:
         return True
     penalty = job.expected_duration * CROSS_RACK_SLOWDOWN / (1 - CROSS_RACK_SLOWDOWN)
