@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 
-from placement_helpers import gang, occupy
-
 from placement.defrag import FreeRacks, RoomFor, defragment
 from placement.model import Allocation, Fleet
+from placement.testing import gang, occupy
 from placement.validate import validate
 
 

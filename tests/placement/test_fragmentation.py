@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 
-from placement_helpers import occupy
-
 from placement.fragmentation import fragmentation
 from placement.model import Allocation, Fleet, JobRequest
+from placement.testing import occupy
 
 
 def test_an_empty_fleet_is_not_fragmented_for_shapes_that_tile_a_rack() -> None:

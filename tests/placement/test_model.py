@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from placement_helpers import occupy
 
 from placement.model import Allocation, CapacityError, Fleet, JobRequest
+from placement.testing import occupy
 
 
 def test_a_uniform_fleet_has_the_shape_asked_for() -> None:

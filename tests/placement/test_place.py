@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from placement_helpers import gang, occupy
 
 from placement.model import Fleet, JobRequest
 from placement.place import place, schedule
+from placement.testing import gang, occupy
 from placement.validate import validate
 
 POLICIES = ["rackwise", "first-fit", "random", "slurm-block", "kueue-tas"]

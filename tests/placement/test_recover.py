@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 
-from placement_helpers import occupy
-
 from placement.model import Allocation, Fleet, JobRequest
 from placement.recover import apply_recovery, recover
+from placement.testing import occupy
 from placement.validate import validate, validate_recovery
 
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from placement_helpers import gang
 
 from placement.model import Allocation, Fleet, JobRequest
 from placement.place import place
+from placement.testing import gang
 from placement.validate import InvariantError, validate
 
 

@@ -1,4 +1,4 @@
-"""Small builders shared by the placement tests."""
+"""Small builders for tests and what-if scripts (used by tests/placement)."""
 
 from __future__ import annotations
 
