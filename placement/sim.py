@@ -16,12 +16,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from placement.defrag import defragment
 from placement.fragmentation import fragmentation
 from placement.model import FAILED, HEALTHY, Allocation, Fleet, JobRequest
 from placement.place import RESERVE_AFTER_S, can_ever_fit, place, reservation
 from placement.policies.common import min_racks
 from placement.recover import apply_recovery, recover
 from placement.trace import TraceJob
+from placement.validate import validate, validate_indexes
 
 POLICY_NAMES = ("rackwise", "first-fit", "random", "slurm-block", "kueue-tas")
 
@@ -45,6 +47,11 @@ class SimConfig:
     spare_nodes: int = 2  # per-rack spare policy (rackwise keeps these from big gangs)
     lookahead: bool = True  # rackwise reservations for a blocked gang
     reserve_after_s: float = RESERVE_AFTER_S  # ...once it has waited this long
+    # rackwise defragmentation (opt-in, None = off): a gang blocked this long gets a
+    # defrag plan (within the budget); its moves are applied as migrations.
+    defrag_after_s: float | None = None
+    defrag_budget_gpu_hours: float = 200.0
+    check_invariants: bool = False  # validate the fleet after every instant (tests)
 
 
 @dataclass
@@ -115,6 +122,7 @@ class Simulation:
         self.series: list[tuple[float, float, int, float]] = []
         self.held_now = 0
         self.done = 0
+        self.defrag_tried: dict[str, float] = {}
 
     # -- events -------------------------------------------------------------------------
 
@@ -162,6 +170,10 @@ class Simulation:
                     self.repairs_pending -= 1
                     self._freed()
             self._pass(t)
+            if self.policy == "rackwise" and cfg.defrag_after_s is not None:
+                self._defrag(t)
+            if cfg.check_invariants:
+                self._check(t)
             last_t = max(last_t, t)
             if (self.queued and not self.running and not self.arrivals_left
                     and not self.repairs_pending):
@@ -250,6 +262,44 @@ class Simulation:
             max_partial = max((f for f, s in fleet.partial.items() if s), default=0)
             if group:
                 heapq.heappush(heap, (group[0].order, key))
+
+    def _check(self, t: float) -> None:
+        # Jobs on a node that failed this instant were recovered already, so the
+        # whole fleet must be clean; blind baselines cannot honour topology rules.
+        bad = validate(self.fleet, topology=self.policy not in ("first-fit", "random"))
+        bad += validate_indexes(self.fleet)
+        if bad:
+            raise AssertionError(f"t={t}: {bad[:3]}")
+
+    def _defrag(self, now: float) -> None:
+        """Plan and apply moves for the longest-blocked gang, at most once per
+        ``defrag_after_s`` per job (planning is not free)."""
+        cfg = self.cfg
+        assert cfg.defrag_after_s is not None
+        heads = [g[0] for g in self.groups.values() if g]
+        blocked = sorted((st for st in heads if not st.job.is_small(cfg.gpus_per_node)
+                          and now - st.submit >= cfg.defrag_after_s
+                          and now - self.defrag_tried.get(st.job.id, -math.inf)
+                          >= cfg.defrag_after_s), key=lambda st: st.order)
+        if not blocked:
+            return
+        st = blocked[0]
+        self.defrag_tried[st.job.id] = now
+        plan = defragment(self.fleet, [st.job], budget_gpu_hours=cfg.defrag_budget_gpu_hours,
+                          restart_minutes=cfg.restart_minutes, now=now)
+        if st.job.id not in plan.jobs_made_placeable:
+            return
+        for move in plan.moves:
+            mst = self.jobs[move.job_id]
+            lost = self._interrupt(now, mst)
+            self.fleet.release(move.job_id)
+            alloc = Allocation(mst.job, dict(move.to_nodes), [list(x) for x in move.to_segments])
+            self.fleet.allocate(alloc)
+            self.counts["migrations"] += 1
+            self.migration_gpu_s += lost + alloc.gpus * cfg.restart_minutes * 60
+            self._begin_run(now, mst, alloc)
+        self._freed()
+        self._pass(now)
 
     def _maybe_reserve(self, job: JobRequest, now: float) -> None:
         # rackwise look-ahead: the first blocked gang holds the racks nearest to fitting it.

@@ -98,3 +98,30 @@ def test_failures_are_recovered_in_place_by_rackwise_and_requeued_by_slurm(
     assert rw["in_place_recoveries"] > 0
     assert sb["in_place_recoveries"] == 0 and sb["requeues"] > 0
     assert rw["completed"] + rw["rejected"] == rw["jobs"]
+
+
+def test_opt_in_defragmentation_migrates_jobs_and_still_completes_them(
+        tmp_path: Path) -> None:
+    path = tmp_path / "dense.csv"
+    write_trace(path, generate(400, 0.95, racks=4, seed=1))
+    trace = read_trace(path)
+    off = simulate(trace, "rackwise", SimConfig(racks=4, node_mtbf_hours=0)).metrics
+    on = simulate(trace, "rackwise", SimConfig(racks=4, node_mtbf_hours=0,
+                                              defrag_after_s=1800)).metrics
+    assert off["migrations"] == 0
+    assert on["migrations"] > 0 and on["migration_gpu_hours"] > 0
+    assert on["completed"] == on["jobs"] == 400
+
+
+def test_every_policy_keeps_the_invariants_through_a_replay_with_failures(
+        tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    write_trace(path, generate(250, 0.9, racks=4, seed=6))
+    trace = read_trace(path)
+    for policy in ("rackwise", "first-fit", "random", "slurm-block", "kueue-tas"):
+        cfg = SimConfig(racks=4, node_mtbf_hours=100, repair_hours=2, seed=2,
+                        check_invariants=True,
+                        defrag_after_s=1800 if policy == "rackwise" else None)
+        m = simulate(trace, policy, cfg).metrics  # raises on a broken invariant
+        assert m["failures"] > 0
+        assert m["completed"] + m["rejected"] == m["jobs"]
