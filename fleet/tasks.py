@@ -6,9 +6,11 @@ services."""
 from __future__ import annotations
 
 import logging
+import uuid
 from datetime import timedelta
 
 from celery import shared_task
+from celery.signals import task_prerun
 from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
@@ -26,6 +28,15 @@ from fleet.services.errors import Conflict
 log = logging.getLogger(__name__)
 
 TASK_OPTIONS = {"acks_late": True, "ignore_result": True}
+
+
+@task_prerun.connect
+def _tag_audit_events(task_id: str | None = None, **_kwargs) -> None:
+    """Group the audit events one task run writes, as a request's are."""
+    try:
+        audit.current_request_id.set(uuid.UUID(task_id) if task_id else None)
+    except ValueError:
+        audit.current_request_id.set(None)
 
 
 @shared_task(name="fleet.tasks.schedule_pending", **TASK_OPTIONS)

@@ -40,7 +40,9 @@ def _duration(rng: random.Random) -> int:
     return int(min(1800, max(30, rng.lognormvariate(5.2, 0.8))))
 
 
-def tick(rng: random.Random | None = None, tick_seconds: float = 5.0) -> str:
+def tick(
+    rng: random.Random | None = None, tick_seconds: float = 5.0, failures_per_minute: float = FAILURES_PER_MINUTE
+) -> str:
     rng = rng or random.Random()
     notes: list[str] = []
     User = get_user_model()
@@ -75,7 +77,7 @@ def tick(rng: random.Random | None = None, tick_seconds: float = 5.0) -> str:
                 notes.append(f"skipped a submission: {exc}")
 
     # 2. Now and then a node running a job fails (an XID 79, say).
-    if rng.random() < FAILURES_PER_MINUTE * tick_seconds / 60:
+    if rng.random() < failures_per_minute * tick_seconds / 60:
         busy_nodes = list(
             Allocation.objects.filter(
                 released_at__isnull=True, job__state__in=HOLDING_JOB_STATES, gpu__node__state=NodeState.HEALTHY
