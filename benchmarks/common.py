@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import statistics
 import sys
 from pathlib import Path
 
@@ -54,4 +53,4 @@ def ms(x: float) -> str:
     return f"{x * 1000:.2f}"
 
 
-__all__ = ["fill", "ms", "pct", "random_job", "statistics"]
+__all__ = ["fill", "ms", "pct", "random_job"]
