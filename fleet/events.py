@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections import defaultdict
 from collections.abc import Iterable
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
-from django.db.models import Prefetch
 
 log = logging.getLogger(__name__)
 
@@ -41,33 +41,44 @@ def _send(event: dict) -> None:
 
 def rack_state(rack_ids: Iterable[int]) -> list[dict]:
     """The cell state of each rack, as sent in ``rack`` events and served by the
-    console snapshot."""
-    from fleet.models import Allocation, Job, Node, Rack
+    console snapshot. A rack's ``jobs`` are the jobs holding GPUs in it.
+
+    Reads plain rows (no model instances): this runs on every rack change and
+    for the console's snapshot of the whole fleet."""
+    from fleet.models import GPU, Allocation, Job, Node, Rack
 
     ids = sorted(set(rack_ids))
-    nodes = Node.objects.filter(rack_id__in=ids).order_by("slot").prefetch_related("gpus")
-    racks = Rack.objects.filter(pk__in=ids).prefetch_related(Prefetch("nodes", queryset=nodes))
     holder = dict(
         Allocation.objects.filter(released_at__isnull=True, gpu__node__rack_id__in=ids).values_list("gpu_id", "job_id")
     )
     jobs = {
-        j.pk: {"name": j.name, "tenant": j.tenant.name, "state": j.state, "tenant_id": j.tenant_id}
-        for j in Job.objects.select_related("tenant").filter(pk__in=set(holder.values()))
+        pk: {"name": name, "tenant": tenant, "state": state, "tenant_id": tenant_id}
+        for pk, name, tenant, state, tenant_id in Job.objects.filter(pk__in=set(holder.values())).values_list(
+            "pk", "name", "tenant__name", "state", "tenant_id"
+        )
     }
+    gpus: dict[int, list] = defaultdict(list)
+    for gpu_id, node_id, health in (
+        GPU.objects.filter(node__rack_id__in=ids).order_by("node_id", "index").values_list("id", "node_id", "health")
+    ):
+        gpus[node_id].append([health, holder.get(gpu_id)])
+    nodes: dict[int, list] = defaultdict(list)
+    for node_id, rack_id, slot, hostname, state in (
+        Node.objects.filter(rack_id__in=ids).order_by("slot").values_list("id", "rack_id", "slot", "hostname", "state")
+    ):
+        nodes[rack_id].append([node_id, slot, hostname, state, gpus[node_id]])
     out = []
-    for rack in racks:
+    for rack in Rack.objects.filter(pk__in=ids).values("id", "name", "version", "spare_nodes"):
+        held = {cell[1] for node in nodes[rack["id"]] for cell in node[4] if cell[1] is not None}
         out.append(
             {
                 "type": "rack",
-                "rack": rack.pk,
-                "name": rack.name,
-                "version": rack.version,
-                "spare_nodes": rack.spare_nodes,
-                "nodes": [
-                    [n.pk, n.slot, n.hostname, n.state, [[g.health, holder.get(g.pk)] for g in sorted(n.gpus.all(), key=lambda g: g.index)]]
-                    for n in rack.nodes.all()
-                ],
-                "jobs": {str(k): v for k, v in jobs.items() if k in set(holder.values())},
+                "rack": rack["id"],
+                "name": rack["name"],
+                "version": rack["version"],
+                "spare_nodes": rack["spare_nodes"],
+                "nodes": nodes[rack["id"]],
+                "jobs": {str(k): jobs[k] for k in sorted(held)},
             }
         )
     return out

@@ -5,6 +5,11 @@ from fleet import views
 
 urlpatterns = [
     path("", views.FleetView.as_view(), name="home"),
+    path("racks/<int:pk>/", views.RackView.as_view(), name="rack"),
+    path("jobs/", views.JobListView.as_view(), name="jobs"),
+    path("jobs/<int:pk>/", views.JobDetailView.as_view(), name="job"),
+    path("actions/", views.ActionListView.as_view(), name="actions"),
+    path("audit/", views.AuditView.as_view(), name="audit"),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
 ]

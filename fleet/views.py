@@ -1,14 +1,24 @@
-"""Server-rendered pages. Every page needs a login (middleware) and a role."""
+"""Server-rendered pages. Every page needs a login (middleware) and a role.
+
+Pages render the frame and the tables; the grids are drawn in the browser from
+the console snapshot (``/api/console/racks/``) and kept current by the live feed
+(``/ws/fleet/``), see ``static/rackwise/live.js``."""
 
 from __future__ import annotations
 
 from django.core.exceptions import PermissionDenied
+from django.db.models import Q
+from django.shortcuts import get_object_or_404
 from django.views.generic import TemplateView
 
-from fleet.choices import Role
-from fleet.models import Rack
-from fleet.permissions import has_role
+from fleet.choices import ActionState, JobState, NodeState, Role
+from fleet.filtersets import AuditEventFilterSet
+from fleet.models import Action, Allocation, AuditEvent, Job, Rack
+from fleet.permissions import has_role, visible_audit_events, visible_jobs
+from fleet.services.actions import describe_step
 from fleet.services.summary import fleet_summary, rack_summaries
+
+PAGE_ROWS = 200
 
 
 class RoleRequiredMixin:
@@ -21,6 +31,11 @@ class RoleRequiredMixin:
             raise PermissionDenied("You need a Rackwise role; ask an operator to add you.")
         return super().dispatch(request, *args, **kwargs)
 
+    def get_context_data(self, **kwargs):
+        context = super().get_context_data(**kwargs)
+        context["is_operator"] = has_role(self.request.user, Role.OPERATOR)
+        return context
+
 
 class FleetView(RoleRequiredMixin, TemplateView):
     template_name = "fleet/fleet.html"
@@ -31,4 +46,155 @@ class FleetView(RoleRequiredMixin, TemplateView):
         summaries = rack_summaries()
         context["summary"] = fleet_summary()
         context["racks"] = [(rack, summaries[rack.id]) for rack in racks]
+        context["sites"] = sorted({r.site for r in racks if r.site})
+        context["rows"] = sorted({r.row for r in racks if r.row})
+        context["node_states"] = NodeState.choices
+        context["tenants"] = sorted(visible_jobs(self.request.user, Job.objects.all()).values_list("tenant__name", flat=True).distinct())
         return context
+
+
+class RackView(RoleRequiredMixin, TemplateView):
+    """One rack large: its nodes with state and history, its jobs, its spares."""
+
+    template_name = "fleet/rack.html"
+
+    def get_context_data(self, **kwargs):
+        context = super().get_context_data(**kwargs)
+        rack = get_object_or_404(Rack, pk=kwargs["pk"])
+        nodes = list(rack.nodes.order_by("slot"))
+        busy = set(
+            Allocation.objects.filter(released_at__isnull=True, gpu__node__rack=rack).values_list("gpu__node_id", flat=True)
+        )
+        idle = [n for n in nodes if n.state == NodeState.HEALTHY and n.pk not in busy]
+        # The same rule as the grid's legend: the rack's last spare_nodes idle nodes.
+        spares = idle[-rack.spare_nodes:] if rack.spare_nodes else []
+        job_ids = Allocation.objects.filter(released_at__isnull=True, gpu__node__rack=rack).values("job_id")
+        node_ids = [str(n.pk) for n in nodes]
+        context.update(
+            rack=rack,
+            summary=rack_summaries(Rack.objects.filter(pk=rack.pk))[rack.pk],
+            nodes=nodes,
+            spares=spares,
+            jobs=visible_jobs(self.request.user, Job.objects.select_related("tenant").filter(pk__in=job_ids)),
+            history=visible_audit_events(
+                self.request.user, AuditEvent.objects.filter(object_type="node", object_id__in=node_ids)
+            )[:100],
+        )
+        return context
+
+
+class JobListView(RoleRequiredMixin, TemplateView):
+    """The queue and the running jobs, with filters."""
+
+    template_name = "fleet/jobs.html"
+
+    def get_context_data(self, **kwargs):
+        context = super().get_context_data(**kwargs)
+        params = self.request.GET
+        qs = visible_jobs(self.request.user, Job.objects.select_related("tenant", "owner")).order_by("-id")
+        state = params.get("state", "active")
+        if state == "active":
+            qs = qs.filter(state__in=[JobState.PENDING, JobState.PLACED, JobState.RUNNING, JobState.RECOVERING])
+        elif state in JobState.values:
+            qs = qs.filter(state=state)
+        if params.get("tenant"):
+            qs = qs.filter(tenant__name=params["tenant"])
+        if params.get("q"):
+            q = params["q"].strip()
+            qs = qs.filter(Q(name__icontains=q) | Q(pk=int(q)) if q.isdigit() else Q(name__icontains=q))
+        context.update(
+            jobs=list(qs[:PAGE_ROWS]),
+            states=JobState.choices,
+            state=state,
+            tenant=params.get("tenant", ""),
+            q=params.get("q", ""),
+            tenants=sorted(visible_jobs(self.request.user, Job.objects.all()).values_list("tenant__name", flat=True).distinct()),
+        )
+        return context
+
+
+def waiting_reason(job: Job) -> str:
+    """Why a pending job waits, in words, from the fleet as it is now."""
+    if job.state != JobState.PENDING:
+        return ""
+    free = [s.nodes_free for s in rack_summaries().values()] or [0]
+    largest = max(free)
+    if job.num_nodes:
+        need = job.segment_nodes or job.num_nodes
+        words = f"needs {need} nodes in one rack; the largest free slice is {largest}"
+        if job.num_nodes > need:
+            words = f"needs {job.num_nodes} nodes in segments of {need} per rack; the largest free slice is {largest}"
+    else:
+        words = f"needs {job.num_gpus} GPU(s) on one node"
+    return f"{words}. {job.state_reason}".strip() if job.state_reason else words
+
+
+class JobDetailView(RoleRequiredMixin, TemplateView):
+    """A job: its placement on the grids, why it waits, and its history."""
+
+    template_name = "fleet/job.html"
+
+    def get_context_data(self, **kwargs):
+        context = super().get_context_data(**kwargs)
+        qs = visible_jobs(self.request.user, Job.objects.select_related("tenant", "owner"))
+        job = get_object_or_404(qs, pk=kwargs["pk"])
+        rack_ids = sorted(
+            set(
+                Allocation.objects.filter(job=job, released_at__isnull=True).values_list("gpu__node__rack_id", flat=True)
+            )
+        )
+        context.update(
+            job=job,
+            rack_ids=rack_ids,
+            waiting=waiting_reason(job),
+            history=AuditEvent.objects.filter(object_type="job", object_id=str(job.pk))[:200],
+            actions=job.actions.all()[:50],
+        )
+        return context
+
+
+class ActionListView(RoleRequiredMixin, TemplateView):
+    """The approval queue: each plan as before/after grids, its cost and benefit;
+    Approve/Reject for operators; live progress while it executes."""
+
+    template_name = "fleet/actions.html"
+
+    def get_context_data(self, **kwargs):
+        context = super().get_context_data(**kwargs)
+        state = self.request.GET.get("state", "open")
+        qs = Action.objects.prefetch_related("jobs")
+        if state == "open":
+            qs = qs.filter(state__in=[ActionState.PROPOSED, ActionState.APPROVED, ActionState.EXECUTING])
+        elif state in ActionState.values:
+            qs = qs.filter(state=state)
+        kind = self.request.GET.get("kind", "")
+        if kind:
+            qs = qs.filter(kind=kind)
+        actions = list(qs[:50])
+        for a in actions:
+            a.step_texts = [describe_step(step) for step in a.steps]
+        context.update(
+            actions=actions,
+            state=state,
+            kind=kind,
+            states=ActionState.choices,
+            plans={a.pk: {"steps": a.steps, "jobs": [j.pk for j in a.jobs.all()], "state": a.state} for a in actions},
+        )
+        return context
+
+
+class AuditView(RoleRequiredMixin, TemplateView):
+    """The audit log, filterable like ``/api/audit/``."""
+
+    template_name = "fleet/audit.html"
+
+    def get_context_data(self, **kwargs):
+        context = super().get_context_data(**kwargs)
+        qs = visible_audit_events(self.request.user, AuditEvent.objects.all())
+        filterset = AuditEventFilterSet(self.request.GET or None, queryset=qs)
+        events = filterset.qs if filterset.is_valid() else qs.none()
+        context.update(events=list(events[:PAGE_ROWS]), filters=self.request.GET, errors=filterset.errors)
+        return context
+
+
+

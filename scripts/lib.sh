@@ -125,3 +125,18 @@ with psycopg.connect(url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as co
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
 PYEOF
 }
+
+# 4. Chromium for the browser tests (Debian's package; Playwright's own browser
+#    download is not used).
+ensure_chromium() {
+  [ -x /usr/bin/chromium ] && return 0
+  command -v apt-get >/dev/null \
+    || die "the browser tests need /usr/bin/chromium and apt-get is not here; install Chromium, or skip them with: -m 'not browser'"
+  local sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  log "Installing Chromium for the browser tests (apt-get)"
+  $sudo apt-get update -qq >/dev/null \
+    && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null \
+    || die "could not install chromium with apt-get; install it, or skip the browser tests with: -m 'not browser'"
+  [ -x /usr/bin/chromium ] || die "apt-get installed chromium but /usr/bin/chromium is missing"
+}

@@ -31,7 +31,7 @@ def test_a_viewer_logs_in_and_sees_the_fleet_and_its_role(browser, fleet):
     assert page.status_code == 200
     html = page.content.decode()
     assert "vic" in html and "Viewer" in html
-    assert html.count('data-testid="rack-row"') == 2
+    assert html.count('data-testid="rack"') == 2
 
 
 def test_a_wrong_password_is_refused(browser, fleet):
@@ -65,3 +65,62 @@ def test_the_stylesheet_is_served_by_the_app(browser, viewer):
     assert "http://" not in html.split("<body>")[0].replace("http://127.0.0.1", "")
     response = browser.get("/static/rackwise/rackwise.css")
     assert response.status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/jobs/", "/actions/", "/audit/", "/racks/{rack}/"])
+def test_every_console_page_needs_a_role(browser, outsider, fleet, path):
+    browser.force_login(outsider)
+    assert browser.get(path.format(rack=fleet[0].pk)).status_code == 403
+
+
+@pytest.mark.parametrize("path", ["/jobs/", "/actions/", "/audit/", "/racks/{rack}/"])
+def test_a_viewer_reads_every_console_page(browser, viewer, fleet, path):
+    browser.force_login(viewer)
+    assert browser.get(path.format(rack=fleet[0].pk)).status_code == 200
+
+
+def test_approve_and_reject_buttons_are_rendered_for_operators_only(browser, fragmented, viewer, operator):
+    from fleet.services.defrag import plan_defrag
+
+    action = plan_defrag(operator).action
+    browser.force_login(viewer)
+    html = browser.get("/actions/").content.decode()
+    assert f'data-action-id="{action.pk}"' in html and 'data-testid="approve"' not in html
+    browser.force_login(operator)
+    html = browser.get("/actions/").content.decode()
+    assert 'data-testid="approve"' in html and 'data-testid="reject"' in html
+
+
+def test_a_pending_job_says_why_it_waits_in_words(browser, fragmented, viewer):
+    _a, _b, waiting = fragmented
+    browser.force_login(viewer)
+    html = browser.get(f"/jobs/{waiting.pk}/").content.decode()
+    assert "needs 16 nodes in one rack; the largest free slice is 14" in html
+
+
+def test_a_submitter_cannot_open_another_tenants_job(browser, fragmented, other_submitter):
+    browser.force_login(other_submitter)
+    assert browser.get(f"/jobs/{fragmented[0].pk}/").status_code == 404
+
+
+def test_the_rack_page_names_the_spares_it_holds(browser, fleet, viewer):
+    browser.force_login(viewer)
+    html = browser.get(f"/racks/{fleet[0].pk}/").content.decode()
+    assert '<p data-testid="spares">r1-n16, r1-n17</p>' in html
+
+
+def test_the_console_snapshot_hides_other_tenants_job_names_from_a_submitter(fragmented, other_client, viewer_client):
+    a = fragmented[0]
+    mine = viewer_client.get("/api/console/racks/").json()["racks"]
+    theirs = other_client.get("/api/console/racks/").json()["racks"]
+    assert mine[0]["jobs"][str(a.pk)]["name"] == "a"
+    assert theirs[0]["jobs"][str(a.pk)]["name"] is None and theirs[0]["jobs"][str(a.pk)]["tenant"] is None
+    assert [r["version"] for r in mine] == [r["version"] for r in theirs]
+
+
+def test_the_chart_reads_recorded_samples(fleet, viewer_client):
+    from fleet.services.metrics import record_sample
+
+    record_sample()
+    samples = viewer_client.get("/api/console/samples/?hours=6").json()["samples"]
+    assert len(samples) == 1 and 0 <= samples[0]["utilization"] <= 1

@@ -1,0 +1,150 @@
+// The console's live picture of the fleet.
+//
+// 1. Fetch the snapshot (/api/console/racks/): every rack's cells at a version.
+// 2. Connect /ws/fleet/ and apply rack events whose version is newer than the
+//    one applied. A rack event carries the rack's whole state, so applying it is
+//    always right; a gap (version > applied + 1) still triggers a re-fetch of that
+//    rack, in case the missed messages were followed by nothing.
+// 3. On every (re)connect, re-fetch the snapshot: messages sent while the socket
+//    was down are lost for good. Disconnected: body[data-ws=closed], a banner,
+//    and a reconnect with backoff.
+//
+// Tests and the benchmark read window.rackwise (appliedVersion, cellState) and the
+// data-version attribute of each [data-rack-id] element.
+
+import { cells } from "./grid.js";
+
+export function csrfToken() {
+  const m = document.cookie.match(/(?:^|; )csrftoken=([^;]+)/);
+  return m ? decodeURIComponent(m[1]) : "";
+}
+
+export async function api(path, { method = "GET", body } = {}) {
+  const res = await fetch(path, {
+    method,
+    credentials: "same-origin",
+    headers: { Accept: "application/json", ...(body !== undefined ? { "Content-Type": "application/json", "X-CSRFToken": csrfToken() } : {}) },
+    body: body !== undefined ? JSON.stringify(body) : undefined,
+  });
+  const data = await res.json().catch(() => ({}));
+  if (!res.ok) throw Object.assign(new Error(data.detail || `HTTP ${res.status}`), { status: res.status, data });
+  return data;
+}
+
+export class FleetLive {
+  /** rackIds: only these racks (null: all). */
+  constructor(rackIds = null) {
+    this.rackIds = rackIds;
+    this.racks = new Map();      // id -> rack event
+    this.versions = new Map();   // id -> last applied version
+    this.nodeRack = new Map();   // node id -> rack id
+    this.listeners = { rack: [], job: [], action: [], status: [], hello: [] };
+    this.gaps = 0;
+    this.snapshots = 0;
+    this.backoff = 500;
+    this.socket = null;
+    this.stopped = false;
+    this.onFirstSnapshot = null;
+  }
+
+  on(kind, fn) { this.listeners[kind].push(fn); return this; }
+  emit(kind, payload) { for (const fn of this.listeners[kind]) { try { fn(payload); } catch (e) { console.error(e); } } }
+
+  /** Connect, and resolve once the first snapshot is applied: the one taken when
+   * the socket opens (so nothing falls between the two), or after 3 s without
+   * a socket, so the page shows something while it keeps trying. */
+  start() {
+    setStatus("connecting");
+    return new Promise((resolve) => {
+      let done = false;
+      const finish = () => { if (!done) { done = true; resolve(); } };
+      this.onFirstSnapshot = finish;
+      setTimeout(() => { if (!done) this.snapshot().then(finish, finish); }, 3000);
+      this.connect();
+    });
+  }
+
+  async snapshot(ids = this.rackIds) {
+    const q = ids ? `?ids=${ids.join(",")}` : "";
+    const data = await api(`/api/console/racks/${q}`);
+    this.snapshots++;
+    for (const rack of data.racks) this.apply(rack, true);
+    return data.racks.length;
+  }
+
+  /** Apply a rack state if it is newer than what is shown. */
+  apply(rack, fromSnapshot = false) {
+    if (this.rackIds && !this.rackIds.includes(rack.rack)) return false;
+    const current = this.versions.has(rack.rack) ? this.versions.get(rack.rack) : -1;
+    if (rack.version <= current) return false;
+    if (!fromSnapshot && current >= 0 && rack.version > current + 1) {
+      this.gaps++;
+      this.snapshot([rack.rack]).catch(() => {});
+    }
+    this.racks.set(rack.rack, rack);
+    this.versions.set(rack.rack, rack.version);
+    for (const n of rack.nodes) this.nodeRack.set(n[0], rack.rack);
+    for (const el of document.querySelectorAll(`[data-rack-id="${rack.rack}"]`)) el.dataset.version = rack.version;
+    this.emit("rack", rack);
+    return true;
+  }
+
+  connect() {
+    if (this.stopped) return;
+    const url = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/ws/fleet/`;
+    const ws = new WebSocket(url);
+    this.socket = ws;
+    ws.onopen = () => {
+      this.backoff = 500;
+      setStatus("open");
+      // Anything sent while we were away is lost: repaint from the snapshot.
+      this.snapshot().then(() => this.onFirstSnapshot && this.onFirstSnapshot(), () => {});
+      this.ping = setInterval(() => ws.readyState === 1 && ws.send(JSON.stringify({ type: "ping" })), 25000);
+    };
+    ws.onmessage = (msg) => {
+      const event = JSON.parse(msg.data);
+      if (event.type === "rack") this.apply(event);
+      else if (event.type in this.listeners) this.emit(event.type, event);
+    };
+    ws.onclose = (e) => {
+      clearInterval(this.ping);
+      if (this.socket !== ws) return;
+      setStatus("closed");
+      if (e.code === 4401) { window.location.href = `/login/?next=${encodeURIComponent(location.pathname)}`; return; }
+      if (e.code === 4403) return;
+      setTimeout(() => this.connect(), this.backoff);
+      this.backoff = Math.min(this.backoff * 2, 8000);
+    };
+  }
+
+  /** Cell state of one GPU, for tests and tooltips. */
+  cellState(nodeId, gpu) {
+    const rack = this.racks.get(this.nodeRack.get(nodeId));
+    if (!rack) return null;
+    const c = cells(rack).find((x) => x.node === nodeId && x.gpu === gpu);
+    return c ? { ...c, rack: rack.rack, version: rack.version } : null;
+  }
+}
+
+function setStatus(status) {
+  document.body.dataset.ws = status;
+  const banner = document.querySelector("[data-testid=ws-status]");
+  if (banner) {
+    banner.textContent = status === "open" ? "live" : status === "closed" ? "disconnected, reconnecting…" : "connecting…";
+    banner.className = `ws-status ws-${status}`;
+  }
+}
+
+/** Start the live picture and expose it for tests as window.rackwise. */
+export function startLive(rackIds = null) {
+  const live = new FleetLive(rackIds);
+  window.rackwise = {
+    live,
+    appliedVersion: (rackId) => (live.versions.has(rackId) ? live.versions.get(rackId) : -1),
+    cellState: (nodeId, gpu) => live.cellState(nodeId, gpu),
+    jobCells: (jobId) => [...live.racks.values()].flatMap((r) => cells(r).filter((c) => c.job === jobId).map((c) => ({ rack: r.rack, node: c.node, gpu: c.gpu }))),
+    get gaps() { return live.gaps; },
+    get snapshots() { return live.snapshots; },
+  };
+  return live;
+}

@@ -1,0 +1,167 @@
+"""Browser tests: Debian's Chromium driven by Playwright, against the real ASGI
+app (daphne in a subprocess on the pytest test database), the test Redis, and a
+real Celery worker when a test asks for one.
+
+Tests wait on state the page exposes (``data-version`` of each rack element,
+``body[data-ws]``, ``window.rackwise``), never on fixed sleeps. A failed test
+leaves a screenshot in ``var/screenshots/``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from tests.support import FAST_CLUSTER, ROOT, wait_for, workers
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run"]
+SCREENSHOTS = ROOT / "var" / "screenshots"
+
+# Playwright's sync API keeps an event loop on the main thread, which Django
+# takes for async code; the test process's ORM calls are plain sync code.
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+
+def pytest_collection_modifyitems(items):
+    """Mark the browser tests, and run them last: Playwright's sync API leaves an
+    event loop on the main thread for the rest of the session, which would make
+    later tests' async_to_sync calls (the services' event publishing) refuse."""
+    browser = [item for item in items if "tests/browser/" in str(item.fspath)]
+    for item in browser:
+        item.add_marker(pytest.mark.browser)
+    items[:] = [item for item in items if item not in browser] + browser
+
+
+@pytest.fixture(autouse=True)
+def fast_password_hashing():
+    """The app server checks passwords with its own (default) hashers, so the
+    test process must hash them the same way: no MD5 shortcut here."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _subprocess_env() -> dict[str, str]:
+    db = connection.settings_dict
+    url = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_ALLOW_ASYNC_UNSAFE"}
+    return env | {"DATABASE_URL": url, "REDIS_URL": settings.REDIS_URL, "RACKWISE_DEMO": "0"} | FAST_CLUSTER
+
+
+class AppServer:
+    """daphne serving rackwise.asgi on a fixed port; stop() and start() again
+    cut every websocket, as a restart or a network drop would."""
+
+    def __init__(self) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = ROOT / "var" / f"daphne-{self.port}.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> AppServer:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "rackwise.asgi:application"],
+            cwd=ROOT, env=_subprocess_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        wait_for(self._answers, 30, "daphne to listen")
+        return self
+
+    def _answers(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"daphne exited: {self.log_path.read_text()[-3000:]}")
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", self.port)) == 0
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def app_server(django_db_setup) -> Iterator[AppServer]:
+    # WhiteNoise serves collected files when DEBUG is off.
+    subprocess.run([sys.executable, "manage.py", "collectstatic", "--noinput", "-v0"], cwd=ROOT, env=_subprocess_env(), check=True)
+    server = AppServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def server(app_server, transactional_db) -> Iterator[AppServer]:
+    if app_server.proc.poll() is not None:  # a test stopped it and failed before restarting
+        app_server.start()
+    yield app_server
+    if app_server.proc.poll() is not None:
+        app_server.start()
+
+
+@pytest.fixture(scope="session")
+def _session_worker(django_db_setup):
+    with workers(1) as started:
+        yield started[0]
+
+
+@pytest.fixture
+def worker(_session_worker, transactional_db):
+    """A real Celery worker on the test database (one for the whole session)."""
+    return _session_worker
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium (scripts/test does it)")
+    from playwright.sync_api import sync_playwright
+
+    pw = sync_playwright().start()
+    browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    yield browser
+    browser.close()
+    pw.stop()
+
+
+@pytest.hookimpl(tryfirst=True, hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"rep_{report.when}", report)
+
+
+@pytest.fixture
+def page(chromium, server, request):
+    context = chromium.new_context(base_url=server.url, viewport={"width": 1400, "height": 1000})
+    context.set_default_timeout(15000)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.js_errors = errors
+    page.base_url = server.url
+    yield page
+    failed = getattr(request.node, "rep_call", None)
+    if failed is not None and failed.failed:
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        name = request.node.nodeid.replace("/", "_").replace(":", "_")
+        try:
+            page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+        except Exception:  # a screenshot must not hide the real failure
+            pass
+    context.close()

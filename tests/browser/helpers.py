@@ -1,0 +1,54 @@
+"""Helpers for the browser tests: log in, open a live page, call the API as the page."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.test import Client
+
+
+def log_in_as(page, user) -> None:
+    """Reuse a session made in the test process (same SECRET_KEY and database)."""
+    client = Client()
+    client.force_login(user)
+    cookie = client.cookies[settings.SESSION_COOKIE_NAME].value
+    page.context.add_cookies([{"name": settings.SESSION_COOKIE_NAME, "value": cookie, "url": page.base_url}])
+
+
+def open_live(page, path: str = "/") -> None:
+    """Open a console page and wait until the live feed is open and every rack
+    shown has applied a version."""
+    page.goto(path)
+    page.wait_for_function("document.body.dataset.ws === 'open' && document.body.dataset.ready === '1'")
+
+
+def rack_version(page, rack_id: int) -> int:
+    return page.evaluate(f"window.rackwise.appliedVersion({rack_id})")
+
+
+def post_api(page, path: str, data: dict | None = None) -> tuple[int, dict]:
+    """POST to the API with the page's session and CSRF token, as the page would."""
+    token = next((c["value"] for c in page.context.cookies() if c["name"] == "csrftoken"), "")
+    response = page.request.post(path, data=data or {}, headers={"X-CSRFToken": token, "Referer": page.url})
+    try:
+        body = response.json()
+    except Exception:
+        body = {}
+    return response.status, body
+
+
+
+def in_thread(fn, *args, **kwargs):
+    """Call a service from a worker thread: Playwright's loop owns the main
+    thread, and the services publish their events with async_to_sync."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import connection
+
+    def run():
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(run).result()

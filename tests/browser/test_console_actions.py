@@ -1,0 +1,73 @@
+"""The approval queue: an operator approves a defrag plan and watches it run; a
+viewer gets no button, and a forged approval is refused by the server."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleet import locks
+from fleet.choices import ActionState
+from fleet.models import Action
+from fleet.services.defrag import plan_defrag
+from tests.browser.helpers import log_in_as, open_live, post_api
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture
+def defrag_plan(request, operator):
+    """The ``fragmented`` fleet and a defrag plan for it. The decision lock is
+    held meanwhile, so a live worker's scheduling pass cannot place the set-up
+    jobs before the fixture does."""
+    with locks.decisions(wait=30):
+        request.getfixturevalue("fragmented")
+        outcome = plan_defrag(operator)
+    assert outcome.action is not None, outcome.reason
+    return outcome.action
+
+
+def test_an_operator_approves_a_defrag_plan_and_watches_it_to_the_final_grid(page, fleet, defrag_plan, fragmented, operator, worker):
+    a, b, _waiting = fragmented
+    r1, r2 = fleet
+    log_in_as(page, operator)
+    open_live(page, "/actions/")
+    card = page.locator(f"[data-action-id='{defrag_plan.pk}']")
+    # Before: job A in r1; after: A next to B in r2, r1 whole and free.
+    before = card.locator(f"[data-testid=grid-before][data-rack-id='{r1.pk}']")
+    after_r1 = card.locator(f"[data-testid=grid-after][data-rack-id='{r1.pk}']")
+    after_r2 = card.locator(f"[data-testid=grid-after][data-rack-id='{r2.pk}']")
+    assert before.locator(f"g.cell[data-job='{a.pk}']").count() == 16
+    assert after_r1.locator("g.cell[data-job]").count() == 0
+    assert after_r2.locator(f"g.cell[data-job='{a.pk}']").count() == 16
+    assert "GPU-hours" in card.text_content()
+
+    card.locator("[data-testid=approve]").click()
+    page.wait_for_function(
+        f"document.querySelector('[data-action-id=\"{defrag_plan.pk}\"]').dataset.state === 'succeeded'", timeout=30000
+    )
+    assert card.locator("[data-testid=progress]").evaluate("el => el.value") == 1
+    assert card.locator("[data-testid=steplog] div").count() >= len(defrag_plan.steps)
+    assert card.locator("[data-testid=approve]").is_hidden()
+    # The final grid: A now runs in r2.
+    page.wait_for_function(
+        f"window.rackwise.jobCells({a.pk}).length === 16 && window.rackwise.jobCells({a.pk}).every(c => c.rack === {r2.pk})"
+    )
+    now_r2 = card.locator(f"[data-testid=grid-now][data-rack-id='{r2.pk}']")
+    page.wait_for_function(
+        f"document.querySelectorAll('[data-action-id=\"{defrag_plan.pk}\"] [data-testid=grid-now][data-rack-id=\"{r2.pk}\"] g.cell[data-job=\"{a.pk}\"]').length === 16"
+    )
+    assert now_r2.locator(f"g.cell[data-job='{b.pk}']").count() == 16
+
+
+def test_a_viewer_sees_no_approve_button_and_a_forged_approval_is_refused(page, defrag_plan, viewer):
+    log_in_as(page, viewer)
+    open_live(page, "/actions/")
+    card = page.locator(f"[data-action-id='{defrag_plan.pk}']")
+    assert card.count() == 1
+    assert page.locator("[data-testid=approve]").count() == 0
+    assert page.locator("[data-testid=reject]").count() == 0
+    assert page.locator("[data-testid=read-only]").is_visible()
+
+    status, body = post_api(page, f"/api/actions/{defrag_plan.pk}/approve/", {"note": "forged"})
+    assert status == 403, body
+    assert Action.objects.get(pk=defrag_plan.pk).state == ActionState.PROPOSED
