@@ -12,6 +12,7 @@ Followed: slurm.schedmd.com topology.html ("Block Topology") and topology.conf(5
 4. With ``--segment`` each segment lies in one base block, placed best fit (the base
    block with the fewest free nodes that holds it); without it the nodes are taken
    from the block's base blocks, fullest-free first.
+5. A ``required`` job waits rather than take more base blocks than it needs.
 There is no spare logic: every idle node may be allocated. A ``required`` job is
 submitted as Slurm users do it, with ``--segment`` equal to the job (or to a whole
 block when the job is bigger than one).
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from placement.model import REQUIRED, Fleet, JobRequest, Rack
 from placement.plans import PlacementPlan, not_placed
-from placement.policies.common import Context, segment_sizes, small_plan, whole_node_plan
+from placement.policies.common import Context, min_racks, segment_sizes, small_plan, whole_node_plan
 
 NAME = "slurm-block"
 
@@ -91,7 +92,17 @@ def slurm_block(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) 
                 need -= take
             if need == 0:
                 break
-    return whole_node_plan(fleet, job, NAME, picks, choices[0], choices)
+    plan = whole_node_plan(fleet, job, NAME, picks, choices[0], choices)
+    if job.locality == REQUIRED and plan.placed:
+        # 5. A required job waits rather than take more base blocks than it needs,
+        #    as with --exclusive=topo (a fragmented aggregated block would otherwise
+        #    hand it nodes from one rack too many).
+        size = max(fleet.rack_by_id[r].size for r in plan.racks)
+        fewest = min_racks(n, size, job.segment_nodes)
+        if len(plan.racks) > fewest:
+            return not_placed(job, NAME, f"{label} would spread it over {len(plan.racks)} racks where "
+                                         f"{fewest} would hold it; the job waits")
+    return plan
 
 
 def _small(job: JobRequest, racks: list[Rack], ctx: Context) -> PlacementPlan:
