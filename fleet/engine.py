@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.db.models import Count
 
-import placement
 from fleet.choices import HOLDING_JOB_STATES, NodeState
 from fleet.models import Allocation, Job, Node, Rack
 from placement import model as pm
@@ -52,12 +51,6 @@ class Snapshot:
     jobs: dict[str, Job] = field(default_factory=dict)
     hostnames: dict[str, str] = field(default_factory=dict)
     rack_names: dict[str, str] = field(default_factory=dict)
-
-    def node_pk(self, node_id: str) -> int:
-        return int(node_id)
-
-    def gpus_by_node_pk(self, nodes: dict[str, tuple[int, ...]] | dict[str, list[int]]) -> dict[int, list[int]]:
-        return {int(nid): list(gpus) for nid, gpus in nodes.items()}
 
     def describe_nodes(self, node_ids) -> list[str]:
         return [self.hostnames.get(n, n) for n in node_ids]
@@ -129,4 +122,4 @@ def policy() -> str:
     return settings.RACKWISE_POLICY
 
 
-__all__ = ["ENGINE_HEALTH", "Snapshot", "job_request", "load_snapshot", "placement", "policy"]
+__all__ = ["ENGINE_HEALTH", "Snapshot", "job_request", "load_snapshot", "policy"]
