@@ -1,7 +1,7 @@
 // The fleet page: totals, overview map, filters, and one lazily drawn grid per
 // rack, kept live by live.js.
 
-import { attachClicks, attachTooltip, cells, describeCell, rackSvg, utilisation } from "./grid.js";
+import { attachClicks, attachTooltip, cells, describeCell, rackSvg, restoreCursor, utilisation } from "./grid.js";
 import { api, startLive } from "./live.js";
 import { drawChart } from "./chart.js";
 
@@ -15,6 +15,7 @@ function paint(rackId) {
   if (!rack || !el) return;
   const grid = el.querySelector(".grid");
   grid.innerHTML = rackSvg(rack, { cell: 9, match: currentMatch(rack) });
+  restoreCursor(grid);
   el.dataset.painted = rack.version;
   const used = rack.nodes.reduce((n, node) => n + node[4].filter((g) => g[1] !== null).length, 0);
   const total = rack.nodes.reduce((n, node) => n + node[4].length, 0);

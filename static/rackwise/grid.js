@@ -122,6 +122,14 @@ export function gridSize(nodes, gpn, size, labels = false) {
   return { width: (labels ? 22 : 0) + gpn * (size + gap), height: nodes * (size + gap) };
 }
 
+/** After a repaint, put the keyboard cursor back on the cell it was on. */
+export function restoreCursor(grid) {
+  if (!grid.dataset.cursor) return;
+  const [node, gpu] = grid.dataset.cursor.split(":");
+  const cell = grid.querySelector(`g.cell[data-node="${node}"][data-gpu="${gpu}"]`);
+  if (cell) cell.classList.add("cursor");
+}
+
 /** Tooltip for hover and keyboard focus on any grid inside ``root``. */
 export function attachTooltip(root, lookup) {
   const tip = document.createElement("div");
@@ -130,25 +138,30 @@ export function attachTooltip(root, lookup) {
   tip.dataset.testid = "tooltip";
   tip.hidden = true;
   document.body.appendChild(tip);
-  const show = (target, x, y) => {
+  // Who opened the tooltip: the mouse, or the keyboard cursor. A grid repainted
+  // (or shifted) under a resting mouse must not hide what the keyboard shows.
+  let source = null;
+  const show = (target, x, y, by) => {
     const g = target.closest && target.closest("g.cell");
-    if (!g) { tip.hidden = true; return; }
+    if (!g) { if (source !== "key") tip.hidden = true; return; }
     const text = lookup(Number(g.dataset.node), Number(g.dataset.gpu));
     if (!text) return;
     tip.textContent = text;
     tip.style.left = `${x + 12}px`;
     tip.style.top = `${y + 12}px`;
     tip.hidden = false;
+    source = by;
   };
-  root.addEventListener("mouseover", (e) => show(e.target, e.pageX, e.pageY));
-  root.addEventListener("mouseleave", () => { tip.hidden = true; });
+  root.addEventListener("mouseover", (e) => { if (source !== "key") show(e.target, e.pageX, e.pageY, "mouse"); });
+  root.addEventListener("mouseleave", () => { if (source !== "key") tip.hidden = true; });
   // Keyboard: a focused grid has a cursor cell; arrows move it, Enter opens it.
   const cursorAt = (grid, cell) => {
     for (const old of grid.querySelectorAll("g.cell.cursor")) old.classList.remove("cursor");
     if (!cell) return;
     cell.classList.add("cursor");
+    grid.dataset.cursor = `${cell.dataset.node}:${cell.dataset.gpu}`;
     const r = cell.getBoundingClientRect();
-    show(cell, r.right + window.scrollX, r.top + window.scrollY);
+    show(cell, r.right + window.scrollX, r.top + window.scrollY, "key");
   };
   root.addEventListener("focusin", (e) => {
     const grid = e.target.closest && e.target.closest(".grid");
@@ -168,7 +181,7 @@ export function attachTooltip(root, lookup) {
     const next = all[all.indexOf(cell) + step];
     if (next) cursorAt(grid, next);
   });
-  root.addEventListener("focusout", () => { tip.hidden = true; });
+  root.addEventListener("focusout", () => { tip.hidden = true; source = null; });
 }
 
 /** Click on a cell: open its job, else its rack. */

@@ -2,7 +2,7 @@
 // [data-live-rack] element gets its rack's grid, kept live. data-highlight-job
 // on the element dims every other job's cells.
 
-import { attachClicks, attachTooltip, cells, describeCell, rackSvg } from "./grid.js";
+import { attachClicks, attachTooltip, cells, describeCell, rackSvg, restoreCursor } from "./grid.js";
 import { startLive } from "./live.js";
 
 const els = [...document.querySelectorAll("[data-live-rack]")];
@@ -12,7 +12,9 @@ const live = startLive(ids.length ? ids : []);
 function paint(rack) {
   for (const el of document.querySelectorAll(`[data-live-rack][data-rack-id="${rack.rack}"]`)) {
     const highlight = el.dataset.highlightJob ? Number(el.dataset.highlightJob) : null;
-    el.querySelector(".grid").innerHTML = rackSvg(rack, { cell: Number(el.dataset.cell || 22), labels: true, highlight });
+    const grid = el.querySelector(".grid");
+    grid.innerHTML = rackSvg(rack, { cell: Number(el.dataset.cell || 22), labels: true, highlight });
+    restoreCursor(grid);
   }
 }
 live.on("rack", paint);

@@ -105,6 +105,17 @@ def app_server(django_db_setup) -> Iterator[AppServer]:
     server.stop()
 
 
+def _quiet_db() -> bool:
+    """No other session is inside a query or a transaction on the test database."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid() AND state IN ('active', 'idle in transaction', "
+            "'idle in transaction (aborted)')"
+        )
+        return cursor.fetchone()[0] == 0
+
+
 @pytest.fixture
 def server(app_server, transactional_db) -> Iterator[AppServer]:
     if app_server.proc.poll() is not None:  # a test stopped it and failed before restarting
@@ -112,18 +123,17 @@ def server(app_server, transactional_db) -> Iterator[AppServer]:
     yield app_server
     if app_server.proc.poll() is not None:
         app_server.start()
-
-
-@pytest.fixture(scope="session")
-def _session_worker(django_db_setup):
-    with workers(1) as started:
-        yield started[0]
+    # The test database is emptied next (TRUNCATE); let the app server finish the
+    # requests the closed page left in flight, or the two deadlock.
+    wait_for(_quiet_db, 15, "the app server's queries to finish")
 
 
 @pytest.fixture
-def worker(_session_worker, transactional_db):
-    """A real Celery worker on the test database (one for the whole session)."""
-    return _session_worker
+def worker(transactional_db):
+    """A real Celery worker on the test database, stopped before the database is
+    emptied (a worker left running between tests would race the flush)."""
+    with workers(1) as started:
+        yield started[0]
 
 
 @pytest.fixture(scope="session")

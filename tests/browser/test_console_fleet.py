@@ -40,7 +40,7 @@ def test_hover_and_keyboard_focus_show_the_gpu_node_job_and_health(page, fleet, 
     grid.focus()
     page.keyboard.press("ArrowDown")
     page.keyboard.press("ArrowRight")
-    assert tip.is_visible()
+    tip.wait_for(state="visible", timeout=5000)
     assert "GPU 1" in tip.text_content() and "healthy" in tip.text_content()
 
 
