@@ -162,18 +162,10 @@ class AuditEventSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class FleetSummarySerializer(serializers.Serializer):
+class FleetSummarySerializer(RackSummarySerializer):
     racks = serializers.IntegerField()
-    gpus_total = serializers.IntegerField()
-    gpus_used = serializers.IntegerField()
-    gpus_free = serializers.IntegerField()
-    gpus_failed = serializers.IntegerField()
-    gpus_unavailable = serializers.IntegerField()
-    nodes_total = serializers.IntegerField()
-    nodes_free = serializers.IntegerField()
     utilization = serializers.FloatField()
     utilization_of_usable = serializers.FloatField()
-    nodes_by_state = serializers.DictField(child=serializers.IntegerField())
     jobs_by_state = serializers.DictField(child=serializers.IntegerField())
     free_nodes_per_rack = serializers.ListField(child=serializers.DictField())
 

@@ -168,11 +168,7 @@ def place_jobs(actor, decisions: list[PlacementDecision]) -> tuple[list[Job], di
     nothing is written: the caller retries one by one."""
     with transaction.atomic():
         jobs = {j.pk: j for j in Job.objects.select_for_update().filter(pk__in=[d.job_id for d in decisions])}
-        node_ids = {int(n) for d in decisions for n in d.gpus_by_node}
-        gpus = {
-            (g.node_id, g.index): g
-            for g in GPU.objects.select_related("node__rack").filter(node_id__in=node_ids, node__state=NodeState.HEALTHY)
-        }
+        gpus = _healthy_gpus({int(n) for d in decisions for n in d.gpus_by_node})
         refused: dict[int, str] = {}
         accepted: list[tuple[PlacementDecision, Job, list[GPU]]] = []
         for d in decisions:
@@ -181,19 +177,15 @@ def place_jobs(actor, decisions: list[PlacementDecision]) -> tuple[list[Job], di
                 state = job.state if job else "gone"
                 refused[d.job_id] = f"job #{d.job_id} is {state}, not pending; it cannot be placed"
                 continue
-            keys = [(int(n), i) for n, idxs in d.gpus_by_node.items() for i in idxs]
-            missing = [k for k in keys if k not in gpus]
+            chosen, missing = _pick(gpus, d.gpus_by_node)
             if missing:
-                refused[d.job_id] = f"GPUs {missing} are not on healthy nodes; the plan is stale"
+                refused[d.job_id] = _stale(missing)
                 continue
-            accepted.append((d, job, [gpus[k] for k in keys]))
-        try:
-            # A savepoint, so the IntegrityError leaves the outer transaction usable
-            # for the rollback and the caller gets a clean Conflict.
-            with transaction.atomic():
-                Allocation.objects.bulk_create(Allocation(job=job, gpu=g) for _, job, chosen in accepted for g in chosen)
-        except IntegrityError as exc:
-            raise Conflict("a GPU in the plan is already allocated; the plan is stale") from exc
+            accepted.append((d, job, chosen))
+        _insert_allocations(
+            [(job, g) for _, job, chosen in accepted for g in chosen],
+            "a GPU in the plan is already allocated; the plan is stale",
+        )
         now = timezone.now()
         for d, job, chosen in accepted:
             job.state = JobState.PLACED
@@ -225,25 +217,42 @@ def place_jobs(actor, decisions: list[PlacementDecision]) -> tuple[list[Job], di
     return placed, refused
 
 
-def _take_gpus(job: Job, gpus_by_node: Mapping[int, list[int]]) -> list[GPU]:
-    """Create active allocations of the given GPUs for ``job``; Conflict if any is
-    missing, on an unhealthy node, or already held (the database constraint)."""
-    wanted = [(int(node_id), idx) for node_id, idxs in gpus_by_node.items() for idx in idxs]
-    gpus = GPU.objects.select_related("node__rack").filter(
-        node_id__in=[int(n) for n in gpus_by_node], node__state=NodeState.HEALTHY
-    )
-    by_key = {(g.node_id, g.index): g for g in gpus}
-    missing = [key for key in wanted if key not in by_key]
-    if missing:
-        raise Conflict(f"GPUs {missing} are not on healthy nodes; the plan is stale")
-    chosen = [by_key[key] for key in wanted]
+def _healthy_gpus(node_ids) -> dict[tuple[int, int], GPU]:
+    """The GPUs of the given nodes that are on healthy nodes, by (node id, index)."""
+    gpus = GPU.objects.select_related("node__rack").filter(node_id__in=node_ids, node__state=NodeState.HEALTHY)
+    return {(g.node_id, g.index): g for g in gpus}
+
+
+def _pick(gpus: dict[tuple[int, int], GPU], gpus_by_node: Mapping[int, list[int]]) -> tuple[list[GPU], list]:
+    """The wanted GPUs, and the (node, index) keys of those not to be had."""
+    keys = [(int(node_id), idx) for node_id, idxs in gpus_by_node.items() for idx in idxs]
+    missing = [key for key in keys if key not in gpus]
+    return ([] if missing else [gpus[key] for key in keys]), missing
+
+
+def _stale(missing: list) -> str:
+    return f"GPUs {missing} are not on healthy nodes; the plan is stale"
+
+
+def _insert_allocations(pairs: list[tuple[Job, GPU]], conflict: str) -> None:
+    """Create active allocations; Conflict if any GPU is already held (the
+    database constraint)."""
     try:
         # A savepoint, so the IntegrityError leaves the outer transaction usable
         # for the rollback and the caller gets a clean Conflict.
         with transaction.atomic():
-            Allocation.objects.bulk_create(Allocation(job=job, gpu=g) for g in chosen)
+            Allocation.objects.bulk_create(Allocation(job=job, gpu=gpu) for job, gpu in pairs)
     except IntegrityError as exc:
-        raise Conflict(f"a GPU in the plan for job #{job.pk} is already allocated") from exc
+        raise Conflict(conflict) from exc
+
+
+def _take_gpus(job: Job, gpus_by_node: Mapping[int, list[int]]) -> list[GPU]:
+    """Create active allocations of the given GPUs for ``job``; Conflict if any is
+    missing, on an unhealthy node, or already held."""
+    chosen, missing = _pick(_healthy_gpus([int(n) for n in gpus_by_node]), gpus_by_node)
+    if missing:
+        raise Conflict(_stale(missing))
+    _insert_allocations([(job, g) for g in chosen], f"a GPU in the plan for job #{job.pk} is already allocated")
     return chosen
 
 

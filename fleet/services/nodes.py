@@ -10,6 +10,8 @@ Allowed transitions::
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.db import transaction
 from django.utils import timezone
 
@@ -31,11 +33,12 @@ def _transition(
     *,
     action: str,
     allowed_from: tuple[str, ...],
-    to_state: str,
+    to_state: str | Callable[[Node], str],
     reason: str,
     refusal: str,
-) -> tuple[Node, dict[str, str]]:
+) -> Node:
     """Lock the node, check the transition is allowed, apply it, and audit it.
+    ``to_state`` may depend on the locked node (a drain ends draining or drained).
     Must be called inside a transaction; the caller bumps the rack version last
     (rack rows are always locked last, so services never wait on each other in a
     cycle)."""
@@ -43,12 +46,12 @@ def _transition(
     if node.state not in allowed_from:
         raise Conflict(f"node {node.hostname} is {node.state}; {refusal}")
     before = _snapshot(node)
-    node.state = to_state
+    node.state = to_state(node) if callable(to_state) else to_state
     node.state_reason = reason
     node.state_changed_at = timezone.now()
     node.save(update_fields=["state", "state_reason", "state_changed_at"])
     audit.record(actor, action, node, before=before, after=_snapshot(node), message=reason)
-    return node, before
+    return node
 
 
 def _has_active_allocations(node: Node) -> bool:
@@ -58,14 +61,12 @@ def _has_active_allocations(node: Node) -> bool:
 def drain_node(actor, node_id: int, reason: str = "") -> Node:
     """Stop new work landing on the node; running jobs finish where they are."""
     with transaction.atomic():
-        node = Node.objects.select_for_update().get(pk=node_id)
-        target = NodeState.DRAINING if _has_active_allocations(node) else NodeState.DRAINED
-        node, _ = _transition(
+        node = _transition(
             actor,
             node_id,
             action="node.drain",
             allowed_from=(NodeState.HEALTHY, NodeState.SUSPECT),
-            to_state=target,
+            to_state=lambda n: NodeState.DRAINING if _has_active_allocations(n) else NodeState.DRAINED,
             reason=reason or "drained by operator",
             refusal="only a healthy or suspect node can be drained",
         )
@@ -75,7 +76,7 @@ def drain_node(actor, node_id: int, reason: str = "") -> Node:
 
 def undrain_node(actor, node_id: int, reason: str = "") -> Node:
     with transaction.atomic():
-        node, _ = _transition(
+        node = _transition(
             actor,
             node_id,
             action="node.undrain",
@@ -93,7 +94,7 @@ def mark_node_failed(actor, node_id: int, reason: str = "") -> Node:
     """Take a node out of service. Jobs holding GPUs on it are interrupted and
     move to ``recovering``; the control loop swaps in a spare."""
     with transaction.atomic():
-        node, _ = _transition(
+        node = _transition(
             actor,
             node_id,
             action="node.fail",
@@ -133,7 +134,7 @@ def mark_node_failed(actor, node_id: int, reason: str = "") -> Node:
 def return_node_to_service(actor, node_id: int, reason: str = "") -> Node:
     """A repaired node comes back healthy, with its GPUs' health reset."""
     with transaction.atomic():
-        node, _ = _transition(
+        node = _transition(
             actor,
             node_id,
             action="node.return",

@@ -11,6 +11,9 @@ from django.db.models import Count, Q, QuerySet
 from fleet.choices import FAILED_NODE_STATES, GpuHealth, JobState, NodeState
 from fleet.models import GPU, Allocation, Job, Node, Rack
 
+# The per-rack counts that add up to fleet totals.
+COUNTS = ("gpus_total", "gpus_used", "gpus_free", "gpus_failed", "gpus_unavailable", "nodes_total", "nodes_free")
+
 
 @dataclass
 class RackSummary:
@@ -93,7 +96,7 @@ def fleet_summary() -> dict:
     totals: dict[str, int] = defaultdict(int)
     nodes_by_state: dict[str, int] = {s: 0 for s in NodeState.values}
     for s in per_rack.values():
-        for key in ("gpus_total", "gpus_used", "gpus_free", "gpus_failed", "gpus_unavailable", "nodes_total", "nodes_free"):
+        for key in COUNTS:
             totals[key] += getattr(s, key)
         for state, n in s.nodes_by_state.items():
             nodes_by_state[state] += n
@@ -103,7 +106,7 @@ def fleet_summary() -> dict:
     usable = totals["gpus_total"] - totals["gpus_failed"]
     return {
         "racks": len(racks),
-        **{k: totals[k] for k in ("gpus_total", "gpus_used", "gpus_free", "gpus_failed", "gpus_unavailable", "nodes_total", "nodes_free")},
+        **{k: totals[k] for k in COUNTS},
         "utilization": round(totals["gpus_used"] / totals["gpus_total"], 4) if totals["gpus_total"] else 0.0,
         "utilization_of_usable": round(totals["gpus_used"] / usable, 4) if usable else 0.0,
         "nodes_by_state": nodes_by_state,
