@@ -12,6 +12,7 @@ from django.shortcuts import get_object_or_404
 from django.views.generic import TemplateView
 
 from fleet.choices import ActionState, JobState, NodeState, Role
+from fleet.export import EXPORTABLE_STATES, export_job
 from fleet.filtersets import AuditEventFilterSet
 from fleet.models import Action, Allocation, AuditEvent, Job, Rack
 from fleet.permissions import has_role, visible_audit_events, visible_jobs
@@ -146,6 +147,7 @@ class JobDetailView(RoleRequiredMixin, TemplateView):
         context.update(
             job=job,
             rack_ids=rack_ids,
+            export=export_job(job) if job.state in EXPORTABLE_STATES and rack_ids else None,
             waiting=waiting_reason(job),
             history=AuditEvent.objects.filter(object_type="job", object_id=str(job.pk))[:200],
             actions=job.actions.all()[:50],

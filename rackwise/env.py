@@ -7,6 +7,7 @@ secrets can come from mounted files.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 
@@ -102,3 +103,17 @@ def env_url(name: str, default: str, *, schemes: tuple[str, ...]) -> str:
             + ", ".join(f"{s}://" for s in schemes)
         )
     return value.strip()
+
+
+def env_cidrs(name: str, default: list[str]) -> list[str]:
+    """A comma-separated list of networks (``10.0.0.0/8``, ``::1/128``; a bare
+    address is one host), normalised; a malformed entry stops start-up."""
+    out = []
+    for item in env_list(name, default):
+        try:
+            out.append(str(ipaddress.ip_network(item, strict=False)))
+        except ValueError:
+            raise ImproperlyConfigured(
+                f"{name} entry {item!r} is not an IP network such as 10.0.0.0/8"
+            ) from None
+    return out

@@ -9,7 +9,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from rackwise.env import env_bool, env_choice, env_float, env_int, env_list, env_str, env_url
+from rackwise.env import env_bool, env_choice, env_cidrs, env_float, env_int, env_list, env_str, env_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("RACKWISE_VAR_DIR") or BASE_DIR / "var")
@@ -187,6 +187,12 @@ RACKWISE_DEFRAG_MAX_MOVES = env_int("RACKWISE_DEFRAG_MAX_MOVES", 8, minimum=1)
 RACKWISE_STALL_S = env_int("RACKWISE_STALL_S", 60, minimum=1)
 # Demo mode: a workload generator, simulated job completion, failures and repairs.
 RACKWISE_DEMO = env_bool("RACKWISE_DEMO", False)
+# Placement export: the Kubernetes node label naming a node's NVLink domain.
+RACKWISE_K8S_RACK_LABEL = env_str("RACKWISE_K8S_RACK_LABEL", "") or "nvidia.com/gpu.clique"
+# /metrics: a scraper gets in with `Authorization: Bearer <RACKWISE_METRICS_TOKEN>`
+# or from an address in RACKWISE_METRICS_ALLOW (CIDRs). Loopback only by default.
+RACKWISE_METRICS_TOKEN = env_str("RACKWISE_METRICS_TOKEN", "") or ""
+RACKWISE_METRICS_ALLOW = env_cidrs("RACKWISE_METRICS_ALLOW", ["127.0.0.0/8", "::1/128"])
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

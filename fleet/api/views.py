@@ -4,7 +4,8 @@ business rules (those live in fleet.services)."""
 from __future__ import annotations
 
 from django.db.models import Prefetch, Q
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -12,6 +13,7 @@ from rest_framework.views import APIView
 
 from fleet.api import serializers as s
 from fleet.choices import Role
+from fleet.export import export_job
 from fleet.filtersets import AuditEventFilterSet, JobFilterSet, NodeFilterSet, RackFilterSet
 from fleet.models import GPU, Allocation, AuditEvent, Job, Node, Rack
 from fleet.permissions import may_cancel, role_of, sees_all_tenants, visible_audit_events, visible_jobs
@@ -60,6 +62,22 @@ class JobViewSet(
             return Response({"detail": "You can cancel only your tenants' jobs."}, status=status.HTTP_403_FORBIDDEN)
         job_services.cancel_job(request.user, job.pk)
         return Response(s.JobSerializer(self.get_queryset().get(pk=job.pk)).data)
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "queue", str, description="Kueue LocalQueue: the manifest gets its label and the TAS annotations"
+            )
+        ],
+        responses={200: OpenApiTypes.OBJECT},
+    )
+    @action(detail=True, methods=["get"])
+    def export(self, request, pk=None):
+        """The job's placement in the forms the cluster takes: Kubernetes affinity,
+        Kueue annotations and a Job manifest; Slurm nodelist, segment and #SBATCH
+        lines. 409 unless the job is placed or running."""
+        job = self.get_object()  # 404 for jobs the user cannot see
+        return Response(export_job(job, queue=request.query_params.get("queue") or None))
 
 
 class RackViewSet(viewsets.ReadOnlyModelViewSet):
