@@ -1,0 +1,280 @@
+"""``/metrics`` in the Prometheus text format.
+
+The collector reads the database (and the broker's queue lengths) at scrape
+time, with grouped queries, so every web process answers the same figures as
+any other and the workers need no metrics endpoint of their own. Nothing is
+kept in process memory.
+
+Access: a request carrying ``Authorization: Bearer <RACKWISE_METRICS_TOKEN>``,
+or one from an address in ``RACKWISE_METRICS_ALLOW`` (loopback only by
+default). Anything else gets 401 (a token is configured: present it) or 403.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import logging
+from collections.abc import Iterator
+from datetime import timedelta
+
+import redis
+from django.conf import settings
+from django.contrib.auth.decorators import login_not_required
+from django.db.models import Count, DurationField, ExpressionWrapper, F, Q, Sum
+from django.db.models.functions import Coalesce
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+from django.views.decorators.http import require_GET
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+from fleet.choices import ActionKind, ActionState, JobState
+from fleet.models import Action, Job, Node
+from fleet.services.defrag import fragmentation_report
+from fleet.services.summary import fleet_summary
+
+log = logging.getLogger(__name__)
+
+# Upper bounds (seconds) of the submitted-to-placed wait histogram: seconds for
+# an idle fleet up to a day for a big gang behind a full one.
+WAIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 43200, 86400)
+RECOVERY_KINDS = (ActionKind.RECOVERY, ActionKind.PREEMPTION, ActionKind.MIGRATION, ActionKind.REQUEUE)
+FINISHED_ACTION_STATES = (
+    ActionState.SUCCEEDED,
+    ActionState.FAILED,
+    ActionState.REJECTED,
+    ActionState.EXPIRED,
+    ActionState.CANCELLED,
+)
+GPU_STATES = ("used", "free", "failed", "unavailable")
+
+
+class FleetCollector(Collector):
+    """Every Rackwise metric family, computed from the database at scrape time."""
+
+    def collect(self) -> Iterator:
+        yield from self._capacity()
+        yield from self._fragmentation()
+        yield from self._jobs()
+        yield self._wait_histogram()
+        yield from self._actions()
+        yield self._heartbeats()
+        yield from self._queues()
+
+    def _capacity(self) -> Iterator:
+        summary = fleet_summary()
+        gpus = GaugeMetricFamily(
+            "rackwise_gpus", "GPUs by state (used, free, failed, unavailable).", labels=["state"]
+        )
+        for state in GPU_STATES:
+            gpus.add_metric([state], summary[f"gpus_{state}"])
+        yield gpus
+        yield GaugeMetricFamily("rackwise_gpus_total", "GPUs in the fleet.", value=summary["gpus_total"])
+        nodes = GaugeMetricFamily("rackwise_nodes", "Nodes by state.", labels=["state"])
+        for state, n in summary["nodes_by_state"].items():
+            nodes.add_metric([state], n)
+        yield nodes
+        yield GaugeMetricFamily("rackwise_racks", "Racks (NVLink domains).", value=summary["racks"])
+        yield GaugeMetricFamily(
+            "rackwise_utilization", "GPUs used over GPUs in the fleet, 0..1.", value=summary["utilization"]
+        )
+        yield GaugeMetricFamily(
+            "rackwise_utilization_of_usable",
+            "GPUs used over GPUs not failed, 0..1.",
+            value=summary["utilization_of_usable"],
+        )
+
+    def _fragmentation(self) -> Iterator:
+        report = fragmentation_report()
+        yield GaugeMetricFamily(
+            "rackwise_fragmentation",
+            "Rack-level fragmentation: free GPUs the typical job shapes cannot use where they are, over free GPUs, 0..1.",
+            value=report.fraction,
+        )
+        yield GaugeMetricFamily(
+            "rackwise_fragmented_gpus",
+            "Free GPUs the typical job shapes cannot use.",
+            value=report.fragmented_gpus,
+        )
+        yield GaugeMetricFamily(
+            "rackwise_largest_placeable_job_gpus",
+            "GPUs of the largest rack-local job placeable now.",
+            value=report.largest_job_gpus,
+        )
+
+    def _jobs(self) -> Iterator:
+        by_state = GaugeMetricFamily("rackwise_jobs", "Jobs by state.", labels=["state"])
+        counts = dict.fromkeys(JobState.values, 0)
+        for row in Job.objects.values("state").annotate(n=Count("id")):
+            counts[row["state"]] = row["n"]
+        for state, n in counts.items():
+            by_state.add_metric([state], n)
+        yield by_state
+        pending = GaugeMetricFamily(
+            "rackwise_pending_jobs",
+            "Pending jobs by shape: nodes (1 for a job sharing a node) and GPUs in all.",
+            labels=["nodes", "gpus"],
+        )
+        shapes: dict[tuple[str, str], int] = {}
+        for row in (
+            Job.objects.filter(state=JobState.PENDING).values("num_nodes", "num_gpus").annotate(n=Count("id"))
+        ):
+            key = (str(row["num_nodes"] or 1), str(row["num_gpus"]))
+            shapes[key] = shapes.get(key, 0) + row["n"]
+        for key, n in sorted(shapes.items(), key=lambda kv: (int(kv[0][0]), int(kv[0][1]))):
+            pending.add_metric(list(key), n)
+        yield pending
+
+    def _wait_histogram(self) -> HistogramMetricFamily:
+        """Submitted-to-placed wait of every job that has been placed, as one
+        aggregate query with a conditional count per bucket."""
+        waited = Job.objects.annotate(
+            wait=ExpressionWrapper(
+                Coalesce("placed_at", "started_at") - F("submitted_at"), output_field=DurationField()
+            )
+        ).filter(wait__isnull=False)
+        aggregates = {
+            f"le_{i}": Count("id", filter=Q(wait__lte=timedelta(seconds=b)))
+            for i, b in enumerate(WAIT_BUCKETS)
+        }
+        row = waited.aggregate(total=Count("id"), wait_sum=Sum("wait"), **aggregates)
+        buckets = [(str(float(b)), row[f"le_{i}"]) for i, b in enumerate(WAIT_BUCKETS)]
+        buckets.append(("+Inf", row["total"]))
+        wait_sum = row["wait_sum"].total_seconds() if row["wait_sum"] else 0.0
+        return HistogramMetricFamily(
+            "rackwise_job_wait_seconds",
+            "Time from submission to placement of every job placed so far.",
+            buckets=buckets,
+            sum_value=wait_sum,
+        )
+
+    def _actions(self) -> Iterator:
+        counts = {(k, s): 0 for k in ActionKind.values for s in ActionState.values}
+        for row in Action.objects.values("kind", "state").annotate(n=Count("id")):
+            counts[(row["kind"], row["state"])] = row["n"]
+        actions = GaugeMetricFamily(
+            "rackwise_actions", "Actions (decisions) by kind and state.", labels=["kind", "state"]
+        )
+        for (kind, state), n in counts.items():
+            actions.add_metric([kind, state], n)
+        yield actions
+        # Finished recovery actions only ever grow in number, so they are a counter.
+        recoveries = CounterMetricFamily(
+            "rackwise_recoveries",
+            "Finished recovery decisions of jobs hit by failed nodes, by kind (recovery is an "
+            "in-place swap) and outcome.",
+            labels=["kind", "state"],
+        )
+        for kind in RECOVERY_KINDS:
+            for state in FINISHED_ACTION_STATES:
+                recoveries.add_metric([kind, state], counts[(kind, state)])
+        yield recoveries
+
+    def _heartbeats(self) -> GaugeMetricFamily:
+        now = timezone.now()
+        ages = GaugeMetricFamily(
+            "rackwise_node_heartbeat_age_seconds",
+            "Seconds since the node's agent last reported (nodes that have reported).",
+            labels=["node", "rack"],
+        )
+        for hostname, rack, at in Node.objects.filter(last_heartbeat_at__isnull=False).values_list(
+            "hostname", "rack__name", "last_heartbeat_at"
+        ):
+            ages.add_metric([hostname, rack], max(0.0, (now - at).total_seconds()))
+        return ages
+
+    def _queues(self) -> Iterator:
+        depth = GaugeMetricFamily(
+            "rackwise_task_queue_depth", "Celery messages waiting on the broker, by queue.", labels=["queue"]
+        )
+        up = 1
+        try:
+            for queue, n in queue_depths().items():
+                depth.add_metric([queue], n)
+        except (redis.exceptions.RedisError, OSError):
+            log.warning("metrics: the broker does not answer; queue depth left out", exc_info=True)
+            up = 0
+        yield depth
+        yield GaugeMetricFamily("rackwise_broker_up", "1 if the broker answered this scrape.", value=up)
+
+
+def celery_queues() -> list[str]:
+    """The queue names tasks go to: the default one and any routed to."""
+    names = {getattr(settings, "CELERY_TASK_DEFAULT_QUEUE", "celery") or "celery"}
+    routes = getattr(settings, "CELERY_TASK_ROUTES", None) or {}
+    if isinstance(routes, dict):
+        names |= {r["queue"] for r in routes.values() if isinstance(r, dict) and r.get("queue")}
+    return sorted(names)
+
+
+def queue_depths() -> dict[str, int]:
+    """LLEN of each Celery queue on a Redis broker (an AMQP broker is not
+    asked: its own exporter reports queue depth)."""
+    url = settings.CELERY_BROKER_URL
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        return {}
+    client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=2)
+    # Kombu's Redis transport keeps one list per priority step: "name" for
+    # priority 0 and "name\x06\x16<step>" for the others.
+    sep, steps = "\x06\x16", (3, 6, 9)
+    pipe = client.pipeline(transaction=False)
+    queues = celery_queues()
+    for q in queues:
+        for key in (q, *(f"{q}{sep}{s}" for s in steps)):
+            pipe.llen(key)
+    lengths = pipe.execute()
+    per = 1 + len(steps)
+    return {q: sum(lengths[i * per : (i + 1) * per]) for i, q in enumerate(queues)}
+
+
+def _registry() -> CollectorRegistry:
+    # A private registry: only the fleet's figures, no per-process collectors,
+    # which would differ between the web processes behind one address.
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(FleetCollector())
+    return registry
+
+
+REGISTRY = _registry()
+
+
+def scrape_refusal(request: HttpRequest) -> HttpResponse | None:
+    """None if the request may read the metrics, else the 401/403 to answer."""
+    token = settings.RACKWISE_METRICS_TOKEN
+    header = request.headers.get("Authorization", "")
+    if token and header.startswith("Bearer "):
+        if hmac.compare_digest(header.removeprefix("Bearer ").strip().encode(), token.encode()):
+            return None
+        return _refuse(401, "wrong metrics token")
+    try:
+        addr = ipaddress.ip_address(request.META.get("REMOTE_ADDR", ""))
+    except ValueError:
+        addr = None
+    if addr is not None and any(addr in ipaddress.ip_network(n) for n in settings.RACKWISE_METRICS_ALLOW):
+        return None
+    if token:
+        return _refuse(401, "metrics need 'Authorization: Bearer <RACKWISE_METRICS_TOKEN>'")
+    return _refuse(
+        403,
+        f"metrics are not served to {addr or 'this address'}; set RACKWISE_METRICS_ALLOW "
+        "(CIDRs) or RACKWISE_METRICS_TOKEN",
+    )
+
+
+def _refuse(status: int, message: str) -> HttpResponse:
+    response = HttpResponse(message + "\n", status=status, content_type="text/plain; charset=utf-8")
+    if status == 401:
+        response["WWW-Authenticate"] = 'Bearer realm="rackwise-metrics"'
+    return response
+
+
+@login_not_required  # scrapers have no session; the token or the address is the check
+@require_GET
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    """The Prometheus scrape endpoint."""
+    refusal = scrape_refusal(request)
+    if refusal is not None:
+        return refusal
+    return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)
