@@ -1,0 +1,86 @@
+"""``manage.py import_topology``: read the fleet from Kubernetes or Slurm."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from fleet.services.errors import ServiceError
+from fleet.services.topology import import_topology
+from fleet.topology import Topology, TopologyError, slurm
+from fleet.topology import kubernetes as k8s
+
+SOURCES = ("kubernetes", "kubernetes-api", "slurm")
+
+
+class Command(BaseCommand):
+    help = (
+        "Import racks (NVLink domains), nodes, GPU counts and node states from Kubernetes "
+        "(`kubectl get nodes -o json` output, or the API) or from a Slurm topology.conf (topology/block). "
+        "Prints what changed; --dry-run only prints it."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("file", nargs="?", help="the node list (kubernetes) or topology.conf (slurm)")
+        parser.add_argument("--from", dest="source", required=True, choices=SOURCES)
+        parser.add_argument(
+            "--rack-label",
+            default=k8s.CLIQUE_LABEL,
+            help="Kubernetes label naming a node's NVLink domain (default: %(default)s, keyed by its ClusterUUID part)",
+        )
+        parser.add_argument(
+            "--kubeconfig",
+            help="kubeconfig for --from kubernetes-api (default: $KUBECONFIG or ~/.kube/config)",
+        )
+        parser.add_argument("--context", help="kubeconfig context for --from kubernetes-api")
+        parser.add_argument(
+            "--nodes", help="`scontrol show nodes --json` output, for --from slurm: GPU counts and states"
+        )
+        parser.add_argument(
+            "--gpus-per-node",
+            type=int,
+            default=4,
+            help="GPUs of new nodes when the source does not say (slurm without --nodes; default %(default)s)",
+        )
+        parser.add_argument("--dry-run", action="store_true", help="show what would change, write nothing")
+        parser.add_argument("--json", action="store_true", help="print the report as JSON")
+
+    def handle(self, *args, **options) -> None:
+        try:
+            topology = self._read(options)
+            report = import_topology(
+                None, topology, dry_run=options["dry_run"], default_gpus=options["gpus_per_node"]
+            )
+        except (TopologyError, ServiceError) as exc:
+            raise CommandError(str(exc)) from exc
+        if options["json"]:
+            self.stdout.write(json.dumps(report.as_dict(), indent=2))
+        else:
+            self.stdout.write("\n".join(report.lines()))
+
+    def _read(self, options) -> Topology:
+        source, path = options["source"], options["file"]
+        if options["gpus_per_node"] < 1:
+            raise CommandError("--gpus-per-node must be at least 1")
+        if source == "kubernetes-api":
+            if path:
+                raise CommandError(
+                    "--from kubernetes-api reads the API server; give --kubeconfig, not a file"
+                )
+            doc = k8s.fetch_nodes(options["kubeconfig"], options["context"])
+            return k8s.parse_nodes(doc, rack_label=options["rack_label"], source="kubernetes-api")
+        if not path:
+            raise CommandError(f"--from {source} needs a FILE")
+        if source == "kubernetes":
+            return k8s.parse_nodes(k8s.load_json(path), rack_label=options["rack_label"], place=path)
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise CommandError(f"{path}: cannot read the file: {exc.strerror}") from exc
+        conf = slurm.parse_topology_conf(text, path)
+        scontrol = None
+        if options["nodes"]:
+            scontrol = slurm.parse_scontrol_nodes(k8s.load_json(options["nodes"]), options["nodes"])
+        return slurm.to_topology(conf, scontrol, nodes_place=options["nodes"] or "")

@@ -1,0 +1,209 @@
+"""Read a Kubernetes node list (``kubectl get nodes -o json``, or the API).
+
+* Rack: the ClusterUUID part of ``nvidia.com/gpu.clique`` (``<ClusterUUID>.<CliqueId>``,
+  set by GPU Feature Discovery once the NVLink fabric is up), or the whole value of
+  another label named with ``rack_label`` (``ds.coreweave.com/nvlink.domain``).
+  The CliqueId is a fabric-manager partition of that one NVLink domain, so it does
+  not split the rack. A node without the label is its own single-node domain
+  (HGX-style), named after the node.
+* GPUs: ``status.capacity["nvidia.com/gpu"]``. A node without GPUs (control plane,
+  CPU pool) is skipped and reported.
+* State: the Ready condition False or Unknown (or absent) -> failed; cordoned
+  (``spec.unschedulable``) or a NoSchedule/NoExecute taint -> draining; else
+  healthy. Taints in ``BENIGN_TAINTS`` do not drain: ``nvidia.com/gpu`` is the
+  taint clusters put on every GPU node to keep CPU pods off (GKE and AKS add it
+  themselves), and the ``node.kubernetes.io/unschedulable|not-ready|unreachable``
+  taints only mirror the cordon and the Ready condition, which are read directly.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from fleet.topology.model import (
+    DRAINING,
+    FAILED,
+    HEALTHY,
+    DesiredDomain,
+    DesiredNode,
+    Topology,
+    TopologyError,
+    check_domains,
+)
+
+CLIQUE_LABEL = "nvidia.com/gpu.clique"
+GPU_RESOURCE = "nvidia.com/gpu"
+BENIGN_TAINTS = frozenset(
+    {
+        "nvidia.com/gpu",
+        "node.kubernetes.io/unschedulable",
+        "node.kubernetes.io/not-ready",
+        "node.kubernetes.io/unreachable",
+    }
+)
+DRAINING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+
+
+def load_json(path: str | Path) -> Any:
+    """Read a JSON file, or raise TopologyError naming the line and column."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise TopologyError(f"cannot read the file: {exc.strerror}", str(path)) from exc
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TopologyError(
+            f"not valid JSON: {exc.msg} (column {exc.colno})", f"{path}:{exc.lineno}"
+        ) from exc
+
+
+def _place(prefix: str, path: str) -> str:
+    return f"{prefix}{path}" if prefix else path
+
+
+def _node_state(item: dict[str, Any], where: str) -> tuple[str, str]:
+    status = item.get("status") or {}
+    conditions = status.get("conditions") or []
+    if not isinstance(conditions, list):
+        raise TopologyError("conditions must be a list", f"{where}.status.conditions")
+    ready = next((c for c in conditions if isinstance(c, dict) and c.get("type") == "Ready"), None)
+    if ready is None:
+        return FAILED, "NotReady: no Ready condition reported"
+    if ready.get("status") != "True":
+        why, message = ready.get("reason") or f"Ready={ready.get('status')}", ready.get("message") or ""
+        return FAILED, (f"NotReady ({why}): {message}" if message else f"NotReady ({why})")[:500]
+    spec = item.get("spec") or {}
+    if spec.get("unschedulable"):
+        return DRAINING, "cordoned in Kubernetes"
+    for i, taint in enumerate(spec.get("taints") or []):
+        if not isinstance(taint, dict) or "key" not in taint:
+            raise TopologyError("a taint needs a key", f"{where}.spec.taints[{i}]")
+        if taint["key"] in BENIGN_TAINTS or taint.get("effect") not in DRAINING_EFFECTS:
+            continue
+        value = f"={taint['value']}" if taint.get("value") else ""
+        return DRAINING, f"tainted {taint['key']}{value}:{taint['effect']}"
+    return HEALTHY, ""
+
+
+def _gpus(item: dict[str, Any], where: str) -> int:
+    capacity = (item.get("status") or {}).get("capacity") or {}
+    if not isinstance(capacity, dict):
+        raise TopologyError("capacity must be an object", f"{where}.status.capacity")
+    raw = capacity.get(GPU_RESOURCE)
+    if raw is None:
+        return 0
+    try:
+        gpus = int(str(raw))
+    except ValueError:
+        raise TopologyError(
+            f"GPU capacity {raw!r} is not a whole number", f'{where}.status.capacity["{GPU_RESOURCE}"]'
+        ) from None
+    if gpus < 0:
+        raise TopologyError(f"GPU capacity {gpus} is negative", f'{where}.status.capacity["{GPU_RESOURCE}"]')
+    return gpus
+
+
+def _rack_key(labels: dict[str, Any], label: str, where: str) -> str | None:
+    value = labels.get(label)
+    if value is None or value == "":
+        return None
+    value = str(value)
+    if label == CLIQUE_LABEL:
+        cluster, dot, clique = value.rpartition(".")
+        if not dot or not cluster or not clique:
+            raise TopologyError(
+                f"{value!r} is not <ClusterUUID>.<CliqueId>", f'{where}.metadata.labels["{label}"]'
+            )
+        return cluster
+    return value
+
+
+def parse_nodes(
+    doc: Any, *, rack_label: str = CLIQUE_LABEL, source: str = "kubernetes", place: str = ""
+) -> Topology:
+    """Turn a NodeList (``{"items": [...]}``) into a Topology. ``place`` prefixes
+    error locations (the file name)."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("items"), list):
+        raise TopologyError(
+            'expected a node list (an object with "items"), as `kubectl get nodes -o json` prints', place
+        )
+    prefix = f"{place}: " if place else ""
+    domains: dict[str, DesiredDomain] = {}
+    where_of: dict[str, str] = {}
+    skipped: list[tuple[str, str]] = []
+    for i, item in enumerate(doc["items"]):
+        where = f"items[{i}]"
+        if not isinstance(item, dict):
+            raise TopologyError("a node must be an object", _place(prefix, where))
+        if item.get("kind", "Node") != "Node":
+            raise TopologyError(
+                f"expected kind Node, found {item.get('kind')!r}", _place(prefix, f"{where}.kind")
+            )
+        metadata = item.get("metadata") or {}
+        name = metadata.get("name")
+        if not isinstance(name, str) or not name:
+            raise TopologyError("a node needs a name", _place(prefix, f"{where}.metadata.name"))
+        try:
+            gpus = _gpus(item, where)
+            if gpus == 0:
+                skipped.append((name, f"no {GPU_RESOURCE} capacity"))
+                continue
+            labels = metadata.get("labels") or {}
+            key = _rack_key(labels, rack_label, where)
+            state, reason = _node_state(item, where)
+        except TopologyError as exc:
+            raise TopologyError(exc.message, _place(prefix, exc.place)) from None
+        if name in where_of:
+            raise TopologyError(f"node {name} is listed twice (also {where_of[name]})", _place(prefix, where))
+        where_of[name] = _place(prefix, where)
+        # A node without the rack label is an NVLink domain of its own (HGX).
+        domain_key = key if key is not None else name
+        domain = domains.setdefault(domain_key, DesiredDomain(name=domain_key, external_id=domain_key))
+        domain.nodes.append(DesiredNode(hostname=name, gpus=gpus, state=state, reason=reason))
+    result = list(domains.values())
+    check_domains(result, where_of)
+    return Topology(source=source, domains=result, skipped=skipped)
+
+
+def fetch_nodes(
+    kubeconfig: str | None = None, context: str | None = None, page_size: int = 500
+) -> dict[str, Any]:
+    """Read ``/api/v1/nodes`` through the official client, page by page as kubectl
+    does, and return it shaped like ``kubectl get nodes -o json``."""
+    from kubernetes import client, config
+    from kubernetes.client.exceptions import ApiException
+    from kubernetes.config.config_exception import ConfigException
+
+    try:
+        api_client = config.new_client_from_config(config_file=kubeconfig, context=context)
+    except (ConfigException, OSError) as exc:
+        raise TopologyError(f"cannot load the kubeconfig: {exc}", kubeconfig or "kubeconfig") from exc
+    server = api_client.configuration.host
+    items: list[Any] = []
+    token: str | None = None
+    try:
+        with api_client:
+            api = client.CoreV1Api(api_client)
+            while True:
+                kwargs: dict[str, Any] = {
+                    "limit": page_size,
+                    "_preload_content": False,
+                    "_request_timeout": 30,
+                }
+                if token:
+                    kwargs["_continue"] = token
+                page = json.loads(api.list_node(**kwargs).data)
+                items.extend(page.get("items") or [])
+                token = (page.get("metadata") or {}).get("continue")
+                if not token:
+                    break
+    except ApiException as exc:
+        raise TopologyError(f"the API server answered {exc.status} {exc.reason}", server) from exc
+    except json.JSONDecodeError as exc:
+        raise TopologyError(f"the API server sent something that is not JSON: {exc.msg}", server) from exc
+    except Exception as exc:  # urllib3 connection errors have no common base we can name cheaply
+        raise TopologyError(f"cannot list nodes: {exc.__class__.__name__}: {exc}"[:300], server) from exc
+    return {"apiVersion": "v1", "kind": "List", "items": items}
