@@ -17,11 +17,14 @@ from fleet.models import (
     Node,
     Rack,
     Tenant,
+    WebhookDelivery,
+    WebhookEndpoint,
 )
 from fleet.services import actions as action_services
 from fleet.services import audit
 from fleet.services import jobs as job_services
 from fleet.services import nodes as node_services
+from fleet.services import webhooks as webhook_services
 from fleet.services.errors import ServiceError
 
 
@@ -186,3 +189,26 @@ class ApprovalPolicyAdmin(AuditedAdmin):
 class AgentTokenAdmin(ReadOnlyAdmin):
     list_display = ["node", "created_at"]
     exclude = ["key"]
+
+
+@admin.register(WebhookEndpoint)
+class WebhookEndpointAdmin(ReadOnlyAdmin):
+    # Changes go through /api/webhooks/ (validated and audited); the secret is never shown.
+    list_display = ["id", "url", "event_types", "active", "created_at"]
+    list_filter = ["active"]
+    exclude = ["secret"]
+
+
+@admin.register(WebhookDelivery)
+class WebhookDeliveryAdmin(ReadOnlyAdmin):
+    list_display = ["id", "endpoint", "event_type", "state", "attempts", "last_status_code", "created_at"]
+    list_filter = ["state", "event_type"]
+    actions = ["redeliver"]
+
+    def has_change_permission(self, request, obj=None):
+        # Offer the redeliver action; the form itself stays read-only.
+        return obj is None and request.user.is_superuser
+
+    @admin.action(description="Redeliver selected deliveries")
+    def redeliver(self, request, queryset):
+        _run_service(self, request, queryset, webhook_services.redeliver, "Redelivered")

@@ -109,3 +109,28 @@ DEFAULT_APPROVAL: dict[str, str] = {
     ActionKind.DEFRAG: ApprovalMode.MANUAL,
     ActionKind.DRAIN: ApprovalMode.MANUAL,
 }
+
+
+class WebhookEvent(models.TextChoices):
+    """Events operators can subscribe a webhook endpoint to."""
+
+    JOB_PLACED = "job.placed", "A job was bound to GPUs"
+    NODE_FAILED = "node.failed", "A node failed (operator, fatal XID or silence)"
+    ACTION_PROPOSED = "action.proposed", "A decision was recorded"
+    ACTION_APPROVED = "action.approved", "A decision was approved (by an operator or the policy)"
+    ACTION_FINISHED = "action.finished", "A decision ended: succeeded, failed, cancelled, expired or rejected"
+
+
+# Sent by the "test" button only; not subscribable.
+WEBHOOK_PING = "ping"
+
+
+class DeliveryState(models.TextChoices):
+    PENDING = "pending", "Pending"
+    RETRYING = "retrying", "Failed, will retry"
+    SUCCEEDED = "succeeded", "Succeeded"
+    DEAD = "dead", "Dead (gave up)"
+
+
+# Deliveries in these states still have attempts to make.
+OPEN_DELIVERY_STATES = (DeliveryState.PENDING, DeliveryState.RETRYING)

@@ -16,8 +16,6 @@ import json
 import logging
 import random
 import time
-import urllib.error
-import urllib.request
 from typing import Protocol
 
 from django.conf import settings
@@ -120,18 +118,12 @@ class WebhookExecutor:
             },
             sort_keys=True,
         ).encode()
-        request = urllib.request.Request(
-            self.url,
-            data=body,
-            method="POST",
-            headers={"Content-Type": "application/json", signing.HEADER: signing.sign(self.secret, body)},
-        )
         try:
-            with urllib.request.urlopen(request, timeout=10) as response:
-                if not 200 <= response.status < 300:
-                    raise StepFailed(f"webhook answered HTTP {response.status}")
-        except (urllib.error.URLError, TimeoutError, OSError) as exc:
+            answer = signing.post_signed(self.url, self.secret, body, timeout=10)
+        except OSError as exc:
             raise StepFailed(f"webhook {self.url} unreachable: {exc}") from exc
+        if not 200 <= answer.status < 300:
+            raise StepFailed(f"webhook answered HTTP {answer.status}")
         Action.objects.filter(pk=action.pk, step_index=index).update(step_started_at=timezone.now())
         return WAITING
 

@@ -81,3 +81,12 @@ class HasRole(BasePermission):
             self.message = f"This needs the {needed.label.lower()} role."
             return False
         return True
+
+
+class IsOperator(BasePermission):
+    """DRF permission: operators only, reads included (webhook configuration)."""
+
+    message = "This needs the operator role."
+
+    def has_permission(self, request, view) -> bool:
+        return has_role(request.user, Role.OPERATOR)

@@ -12,6 +12,7 @@ DEFAULT_SCHEDULES: dict[str, tuple[str, int]] = {
     "defrag plan (hourly)": ("fleet.tasks.plan_defrag", 3600),
     "defrag thresholds": ("fleet.tasks.defrag_watch", 60),
     "fleet sample (console chart)": ("fleet.tasks.sample_fleet", 60),
+    "webhook retries": ("fleet.tasks.sweep_webhooks", 15),
     "demo workload": ("fleet.tasks.demo_tick", 5),
 }
 

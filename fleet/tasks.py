@@ -189,6 +189,38 @@ def reconcile_once(now=None) -> dict:
     return done
 
 
+@shared_task(name="fleet.tasks.deliver_webhooks", **TASK_OPTIONS)
+def deliver_webhooks(delivery_ids: list[int]) -> str:
+    """Fan one event batch out to one task per delivery (on the webhooks queue),
+    so the service that emitted it sends a single message."""
+    for delivery_id in delivery_ids:
+        deliver_webhook.delay(delivery_id)
+    return f"{len(delivery_ids)} queued"
+
+
+@shared_task(name="fleet.tasks.deliver_webhook", **TASK_OPTIONS)
+def deliver_webhook(delivery_id: int) -> str:
+    """One attempt at one webhook delivery; a failure schedules the next."""
+    from fleet.services.webhooks import attempt_delivery
+
+    outcome = attempt_delivery(delivery_id)
+    if outcome.retry_in is not None:
+        deliver_webhook.apply_async((delivery_id,), countdown=outcome.retry_in)
+    return outcome.message
+
+
+@shared_task(name="fleet.tasks.sweep_webhooks", **TASK_OPTIONS)
+def sweep_webhooks() -> str:
+    """Re-enqueue webhook deliveries whose attempt is overdue (a lost message,
+    a killed worker); the claim makes a duplicate harmless."""
+    from fleet.services.webhooks import due_deliveries
+
+    due = due_deliveries()
+    for delivery_id in due:
+        deliver_webhook.delay(delivery_id)
+    return f"{len(due)} overdue"
+
+
 @shared_task(name="fleet.tasks.demo_tick", **TASK_OPTIONS)
 def demo_tick() -> str:
     if not settings.RACKWISE_DEMO:
@@ -209,6 +241,8 @@ def sample_fleet() -> str:
 
 __all__ = [
     "defrag_watch",
+    "deliver_webhook",
+    "deliver_webhooks",
     "demo_tick",
     "detect_failures",
     "execute_action",
@@ -218,4 +252,5 @@ __all__ = [
     "sample_fleet",
     "schedule_pending",
     "simulated_job_end",
+    "sweep_webhooks",
 ]

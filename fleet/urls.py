@@ -10,6 +10,7 @@ urlpatterns = [
     path("jobs/<int:pk>/", views.JobDetailView.as_view(), name="job"),
     path("actions/", views.ActionListView.as_view(), name="actions"),
     path("audit/", views.AuditView.as_view(), name="audit"),
+    path("webhooks/", views.WebhooksView.as_view(), name="webhooks"),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
 ]

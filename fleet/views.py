@@ -14,7 +14,7 @@ from django.views.generic import TemplateView
 from fleet.choices import ActionState, JobState, NodeState, Role
 from fleet.export import EXPORTABLE_STATES, export_job
 from fleet.filtersets import AuditEventFilterSet
-from fleet.models import Action, Allocation, AuditEvent, Job, Rack
+from fleet.models import Action, Allocation, AuditEvent, Job, Rack, WebhookEndpoint
 from fleet.permissions import has_role, visible_audit_events, visible_jobs
 from fleet.services.actions import describe_step
 from fleet.services.summary import fleet_summary, rack_summaries
@@ -199,4 +199,17 @@ class AuditView(RoleRequiredMixin, TemplateView):
         return context
 
 
+class WebhooksView(RoleRequiredMixin, TemplateView):
+    """Webhook endpoints and their recent deliveries (operators only: the
+    configuration is theirs; secrets are never shown here)."""
 
+    template_name = "fleet/webhooks.html"
+    minimum_role = Role.OPERATOR
+
+    def get_context_data(self, **kwargs):
+        context = super().get_context_data(**kwargs)
+        endpoints = list(WebhookEndpoint.objects.all())
+        for endpoint in endpoints:
+            endpoint.recent = list(endpoint.deliveries.order_by("-created_at", "-id")[:10])
+        context["endpoints"] = endpoints
+        return context

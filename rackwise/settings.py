@@ -148,6 +148,13 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TIMEZONE = "UTC"
+# Event webhooks go out on their own queue (and, in production, their own
+# worker), so a slow or dead endpoint never holds up a scheduling pass.
+CELERY_TASK_ROUTES = {
+    "fleet.tasks.deliver_webhooks": {"queue": "webhooks"},
+    "fleet.tasks.deliver_webhook": {"queue": "webhooks"},
+    "fleet.tasks.sweep_webhooks": {"queue": "webhooks"},
+}
 
 # --- Rackwise control loop -----------------------------------------------------------
 RACKWISE_POLICY = env_choice(
@@ -185,6 +192,13 @@ RACKWISE_DEFRAG_BUDGET_GPU_HOURS = env_float("RACKWISE_DEFRAG_BUDGET_GPU_HOURS",
 RACKWISE_DEFRAG_MAX_MOVES = env_int("RACKWISE_DEFRAG_MAX_MOVES", 8, minimum=1)
 # Executing actions silent this long are re-enqueued by reconcile.
 RACKWISE_STALL_S = env_int("RACKWISE_STALL_S", 60, minimum=1)
+# Event webhooks (operators register endpoints at /api/webhooks/): how long to
+# wait for an endpoint, how many attempts before a delivery is dead, and the
+# retry backoff (base x 3^n with jitter, capped).
+RACKWISE_WEBHOOK_DELIVERY_TIMEOUT_S = env_float("RACKWISE_WEBHOOK_DELIVERY_TIMEOUT_S", 5.0, minimum=0.1)
+RACKWISE_WEBHOOK_MAX_ATTEMPTS = env_int("RACKWISE_WEBHOOK_MAX_ATTEMPTS", 8, minimum=1)
+RACKWISE_WEBHOOK_BACKOFF_S = env_float("RACKWISE_WEBHOOK_BACKOFF_S", 10.0, minimum=0.0)
+RACKWISE_WEBHOOK_BACKOFF_MAX_S = env_float("RACKWISE_WEBHOOK_BACKOFF_MAX_S", 3600.0, minimum=0.0)
 # Demo mode: a workload generator, simulated job completion, failures and repairs.
 RACKWISE_DEMO = env_bool("RACKWISE_DEMO", False)
 # Placement export: the Kubernetes node label naming a node's NVLink domain.

@@ -86,7 +86,7 @@ def flush_broker() -> None:
 class Worker:
     """A real ``celery worker`` process (prefork pool) on the test database."""
 
-    def __init__(self, env: dict[str, str] | None = None, concurrency: int = 2) -> None:
+    def __init__(self, env: dict[str, str] | None = None, concurrency: int = 2, queues: str = "celery") -> None:
         db = connection.settings_dict
         url = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
         self.name = f"test-{uuid.uuid4().hex[:8]}"
@@ -94,13 +94,15 @@ class Worker:
         self.log_path.parent.mkdir(exist_ok=True)
         self.env = os.environ | {"DATABASE_URL": url, "REDIS_URL": settings.REDIS_URL} | FAST_CLUSTER | (env or {})
         self.concurrency = concurrency
+        # "celery" is the default queue; event webhooks go to "webhooks".
+        self.queues = queues
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> Worker:
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "rackwise", "worker", "-n", f"{self.name}@%h",
-             "--concurrency", str(self.concurrency), "-l", "info",
+             "--concurrency", str(self.concurrency), "-Q", self.queues, "-l", "info",
              "--without-gossip", "--without-mingle", "--without-heartbeat"],
             cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )

@@ -3,6 +3,7 @@ from fleet.models.audit import AuditEvent
 from fleet.models.jobs import Allocation, Job, Tenant
 from fleet.models.metrics import FleetSample
 from fleet.models.racks import GPU, Node, Rack
+from fleet.models.webhooks import WebhookDelivery, WebhookEndpoint
 
 __all__ = [
     "GPU",
@@ -16,4 +17,6 @@ __all__ = [
     "Node",
     "Rack",
     "Tenant",
+    "WebhookDelivery",
+    "WebhookEndpoint",
 ]

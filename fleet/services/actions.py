@@ -42,7 +42,7 @@ from fleet.choices import (
 )
 from fleet.models import Action, ApprovalPolicy, Job, Node, Rack
 from fleet.permissions import has_role
-from fleet.services import audit, dispatch
+from fleet.services import audit, dispatch, webhooks
 from fleet.services import jobs as job_services
 from fleet.services import nodes as node_services
 from fleet.services.errors import Conflict, InvalidInput, NotAllowed, ServiceError
@@ -143,6 +143,11 @@ def propose_many(proposals: list[Proposal], *, actor=None, version: int | None =
         for a in actions:
             if a.state != ActionState.PROPOSED:
                 dispatch.execute_soon(a.pk)
+        pairs = list(zip(actions, proposals, strict=True))
+        webhooks.emit_many("action.proposed", (webhooks.action_data(a, p.jobs) for a, p in pairs))
+        # Kinds the policy runs automatically are approved as they are proposed.
+        approved_now = ((a, p) for a, p in pairs if a.state != ActionState.PROPOSED)
+        webhooks.emit_many("action.approved", (webhooks.action_data(a, p.jobs) for a, p in approved_now))
         events.actions_changed(a.pk for a in actions)
     return actions
 
@@ -173,6 +178,8 @@ def _decide(actor, action_id: int, to_state: str, verb: str, note: str, **extra)
         raise Conflict(f"action #{action_id} is {action.state}; only a proposed action can be {to_state}")
     audit.record(actor, f"action.{verb}", action, before={"state": ActionState.PROPOSED}, after=_snapshot(action), message=note)
     events.actions_changed([action.pk])
+    event = "action.approved" if to_state == ActionState.APPROVED else "action.finished"
+    webhooks.emit(event, webhooks.action_finished(action))
     return action
 
 
@@ -210,6 +217,7 @@ def cancel(actor, action_id: int, note: str = "") -> Action:
         action.save(update_fields=["state", "decision_note", "finished_at", "log", "updated_at"])
         audit.record(actor, "action.cancel", action, before=before, after=_snapshot(action), message=note)
         events.actions_changed([action.pk])
+        webhooks.emit("action.finished", webhooks.action_finished(action))
         _settle_jobs(action, actor)
     return action
 
@@ -441,6 +449,7 @@ def _finish(action_id: int) -> None:
             action = Action.objects.get(pk=action_id)
             audit.record(None, "action.succeeded", action, after=_snapshot(action))
             events.actions_changed([action.pk])
+            webhooks.emit("action.finished", webhooks.action_finished(action))
             if action.kind not in (ActionKind.PLACEMENT, ActionKind.PLACEMENT_SPILL):
                 # Recoveries, moves and drains change what is free; placements don't.
                 dispatch.schedule_soon()
@@ -458,6 +467,7 @@ def _fail(action_id: int, index: int, step: dict, error: str) -> None:
         action.save(update_fields=["log", "state", "error", "finished_at", "updated_at"])
         audit.record(None, "action.failed", action, after=_snapshot(action), message=action.error)
         events.actions_changed([action.pk])
+        webhooks.emit("action.finished", webhooks.action_finished(action))
         _settle_jobs(action, None)
     log.warning("action #%s failed: %s", action_id, error)
 
@@ -473,6 +483,7 @@ def _expire(action: Action, problems: list[str]) -> None:
         action.refresh_from_db()
         audit.record(None, "action.expire", action, after=_snapshot(action), message=action.error[:500])
         events.actions_changed([action.pk])
+        webhooks.emit("action.finished", webhooks.action_finished(action))
         _settle_jobs(action, None)
         if action.kind == ActionKind.DEFRAG:
             dispatch.after_commit("fleet.tasks.plan_defrag")

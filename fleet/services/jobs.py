@@ -21,7 +21,7 @@ from fleet.choices import (
 )
 from fleet.models import GPU, Allocation, Job, Node, Tenant
 from fleet.permissions import role_of
-from fleet.services import audit, dispatch
+from fleet.services import audit, dispatch, webhooks
 from fleet.services.capacity import fleet_capacity, normalise_shape
 from fleet.services.errors import Conflict, InvalidInput, NotAllowed
 from fleet.services.racks import bump_versions
@@ -212,6 +212,7 @@ def place_jobs(actor, decisions: list[PlacementDecision]) -> tuple[list[Job], di
             "job.place",
             [(job, {"state": JobState.PENDING}, job_snapshot(job), d.reason) for d, job, _ in accepted],
         )
+        webhooks.emit_many("job.placed", webhooks.jobs_placed(placed))
         events.jobs_changed(j.pk for j in placed)
         bump_versions({g.node.rack_id for _, _, chosen in accepted for g in chosen})
     return placed, refused

@@ -18,7 +18,7 @@ from django.utils import timezone
 from fleet import events
 from fleet.choices import HOLDING_JOB_STATES, GpuHealth, JobState, NodeState
 from fleet.models import GPU, Allocation, Job, Node
-from fleet.services import audit, dispatch
+from fleet.services import audit, dispatch, webhooks
 from fleet.services.errors import Conflict
 from fleet.services.racks import bump_versions
 
@@ -127,6 +127,7 @@ def mark_node_failed(actor, node_id: int, reason: str = "") -> Node:
             )
             events.jobs_changed([job.pk])
             dispatch.recover_soon(job.pk)
+        webhooks.emit("node.failed", webhooks.node_failed(node, job_ids))
         bump_versions([node.rack_id])
     return node
 

@@ -1,0 +1,71 @@
+"""Outgoing event webhooks: endpoints operators register, and one delivery row
+per (event, endpoint) written in the same transaction as the change it reports
+(the outbox pattern), so an event is sent if and only if its change committed."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+from fleet.choices import DeliveryState
+
+
+class WebhookEndpoint(models.Model):
+    """A URL that receives HMAC-signed POSTs for the event types it lists."""
+
+    url = models.URLField(max_length=500)
+    description = models.CharField(max_length=200, blank=True, default="")
+    # A plain JSON list of WebhookEvent values (no ArrayField: SQLite works too).
+    event_types = models.JSONField(default=list)
+    # Kept readable because every delivery is signed with it; shown to the
+    # operator once, on create and on rotation.
+    secret = models.CharField(max_length=100)
+    active = models.BooleanField(default=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"webhook #{self.pk} {self.url}"
+
+
+class WebhookDelivery(models.Model):
+    """One event for one endpoint, with its attempts so far.
+
+    ``next_attempt_at`` is when the next attempt is due; a worker claims an
+    attempt by moving it forward (compare-and-set), so a redelivered task cannot
+    send the same delivery twice at once."""
+
+    endpoint = models.ForeignKey(WebhookEndpoint, on_delete=models.CASCADE, related_name="deliveries")
+    event_type = models.CharField(max_length=40)
+    # The same for every endpoint's copy of one event (receivers deduplicate on it).
+    event_id = models.UUIDField(default=uuid.uuid4, db_index=True)
+    # The envelope as sent: {"id", "type", "created_at", "data"}.
+    payload = models.JSONField(default=dict)
+    state = models.CharField(max_length=12, choices=DeliveryState.choices, default=DeliveryState.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    last_status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    last_duration_ms = models.PositiveIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        verbose_name_plural = "webhook deliveries"
+        indexes = [
+            models.Index(fields=["state", "next_attempt_at"]),
+            models.Index(fields=["endpoint", "-created_at"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.event_type} -> webhook #{self.endpoint_id} ({self.state})"
