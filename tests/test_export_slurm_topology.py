@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
+from fleet.choices import RackKind
 from fleet.models import Node
+from fleet.services.inventory import create_rack
 from fleet.services.nodes import mark_node_failed
 from fleet.topology.slurm import check_block_rules, parse_topology_conf, read_topology_conf, to_topology
 
@@ -113,6 +115,27 @@ def test_a_rack_with_fewer_healthy_nodes_than_a_slice_is_left_out_and_said_so(db
     assert "nvl72-r2" not in blocks_of(text)
     assert "nvl72-r2: 15 healthy nodes, fewer than the base block size 16" in err
     assert "BlockSizes=16,32,64" in text.splitlines()  # 3 blocks: doublings up to 4 base blocks
+    assert check_block_rules(read_topology_conf(text)) == []
+
+
+def test_a_small_odd_rack_does_not_shrink_the_base_block_of_the_nvl72_racks(db):
+    imported("--from", "slurm", str(DATA / "slurm_topology.conf"))
+    create_rack(None, name="lab", kind=RackKind.CUSTOM, nodes=4, gpus_per_node=4, spare_nodes=0)
+
+    text, err = export()
+
+    # A 4-node base would let Slurm split a 16-node job over several racks.
+    assert "BlockSizes=16,32,64" in text.splitlines()
+    assert "lab: 4 healthy nodes, fewer than the base block size 16" in err
+
+
+def test_rack_names_slurm_cannot_take_become_safe_block_names(db):
+    create_rack(None, name="row A/1", hostname_prefix="a1")
+    create_rack(None, name="row A 1", hostname_prefix="b1")
+
+    text, _ = export()
+
+    assert sorted(blocks_of(text)) == ["row_A_1", "row_A_1-2"]
     assert check_block_rules(read_topology_conf(text)) == []
 
 

@@ -23,7 +23,7 @@ transaction. Steps:
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -37,6 +37,7 @@ from fleet.services.errors import Conflict
 from fleet.services.nodes import drain_node, mark_node_failed, return_node_to_service, undrain_node
 from fleet.services.racks import bump_versions
 from fleet.topology.model import DRAINING, FAILED, HEALTHY, DesiredDomain, DesiredNode, Topology, natural_key
+from fleet.topology.slurm import block_name, block_sizes_for, render_topology_conf
 
 # Far above any real slot: nodes that change place park here first, so no two
 # rows ever share a (rack, slot) while slots are reassigned.
@@ -431,8 +432,6 @@ def export_slurm_topology(*, base_block: int | None = None) -> SlurmExport:
     healthy nodes than that is left out (said in ``left_out`` and in a comment),
     and so are single-node NVLink domains (HGX), which a block cannot help.
     ``base_block`` overrides the base size. Raises Conflict when no rack is left."""
-    from fleet.topology.slurm import block_sizes_for, render_topology_conf
-
     racks = list(Rack.objects.order_by("site", "row", "position", "name"))
     healthy: dict[int, list[str]] = defaultdict(list)
     counts: dict[int, int] = defaultdict(int)
@@ -442,16 +441,20 @@ def export_slurm_topology(*, base_block: int | None = None) -> SlurmExport:
             healthy[rack_id].append(hostname)
     multi = [r for r in racks if counts[r.pk] > 1]
     single = [r for r in racks if counts[r.pk] == 1]
-    slices = [max(1, min(r.nodes_per_domain, counts[r.pk]) - r.spare_nodes) for r in multi]
-    base = base_block or (min(slices) if slices else 1)
+    slices = Counter(max(1, min(r.nodes_per_domain, counts[r.pk]) - r.spare_nodes) for r in multi)
+    # The slice size of most racks (the larger on a tie), not the smallest: Slurm
+    # splits a job into base blocks, so an 8-node base would spread a 16-node job
+    # over two NVL72 racks.
+    base = base_block or max(slices, key=lambda size: (slices[size], size), default=1)
     blocks: list[tuple[str, list[str]]] = []
     left_out: list[str] = []
+    used: set[str] = set()
     for rack in multi:
         hosts = sorted(healthy[rack.pk], key=natural_key)
         if len(hosts) < base:
             left_out.append(f"{rack.name}: {len(hosts)} healthy nodes, fewer than the base block size {base}")
         else:
-            blocks.append((rack.name, hosts))
+            blocks.append((block_name(rack.name, used), hosts))
     if single:
         left_out.append(
             f"{len(single)} single-node NVLink domains (HGX): "

@@ -48,7 +48,8 @@ from fleet.topology.model import (
 MAX_BLOCK_LEVEL = 15  # block_record.c refuses levels above 2^15 base blocks
 # Block names end up as single tokens of a key=value line (and, for aggregated
 # blocks, inside a hostlist), so keep to characters that survive both.
-_NAME = re.compile(r"^[A-Za-z0-9._:@+-]+$")
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9._:@+-]+$")
+_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._:@+-]")
 
 
 @dataclass
@@ -170,7 +171,7 @@ def check_block_rules(conf: BlockConf) -> list[TopologyError]:
                 )
             )
         names.setdefault(block.name, block.line)
-        if not _NAME.match(block.name):
+        if not NAME_PATTERN.match(block.name):
             problems.append(
                 TopologyError(
                     f"block name {block.name!r} has characters Slurm cannot take", conf.where(block.line)
@@ -339,6 +340,18 @@ def block_sizes_for(base: int, blocks: int) -> list[int]:
     level, nothing bigger than one block can run)."""
     levels = max(0, math.ceil(math.log2(blocks))) if blocks > 1 else 0
     return [base * 2**k for k in range(min(levels, MAX_BLOCK_LEVEL) + 1)]
+
+
+def block_name(name: str, used: set[str]) -> str:
+    """``name`` as a BlockName: characters Slurm cannot take in a ``key=value``
+    token become ``_``, and a name already in ``used`` gets a suffix."""
+    base = name if NAME_PATTERN.match(name) else _NAME_UNSAFE.sub("_", name) or "block"
+    candidate, n = base, 1
+    while candidate in used:
+        n += 1
+        candidate = f"{base}-{n}"
+    used.add(candidate)
+    return candidate
 
 
 def render_topology_conf(
