@@ -234,6 +234,23 @@ def test_a_node_that_changes_rack_moves_with_its_gpus(db, tmp_path):
     assert sorted(r2.nodes.values_list("slot", flat=True)) == list(range(19))
 
 
+def test_a_busy_node_that_changes_rack_fails_first_so_its_job_recovers(db, submitter, tmp_path):
+    run("--from", "kubernetes", str(DATA / "k8s_gb200_nodes.json"))
+    job = run_job_on(submitter, ["gb200-r1-n01", "gb200-r1-n02"])
+    doc = k8s()
+    item(doc, "gb200-r1-n01")["metadata"]["labels"]["nvidia.com/gpu.clique"] = f"{R2}.32766"
+
+    output = run("--from", "kubernetes", write(tmp_path, doc))
+
+    node = Node.objects.get(hostname="gb200-r1-n01")
+    assert (node.rack.external_id, node.state) == (R2, NodeState.FAILED)
+    assert "held jobs: marked failed" in output
+    job.refresh_from_db()
+    assert job.state == JobState.RECOVERING
+    # The next import finds it failed in a source that calls it Ready: back to service.
+    assert "gb200-r1-n01: failed -> healthy" in run("--from", "kubernetes", write(tmp_path, doc))
+
+
 def test_nothing_is_half_imported_when_a_late_step_is_refused(db, submitter, tmp_path):
     run("--from", "kubernetes", str(DATA / "k8s_gb200_nodes.json"))
     run_job_on(submitter, ["gb200-r1-n01"])

@@ -245,7 +245,8 @@ def _report(topology: Topology, plan: _Plan, dry_run: bool) -> ImportReport:
             continue
         moving = p.rack is None or node.rack_id != p.rack.pk
         if moving:
-            note = " (held jobs: marked failed, they recover elsewhere)" if node.pk in plan.busy else ""
+            failing = node.pk in plan.busy and node.state not in FAILED_NODE_STATES
+            note = " (held jobs: marked failed, they recover elsewhere)" if failing else ""
             report.nodes_moved.append(f"{host}: {node.rack.name} -> {p.name}{note}")
             if node.pk in plan.busy:
                 continue
@@ -284,7 +285,7 @@ def import_topology(
 
 def _apply(actor, topology: Topology, plan: _Plan) -> None:
     source = topology.source
-    before = {p.rack.pk: _rack_snapshot(p.rack) for p in plan.racks if p.rack is not None}
+    before = _rack_snapshots([p.rack.pk for p in plan.racks if p.rack is not None])
     # 2. New racks, created at their final shape (the spares check needs it).
     for p in plan.racks:
         if p.rack is None:
@@ -306,7 +307,10 @@ def _apply(actor, topology: Topology, plan: _Plan) -> None:
     for host, (_, p) in plan.desired.items():
         node = plan.nodes.get(host)
         if node is not None and node.rack_id != p.rack.pk and node.pk in plan.busy:
-            mark_node_failed(actor, node.pk, f"moved from {node.rack.name} to {p.name} by {source} import")
+            if node.state not in FAILED_NODE_STATES:
+                mark_node_failed(
+                    actor, node.pk, f"moved from {node.rack.name} to {p.name} by {source} import"
+                )
             held_back.add(host)
     moves: list[Node] = []
     final: dict[str, tuple[int, int]] = {}
@@ -355,8 +359,9 @@ def _apply(actor, topology: Topology, plan: _Plan) -> None:
         if node.pk in plan.ever_allocated and node.state not in FAILED_NODE_STATES:
             mark_node_failed(actor, node.pk, f"absent from {source} import")
     entries = []
+    after_all = _rack_snapshots([p.rack.pk for p in plan.racks if p.hosts])
     for p in plan.racks:
-        after = _rack_snapshot(p.rack) if p.hosts else None
+        after = after_all.get(p.rack.pk)
         if before.get(p.rack.pk) != after:
             entries.append((p.rack, before.get(p.rack.pk), after, f"{source} import"))
     if entries:
@@ -369,16 +374,17 @@ def _apply(actor, topology: Topology, plan: _Plan) -> None:
     dispatch.schedule_soon()
 
 
-def _rack_snapshot(rack: Rack) -> dict[str, Any]:
-    fresh = Rack.objects.get(pk=rack.pk)
+def _rack_snapshots(rack_ids: list[int]) -> dict[int, dict[str, Any]]:
+    """Each rack's shape and hosts, for its audit record (two queries in all)."""
+    hosts: dict[int, list[str]] = defaultdict(list)
+    for rack_id, hostname in (
+        Node.objects.filter(rack_id__in=rack_ids).order_by("slot").values_list("rack_id", "hostname")
+    ):
+        hosts[rack_id].append(hostname)
+    fields = ("name", "external_id", "kind", "nodes_per_domain", "gpus_per_node", "spare_nodes")
     return {
-        "name": fresh.name,
-        "external_id": fresh.external_id,
-        "kind": fresh.kind,
-        "nodes_per_domain": fresh.nodes_per_domain,
-        "gpus_per_node": fresh.gpus_per_node,
-        "spare_nodes": fresh.spare_nodes,
-        "hosts": list(Node.objects.filter(rack=fresh).order_by("slot").values_list("hostname", flat=True)),
+        row["id"]: {**{f: row[f] for f in fields}, "hosts": hosts[row["id"]]}
+        for row in Rack.objects.filter(pk__in=rack_ids).values("id", *fields)
     }
 
 
