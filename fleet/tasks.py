@@ -213,12 +213,18 @@ def deliver_webhook(delivery_id: int) -> str:
 def sweep_webhooks() -> str:
     """Re-enqueue webhook deliveries whose attempt is overdue (a lost message,
     a killed worker); the claim makes a duplicate harmless."""
-    from fleet.services.webhooks import due_deliveries
+    from fleet.services.webhooks import SWEEP_NUDGE_S, due_deliveries
 
+    r = locks.client()
     due = due_deliveries()
+    nudged = 0
     for delivery_id in due:
-        deliver_webhook.delay(delivery_id)
-    return f"{len(due)} overdue"
+        # A backlog behind a slow endpoint stays overdue until the worker gets to
+        # it: queue each delivery once per SWEEP_NUDGE_S, not once per sweep.
+        if r.set(f"rackwise:webhook:nudged:{delivery_id}", 1, nx=True, ex=SWEEP_NUDGE_S):
+            deliver_webhook.delay(delivery_id)
+            nudged += 1
+    return f"{len(due)} overdue, {nudged} queued"
 
 
 @shared_task(name="fleet.tasks.demo_tick", **TASK_OPTIONS)

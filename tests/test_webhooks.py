@@ -13,6 +13,8 @@ from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+import redis
+from django.conf import settings as django_settings
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -24,6 +26,7 @@ from fleet.services import actions as action_services
 from fleet.services import scheduling
 from fleet.services import webhooks as webhook_services
 from fleet.services.jobs import JobSpec, apply_placement, start_job, submit_job
+from fleet.tasks import sweep_webhooks
 from tests.support import Worker, flush_broker, wait_for
 
 
@@ -317,6 +320,24 @@ def test_the_sweep_finds_overdue_deliveries_only(fleet, operator, receiver):
     )
     WebhookDelivery.objects.filter(pk=done.pk).update(state=DeliveryState.SUCCEEDED, next_attempt_at=None)
     assert webhook_services.due_deliveries(now) == [overdue.pk]
+
+
+def test_the_sweep_queues_an_overdue_delivery_on_the_webhooks_queue_once_not_every_sweep(
+    fleet, operator, receiver
+):
+    endpoint = _subscribe(operator, receiver, WebhookEvent.JOB_PLACED)
+    with transaction.atomic():
+        webhook_services.emit("job.placed", {"job": {"id": 1}})
+    WebhookDelivery.objects.filter(endpoint=endpoint).update(
+        next_attempt_at=timezone.now() - timedelta(minutes=5)
+    )
+    flush_broker()
+    broker = redis.Redis.from_url(django_settings.REDIS_URL)
+
+    assert sweep_webhooks() == "1 overdue, 1 queued"
+    assert sweep_webhooks() == "1 overdue, 0 queued"
+    assert broker.llen("webhooks") == 1 and broker.llen("celery") == 0
+    flush_broker()
 
 
 @pytest.mark.django_db(transaction=True)

@@ -50,6 +50,8 @@ LEASE_SLACK_S = 30.0
 # countdown task normally gets there first.
 SWEEP_GRACE_S = 2.0
 SWEEP_BATCH = 500
+# The sweep queues an overdue delivery again at most this often.
+SWEEP_NUDGE_S = 300
 
 _jitter = random.Random()
 
