@@ -243,6 +243,17 @@ def test_an_unreachable_endpoint_is_recorded_and_retried(fleet, operator, receiv
     assert delivery.last_status_code is None and "Connection refused" in delivery.last_error
 
 
+def test_a_redirect_is_not_followed_but_retried(fleet, operator, receiver):
+    receiver.status = 302
+    endpoint = subscribe(operator, receiver, WebhookEvent.JOB_PLACED)
+    with transaction.atomic():
+        webhook_services.emit("job.placed", {"job": {"id": 7}})
+    deliver_all()
+    delivery = WebhookDelivery.objects.get(endpoint=endpoint)
+    assert (delivery.state, delivery.last_status_code) == (DeliveryState.RETRYING, 302)
+    assert len(receiver.requests) == 1
+
+
 def test_the_sweep_finds_overdue_deliveries_only(fleet, operator, receiver):
     endpoint = subscribe(operator, receiver, WebhookEvent.JOB_PLACED)
     with transaction.atomic():

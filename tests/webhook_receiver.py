@@ -39,6 +39,8 @@ class Receiver:
                 if receiver.delay:
                     receiver.release.wait(receiver.delay)
                 self.send_response(receiver.status)
+                if 300 <= receiver.status < 400:
+                    self.send_header("Location", receiver.url)
                 self.end_headers()
                 self.wfile.write(b"ok" if receiver.status < 300 else b"receiver says no")
 
