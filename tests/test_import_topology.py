@@ -169,7 +169,7 @@ def test_a_reimport_shows_racks_and_nodes_added_removed_and_state_changes(db, tm
     output = run("--from", "kubernetes", write(tmp_path, doc))
 
     assert "racks added (1):" in output and "d00dfeed-0000-4000-8000-000000000005" in output
-    assert f"racks removed (1):\n  {R4}" in output
+    assert "racks removed (1):\n  gb200-r4" in output
     assert "nodes removed (never ran a job) (18):" in output
     assert "gb200-r2-n07: failed -> healthy" in output
     assert "gb200-r1-n10: healthy -> failed (NotReady (KubeletNotReady)" in output
@@ -217,6 +217,26 @@ def test_a_busy_node_that_goes_notready_interrupts_its_job(db, submitter, tmp_pa
     assert job.state == JobState.RECOVERING
 
 
+def test_a_clique_rack_is_named_after_its_hostnames_and_matched_by_its_uuid(db, tmp_path):
+    run("--from", "kubernetes", str(DATA / "k8s_gb200_nodes.json"))
+    Rack.objects.filter(external_id=R2).update(name="row-b-rack-7")  # an operator's rename
+
+    run("--from", "kubernetes", str(DATA / "k8s_gb200_nodes.json"))
+
+    assert Rack.objects.get(external_id=R1).name == "gb200-r1"
+    assert Rack.objects.get(external_id=R2).name == "row-b-rack-7"
+    assert Rack.objects.count() == 4
+
+
+def test_a_derived_name_taken_by_another_domain_falls_back_to_the_uuid(db, tmp_path):
+    Rack.objects.create(name="gb200-r1", external_id="block-r1", nodes_per_domain=18)
+
+    run("--from", "kubernetes", str(DATA / "k8s_gb200_nodes.json"))
+
+    assert Rack.objects.get(external_id=R1).name == R1
+    assert Rack.objects.get(external_id=R4).name == "gb200-r4"
+
+
 def test_a_node_that_changes_rack_moves_with_its_gpus(db, tmp_path):
     run("--from", "kubernetes", str(DATA / "k8s_gb200_nodes.json"))
     doc = k8s()
@@ -227,7 +247,7 @@ def test_a_node_that_changes_rack_moves_with_its_gpus(db, tmp_path):
     node = Node.objects.get(hostname="gb200-r1-n18")
     assert node.rack.external_id == R2
     assert node.slot == 0  # slots follow natural hostname order: r1-n18 before r2-n01
-    assert f"gb200-r1-n18: {R1} -> {R2}" in output
+    assert "gb200-r1-n18: gb200-r1 -> gb200-r2" in output
     r1, r2 = Rack.objects.get(external_id=R1), Rack.objects.get(external_id=R2)
     assert (r1.nodes_per_domain, r1.kind) == (17, RackKind.CUSTOM)
     assert (r2.nodes_per_domain, r2.kind) == (19, RackKind.CUSTOM)

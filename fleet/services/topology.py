@@ -174,6 +174,9 @@ def _plan(topology: Topology, default_gpus: int, lock: bool) -> _Plan:
         rack = by_external.get(domain.external_id)
         if rack is None:
             rack = by_name.get(domain.name)
+            if rack is not None and rack.external_id and domain.name != domain.external_id:
+                # A name derived from hostnames is taken by another domain: use the id.
+                domain.name, rack = domain.external_id, by_name.get(domain.external_id)
             if rack is not None and rack.external_id:
                 raise Conflict(
                     f"the {topology.source} domain {domain.external_id} would be rack {domain.name}, but that "
@@ -227,7 +230,8 @@ def _report(topology: Topology, plan: _Plan, dry_run: bool) -> ImportReport:
     report.skipped = [f"{host}: {why}" for host, why in topology.skipped]
     for p in plan.racks:
         if p.rack is None:
-            report.racks_added.append(f"{p.name} ({len(p.hosts)} x {p.gpus_per_node} GPUs)")
+            source_id = f"{p.external_id}, " if p.external_id != p.name else ""
+            report.racks_added.append(f"{p.name} ({source_id}{len(p.hosts)} x {p.gpus_per_node} GPUs)")
             continue
         shape = (len(p.hosts), p.gpus_per_node)
         if p.hosts and shape != (p.rack.nodes_per_domain, p.rack.gpus_per_node):
