@@ -181,7 +181,9 @@ def _k8s_name(job: PlacedJob) -> str:
 
 def _slurm(job: PlacedJob) -> dict[str, Any]:
     nodes = len(job.hostnames)
-    nodelist = hostlist.collect_hostlist(job.hostnames)
+    # Compressed rack by rack: across racks python-hostlist would write
+    # "r[1-2]-n[00-15]", a two-bracket form older Slurm hostlist parsers refuse.
+    nodelist = ",".join(hostlist.collect_hostlist(r.hostnames) for r in job.racks)
     lines = [
         f"#SBATCH --nodes={nodes}",
         f"#SBATCH --nodelist={nodelist}",

@@ -60,6 +60,20 @@ def test_a_slurm_nodelist_expands_back_to_exactly_the_allocated_hosts(placed_gan
     assert "#SBATCH --segment=16\n" in body["slurm"]["sbatch"]
 
 
+def test_a_nodelist_over_racks_with_the_same_slots_keeps_one_bracket_per_rack(
+    fleet, submitter, submitter_client
+):
+    r1, r2 = fleet
+    job = _submit(submitter, num_nodes=24, gpus_per_node=4, segment_nodes=12)
+    first, second = _nodes(r1, 12), _nodes(r2, 12)
+    _place(job, first + second, segments=[first, second])
+
+    nodelist = _export(submitter_client, job).json()["slurm"]["nodelist"]
+
+    assert nodelist == "r1-n[00-11],r2-n[00-11]"  # not r[1-2]-n[00-11]
+    assert sorted(hostlist.expand_hostlist(nodelist)) == sorted(n.hostname for n in first + second)
+
+
 def test_a_job_across_two_racks_round_trips_and_is_cut_into_rack_local_segments(
     fleet, submitter, submitter_client
 ):
