@@ -106,6 +106,14 @@ def test_bad_input_is_refused_with_400_naming_the_field(fleet, operator_client, 
     assert not WebhookEndpoint.objects.exists()
 
 
+def test_every_bad_field_is_named_in_one_400(fleet, operator_client):
+    response = operator_client.post(
+        "/api/webhooks/", {"url": "ftp://x", "event_types": ["job.placd"]}, format="json"
+    )
+    assert response.status_code == 400
+    assert set(response.json()) == {"url", "event_types"}
+
+
 def test_an_unknown_event_type_400_lists_the_valid_ones(fleet, operator_client):
     response = operator_client.post(
         "/api/webhooks/", {"url": "https://h.example.com", "event_types": ["job.exploded"]}, format="json"

@@ -96,18 +96,41 @@ def _clean_event_types(event_types: Any) -> list[str]:
     return sorted(set(event_types))
 
 
+_CLEANERS: dict[str, Callable[[Any], Any]] = {
+    "url": _clean_url,
+    "event_types": _clean_event_types,
+    "description": lambda v: (v or "")[:200],
+    "active": bool,
+}
+
+
+def _cleaned(fields: dict[str, Any]) -> dict[str, Any]:
+    """Every field cleaned, or one InvalidInput naming every bad field at once."""
+    errors: dict[str, list[str]] = {
+        name: ["not a field you can change"] for name in sorted(set(fields) - set(_CLEANERS))
+    }
+    clean: dict[str, Any] = {}
+    for name, value in fields.items():
+        if name in _CLEANERS:
+            try:
+                clean[name] = _CLEANERS[name](value)
+            except InvalidInput as exc:
+                errors.update(exc.errors)
+    if errors:
+        raise InvalidInput(errors)
+    return clean
+
+
 def create_endpoint(
     actor, *, url: str, event_types: list[str], description: str = "", active: bool = True
 ) -> WebhookEndpoint:
     """Register an endpoint. Its signing secret is generated here; the caller
     shows it to the operator once (it is never listed)."""
     _require_operator(actor)
+    clean = _cleaned({"url": url, "event_types": event_types, "description": description, "active": active})
     with transaction.atomic():
         endpoint = WebhookEndpoint.objects.create(
-            url=_clean_url(url),
-            event_types=_clean_event_types(event_types),
-            description=(description or "")[:200],
-            active=active,
+            **clean,
             secret=secrets.token_urlsafe(32),
             created_by=actor if actor is not None and actor.pk else None,
         )
@@ -118,20 +141,12 @@ def create_endpoint(
 def update_endpoint(actor, endpoint_id: int, **changes: Any) -> WebhookEndpoint:
     """Change any of ``url``, ``event_types``, ``description``, ``active``."""
     _require_operator(actor)
-    cleaners: dict[str, Callable[[Any], Any]] = {
-        "url": _clean_url,
-        "event_types": _clean_event_types,
-        "description": lambda v: (v or "")[:200],
-        "active": bool,
-    }
-    unknown = set(changes) - set(cleaners)
-    if unknown:
-        raise InvalidInput({name: ["not a field you can change"] for name in sorted(unknown)})
+    clean = _cleaned(changes)
     with transaction.atomic():
         endpoint = WebhookEndpoint.objects.select_for_update().get(pk=endpoint_id)
         before = _snapshot(endpoint)
-        for name, value in changes.items():
-            setattr(endpoint, name, cleaners[name](value))
+        for name, value in clean.items():
+            setattr(endpoint, name, value)
         endpoint.save()
         audit.record(actor, "webhook.update", endpoint, before=before, after=_snapshot(endpoint))
     return endpoint
