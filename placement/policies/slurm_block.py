@@ -1,7 +1,10 @@
 """``slurm-block``: Slurm's ``topology/block`` plugin, as documented.
 
 Followed: slurm.schedmd.com topology.html ("Block Topology") and topology.conf(5)
-(``BlockName=``, ``BlockSizes=``), and the ``--segment`` option of sbatch(1).
+(``BlockName=``, ``BlockSizes=``), the ``--segment`` option of sbatch(1), and
+Slurm's ``src/plugins/topology/block/eval_nodes_block.c`` (the block level comes
+from the job's size against the base block size; if no block of that level has
+the nodes available, selection fails and the job stays pending).
 
 1. Each rack is a base block. Aggregated blocks at level k are 2**k consecutive base
    blocks (the default ``BlockSizes`` are the powers of two of the base block count).
