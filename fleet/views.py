@@ -11,7 +11,8 @@ from django.db.models import Q
 from django.shortcuts import get_object_or_404
 from django.views.generic import TemplateView
 
-from fleet.choices import ActionState, JobState, NodeState, Role
+from fleet.api.webhooks import WebhookDeliverySerializer, WebhookEndpointSerializer
+from fleet.choices import ActionState, JobState, NodeState, Role, WebhookEvent
 from fleet.export import EXPORTABLE_STATES, export_job
 from fleet.filtersets import AuditEventFilterSet
 from fleet.models import Action, Allocation, AuditEvent, Job, Rack, WebhookEndpoint
@@ -20,6 +21,7 @@ from fleet.services.actions import describe_step
 from fleet.services.summary import fleet_summary, rack_summaries
 
 PAGE_ROWS = 200
+DELIVERY_ROWS = 10  # per webhook endpoint on its page
 
 
 class RoleRequiredMixin:
@@ -200,16 +202,27 @@ class AuditView(RoleRequiredMixin, TemplateView):
 
 
 class WebhooksView(RoleRequiredMixin, TemplateView):
-    """Webhook endpoints and their recent deliveries (operators only: the
-    configuration is theirs; secrets are never shown here)."""
+    """Webhook endpoints and their recent deliveries, with the forms and buttons
+    that manage them through ``/api/webhooks/`` (operators only: the
+    configuration is theirs; secrets are never in the page, only in the answer
+    to a create or a rotation)."""
 
     template_name = "fleet/webhooks.html"
     minimum_role = Role.OPERATOR
 
     def get_context_data(self, **kwargs):
         context = super().get_context_data(**kwargs)
-        endpoints = list(WebhookEndpoint.objects.all())
-        for endpoint in endpoints:
-            endpoint.recent = list(endpoint.deliveries.order_by("-created_at", "-id")[:10])
-        context["endpoints"] = endpoints
+        # The API's own serializers (without secrets): static/rackwise/webhooks.js
+        # draws the cards from this at load and from the API after every action,
+        # so there is one renderer and one shape.
+        webhooks = []
+        for endpoint in WebhookEndpoint.objects.select_related("created_by"):
+            recent = endpoint.deliveries.order_by("-created_at", "-id")[:DELIVERY_ROWS]
+            # Payloads are not shown: leave them out of the page.
+            deliveries = [
+                {k: v for k, v in d.items() if k != "payload"}
+                for d in WebhookDeliverySerializer(recent, many=True).data
+            ]
+            webhooks.append(WebhookEndpointSerializer(endpoint).data | {"deliveries": deliveries})
+        context.update(webhooks=webhooks, events=WebhookEvent.choices, delivery_rows=DELIVERY_ROWS)
         return context

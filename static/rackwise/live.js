@@ -23,7 +23,12 @@ export async function api(path, { method = "GET", body } = {}) {
   const res = await fetch(path, {
     method,
     credentials: "same-origin",
-    headers: { Accept: "application/json", ...(body !== undefined ? { "Content-Type": "application/json", "X-CSRFToken": csrfToken() } : {}) },
+    // Every unsafe method needs the CSRF token, a body-less DELETE too.
+    headers: {
+      Accept: "application/json",
+      ...(method !== "GET" ? { "X-CSRFToken": csrfToken() } : {}),
+      ...(body !== undefined ? { "Content-Type": "application/json" } : {}),
+    },
     body: body !== undefined ? JSON.stringify(body) : undefined,
   });
   const data = await res.json().catch(() => ({}));
