@@ -10,6 +10,8 @@ Personas:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from django.contrib.auth import get_user_model
 from rest_framework.test import APIClient
@@ -19,6 +21,7 @@ from fleet.models import Node
 from fleet.services.inventory import create_rack
 from fleet.services.jobs import JobSpec, apply_placement, start_job, submit_job
 from fleet.services.users import ensure_user
+from tests.webhook_receiver import Receiver
 
 
 @pytest.fixture(autouse=True)
@@ -34,6 +37,14 @@ def fleet(db):
         create_rack(None, name=f"r{i}", kind=RackKind.NVL72, site="dc", row="A", position=i)
         for i in (1, 2)
     ]
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    """A real HTTP server on 127.0.0.1 that checks every webhook's signature."""
+    r = Receiver()
+    yield r
+    r.stop()
 
 
 def _client_for(user) -> APIClient:

@@ -25,14 +25,7 @@ from fleet.services import webhooks as webhook_services
 from fleet.services.jobs import JobSpec, apply_placement, start_job, submit_job
 from fleet.tasks import sweep_webhooks
 from tests.support import Worker, flush_broker, wait_for
-from tests.webhook_receiver import Receiver, deliver_all, subscribe
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    r = Receiver()
-    yield r
-    r.stop()
+from tests.webhook_receiver import deliver_all, subscribe
 
 
 class InstantExecutor:

@@ -4,23 +4,13 @@ and redelivery."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from django.db import transaction
 
 from fleet.choices import WebhookEvent
 from fleet.models import AuditEvent, WebhookDelivery, WebhookEndpoint
 from fleet.services import webhooks as webhook_services
-from tests.webhook_receiver import Receiver, deliver_all, subscribe
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    r = Receiver()
-    yield r
-    r.stop()
-
+from tests.webhook_receiver import deliver_all, subscribe
 
 # --- the API --------------------------------------------------------------------------
 

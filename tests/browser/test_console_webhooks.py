@@ -12,18 +12,10 @@ import pytest
 from fleet.models import WebhookDelivery, WebhookEndpoint
 from tests.browser.helpers import log_in_as
 from tests.support import Worker, flush_broker
-from tests.webhook_receiver import Receiver
 
 pytestmark = pytest.mark.browser
 
 SHOWN_ONCE = "copy it now; it will not be shown again"
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    r = Receiver()
-    yield r
-    r.stop()
 
 
 @pytest.fixture
