@@ -9,6 +9,11 @@
 //    was down are lost for good. Disconnected: body[data-ws=closed], a banner,
 //    and a reconnect with backoff.
 //
+// A page may follow only some racks (rackIds), none at all (rackIds = []: no
+// snapshot is fetched, for pages that only want job events), or change the set it
+// follows as it goes (follow/unfollow); rack events of the racks it does not
+// follow are emitted as "other", so such a page can notice a rack it should show.
+//
 // Tests and the benchmark read window.rackwise (appliedVersion, cellState) and the
 // data-version attribute of each [data-rack-id] element.
 
@@ -37,13 +42,13 @@ export async function api(path, { method = "GET", body } = {}) {
 }
 
 export class FleetLive {
-  /** rackIds: only these racks (null: all). */
+  /** rackIds: only these racks (null: all; []: none, and no snapshot). */
   constructor(rackIds = null) {
     this.rackIds = rackIds;
     this.racks = new Map();      // id -> rack event
     this.versions = new Map();   // id -> last applied version
     this.nodeRack = new Map();   // node id -> rack id
-    this.listeners = { rack: [], job: [], action: [], status: [], hello: [] };
+    this.listeners = { rack: [], other: [], job: [], action: [], status: [], hello: [] };
     this.gaps = 0;
     this.snapshots = 0;
     this.backoff = 500;
@@ -70,6 +75,8 @@ export class FleetLive {
   }
 
   async snapshot(ids = this.rackIds) {
+    // An empty ?ids= means every rack to the server: a page following no rack asks nothing.
+    if (ids && !ids.length) return 0;
     const q = ids ? `?ids=${ids.join(",")}` : "";
     const data = await api(`/api/console/racks/${q}`);
     this.snapshots++;
@@ -77,10 +84,25 @@ export class FleetLive {
     return data.racks.length;
   }
 
+  /** Follow one more rack from now on (its state is applied from the next event or snapshot). */
+  follow(rackId) {
+    if (this.rackIds && !this.rackIds.includes(rackId)) this.rackIds.push(rackId);
+  }
+
+  /** Stop following a rack. Its version is kept, so a late, older event of it
+   * is not mistaken for news. */
+  unfollow(rackId) {
+    if (this.rackIds) this.rackIds = this.rackIds.filter((id) => id !== rackId);
+    this.racks.delete(rackId);
+  }
+
   /** Apply a rack state if it is newer than what is shown. */
   apply(rack, fromSnapshot = false) {
-    if (this.rackIds && !this.rackIds.includes(rack.rack)) return false;
     const current = this.versions.has(rack.rack) ? this.versions.get(rack.rack) : -1;
+    if (this.rackIds && !this.rackIds.includes(rack.rack)) {
+      if (rack.version > current) this.emit("other", rack);
+      return false;
+    }
     if (rack.version <= current) return false;
     if (!fromSnapshot && current >= 0 && rack.version > current + 1) {
       this.gaps++;

@@ -1,13 +1,14 @@
 // Pages that show a few racks large (a rack, a job's placement): every
 // [data-live-rack] element gets its rack's grid, kept live. data-highlight-job
-// on the element dims every other job's cells.
+// on the element dims every other job's cells. An element added later is drawn
+// from its rack's next applied state (job.js follows the job's racks this way).
 
 import { attachClicks, attachTooltip, cells, describeCell, rackSvg, restoreCursor } from "./grid.js";
 import { startLive } from "./live.js";
 
 const els = [...document.querySelectorAll("[data-live-rack]")];
 const ids = [...new Set(els.map((el) => Number(el.dataset.rackId)))];
-const live = startLive(ids.length ? ids : []);
+export const live = startLive(ids);
 
 function paint(rack) {
   for (const el of document.querySelectorAll(`[data-live-rack][data-rack-id="${rack.rack}"]`)) {
@@ -19,8 +20,10 @@ function paint(rack) {
 }
 live.on("rack", paint);
 live.on("job", (event) => {
-  const el = document.querySelector(`[data-job-state="${event.job.id}"]`);
-  if (el) el.textContent = event.job.state;
+  for (const el of document.querySelectorAll(`[data-job-state="${event.job.id}"]`)) {
+    el.textContent = event.job.state;
+    el.className = `badge ${event.job.state}`;
+  }
 });
 attachTooltip(document.querySelector("main"), (node, gpu) => {
   const rack = live.racks.get(live.nodeRack.get(node));
