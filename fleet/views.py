@@ -12,7 +12,7 @@ from django.shortcuts import get_object_or_404
 from django.views.generic import TemplateView
 
 from fleet.api.webhooks import WebhookDeliverySerializer, WebhookEndpointSerializer
-from fleet.choices import ActionState, JobState, NodeState, Role, WebhookEvent
+from fleet.choices import ACTIVE_JOB_STATES, ActionState, JobState, NodeState, Role, WebhookEvent
 from fleet.export import EXPORTABLE_STATES, export_job
 from fleet.filtersets import AuditEventFilterSet
 from fleet.models import Action, Allocation, AuditEvent, Job, Rack, WebhookEndpoint
@@ -97,7 +97,7 @@ class JobListView(RoleRequiredMixin, TemplateView):
         qs = visible_jobs(self.request.user, Job.objects.select_related("tenant", "owner")).order_by("-id")
         state = params.get("state", "active")
         if state == "active":
-            qs = qs.filter(state__in=[JobState.PENDING, JobState.PLACED, JobState.RUNNING, JobState.RECOVERING])
+            qs = qs.filter(state__in=ACTIVE_JOB_STATES)
         elif state in JobState.values:
             qs = qs.filter(state=state)
         if params.get("tenant"):
@@ -105,8 +105,12 @@ class JobListView(RoleRequiredMixin, TemplateView):
         if params.get("q"):
             q = params["q"].strip()
             qs = qs.filter(Q(name__icontains=q) | Q(pk=int(q)) if q.isdigit() else Q(name__icontains=q))
+        jobs = list(qs[:PAGE_ROWS])
         context.update(
-            jobs=list(qs[:PAGE_ROWS]),
+            jobs=jobs,
+            # For jobs.js, which keeps the rows live and must match new jobs as this view does.
+            active_states=" ".join(ACTIVE_JOB_STATES),
+            page_full=len(jobs) == PAGE_ROWS,
             states=JobState.choices,
             state=state,
             tenant=params.get("tenant", ""),
@@ -141,13 +145,17 @@ class JobDetailView(RoleRequiredMixin, TemplateView):
         context = super().get_context_data(**kwargs)
         qs = visible_jobs(self.request.user, Job.objects.select_related("tenant", "owner"))
         job = get_object_or_404(qs, pk=kwargs["pk"])
-        rack_ids = sorted(
+        racks = sorted(
             set(
-                Allocation.objects.filter(job=job, released_at__isnull=True).values_list("gpu__node__rack_id", flat=True)
+                Allocation.objects.filter(job=job, released_at__isnull=True).values_list(
+                    "gpu__node__rack_id", "gpu__node__rack__name"
+                )
             )
         )
+        rack_ids = [rack_id for rack_id, _name in racks]
         context.update(
             job=job,
+            racks=racks,
             rack_ids=rack_ids,
             export=export_job(job) if job.state in EXPORTABLE_STATES and rack_ids else None,
             waiting=waiting_reason(job),

@@ -1,0 +1,95 @@
+// The job page, live: its state and reason from the feed's job events, and one
+// grid per rack the job holds now (racks.js draws them).
+//
+// Which racks it holds is read from rack events, each carrying the rack's whole
+// state: a rack not on the page whose jobs include this one gets a section; a
+// rack on the page that no longer holds it loses its section. Rack events can be
+// lost, so on a reconnect and when the job starts holding GPUs the page asks the
+// API where the job is, and looks at every rack once if that names one it lacks.
+//
+// Tests read the [data-live-rack] sections (data-rack-id, data-version),
+// [data-testid=no-racks] and the badge's text.
+
+import { api } from "./live.js";
+import { live } from "./racks.js";
+
+const HOLDING = ["placed", "running", "recovering"];
+const box = document.querySelector("[data-live-job]");
+const jobId = Number(box.dataset.liveJob);
+const badge = document.querySelector("[data-testid=job-state]");
+let state = badge.textContent.trim();
+let jobEvents = 0; // this job's events so far
+
+const sections = () => [...box.querySelectorAll("[data-live-rack]")];
+const holds = (rack) => String(jobId) in rack.jobs;
+
+function showEmpty() {
+  document.querySelector("[data-testid=no-racks]").hidden = sections().length > 0;
+}
+
+/** A section for a rack the job now holds, in rack id order like the server's. */
+function addRack(rack) {
+  const el = document.createElement("section");
+  Object.assign(el.dataset, { rackId: rack.rack, rackName: rack.name, version: -1, highlightJob: jobId, cell: 16 });
+  el.setAttribute("data-live-rack", "");
+  el.innerHTML = '<div class="grid" tabindex="0"></div>';
+  box.insertBefore(el, sections().find((s) => Number(s.dataset.rackId) > rack.rack) || null);
+  showEmpty();
+  live.follow(rack.rack);
+  // Now followed: applied and painted by racks.js. An event is the rack's whole
+  // state, so a jump from the version seen before it was followed is no gap.
+  live.apply(rack, true);
+}
+
+function removeRack(rackId) {
+  for (const el of sections()) if (Number(el.dataset.rackId) === rackId) el.remove();
+  live.unfollow(rackId);
+  showEmpty();
+}
+
+live.on("other", (rack) => { if (holds(rack)) addRack(rack); });
+live.on("rack", (rack) => { if (!holds(rack)) removeRack(rack.rack); });
+
+/** State and reason; the badge itself is kept by racks.js for every page. */
+function showJob(job) {
+  const was = state;
+  state = job.state;
+  badge.textContent = job.state;
+  badge.className = `badge ${job.state}`;
+  const waiting = document.querySelector("[data-testid=waiting]");
+  const reason = document.querySelector("[data-testid=state-reason]");
+  const words = job.state_reason || "";
+  if (job.state === "pending") {
+    // The server's words name the fleet's largest free slice, which the page
+    // cannot recompute: keep them while the job waits for the same reason.
+    const text = waiting.querySelector("[data-testid=waiting-text]");
+    if (waiting.hidden || was !== "pending" || !text.textContent.includes(words)) text.textContent = words || "for room";
+    waiting.hidden = false;
+    reason.hidden = true;
+  } else {
+    waiting.hidden = true;
+    reason.textContent = words;
+    reason.hidden = !words;
+  }
+  if (HOLDING.includes(job.state) && !HOLDING.includes(was)) resync().catch(() => {});
+}
+
+/** Where the API says the job is; a rack the page lacks means lost rack events,
+ * so look at every rack once (the "other" listener picks out the job's). */
+async function resync({ withState = false } = {}) {
+  const seen = jobEvents;
+  const job = await api(`/api/jobs/${jobId}/`);
+  // A job event that came in meanwhile may be newer than this answer: it wins.
+  if (withState && jobEvents === seen) showJob(job);
+  const shown = new Set(sections().map((el) => el.dataset.rackName));
+  if (job.allocated.some((a) => !shown.has(a.rack))) await live.snapshot(null);
+}
+
+live.on("job", (event) => {
+  if (event.job.id !== jobId) return;
+  jobEvents++;
+  showJob(event.job);
+});
+// The first open may come after a change made since the page was rendered; a
+// reconnect, after lost events.
+live.on("hello", () => { resync({ withState: true }).catch(() => {}); });
