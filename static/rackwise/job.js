@@ -7,8 +7,11 @@
 // lost, so on a reconnect and when the job starts holding GPUs the page asks the
 // API where the job is, and looks at every rack once if that names one it lacks.
 //
+// The "Hand to the cluster" panel is re-read from the export API whenever the
+// job's racks or state change, so it never shows nodes the job has left.
+//
 // Tests read the [data-live-rack] sections (data-rack-id, data-version),
-// [data-testid=no-racks] and the badge's text.
+// [data-testid=no-racks], the badge's text and the export panel's texts.
 
 import { api } from "./live.js";
 import { live } from "./racks.js";
@@ -25,6 +28,35 @@ const holds = (rack) => String(jobId) in rack.jobs;
 
 function showEmpty() {
   document.querySelector("[data-testid=no-racks]").hidden = sections().length > 0;
+  refreshExport();
+}
+
+const exportPanel = document.querySelector("[data-testid=export-panel]");
+const exportPart = (id) => exportPanel.querySelector(`[data-testid=${id}]`);
+let exportTimer = null;
+let exportAsked = 0; // requests made; only the newest answer is shown
+
+/** Re-read the export soon (changes come in bursts: one request per burst). */
+function refreshExport() {
+  clearTimeout(exportTimer);
+  exportTimer = setTimeout(async () => {
+    const asked = ++exportAsked;
+    let data = null;
+    try {
+      data = await api(`/api/jobs/${jobId}/export/`);
+    } catch (e) {
+      if (e.status !== 409) return; // a network blip: keep what is shown
+    }
+    if (asked !== exportAsked) return;
+    exportPanel.hidden = data === null; // 409: the job holds no placement now
+    if (data === null) return;
+    const k8s = data.kubernetes;
+    exportPart("export-slurm").textContent = data.slurm.sbatch;
+    exportPart("export-kueue").textContent = Object.entries(k8s.annotations).map(([k, v]) => `${k}: "${v}"\n`).join("");
+    exportPart("export-kueue-box").hidden = Object.keys(k8s.annotations).length === 0;
+    exportPart("export-notes").replaceChildren(...k8s.notes.map((note) => Object.assign(document.createElement("p"), { className: "muted", textContent: note })));
+    exportPart("export-kubernetes").textContent = k8s.manifest_yaml;
+  }, 300);
 }
 
 /** A section for a rack the job now holds, in rack id order like the server's. */
@@ -72,6 +104,7 @@ function showJob(job) {
     reason.hidden = !words;
   }
   if (HOLDING.includes(job.state) && !HOLDING.includes(was)) resync().catch(() => {});
+  if (job.state !== was) refreshExport();
 }
 
 /** Where the API says the job is; a rack the page lacks means lost rack events,
