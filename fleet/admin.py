@@ -26,6 +26,7 @@ from fleet.services import jobs as job_services
 from fleet.services import nodes as node_services
 from fleet.services import webhooks as webhook_services
 from fleet.services.errors import ServiceError
+from fleet.services.racks import bump_versions
 
 
 def _run_service(modeladmin, request, queryset, service, verb: str) -> None:
@@ -42,8 +43,20 @@ def _run_service(modeladmin, request, queryset, service, verb: str) -> None:
         modeladmin.message_user(request, message, messages.WARNING)
 
 
+def _rack_of(obj) -> int | None:
+    if isinstance(obj, Rack):
+        return obj.pk
+    if isinstance(obj, Node):
+        return obj.rack_id
+    if isinstance(obj, GPU):
+        return obj.node.rack_id
+    return None
+
+
 class AuditedAdmin(admin.ModelAdmin):
-    """Inventory edits made in the admin are written to the audit log."""
+    """Inventory edits made in the admin are written to the audit log, and a
+    change to a rack, node or GPU advances the rack's version (in the admin's
+    transaction) so live consoles repaint it."""
 
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)
@@ -53,6 +66,9 @@ class AuditedAdmin(admin.ModelAdmin):
             obj,
             after={name: str(form.cleaned_data.get(name)) for name in form.changed_data},
         )
+        rack_id = _rack_of(obj)
+        if rack_id is not None:
+            bump_versions([rack_id])
 
     def delete_model(self, request, obj):
         audit.record(request.user, f"{obj._meta.model_name}.delete", obj)
@@ -71,8 +87,14 @@ class RackAdmin(AuditedAdmin):
     list_display = ["name", "kind", "site", "row", "position", "nodes_per_domain", "gpus_per_node", "spare_nodes"]
     list_filter = ["kind", "site", "row"]
     search_fields = ["name", "external_id"]
-    readonly_fields = ["version"]
     inlines = [NodeInline]
+
+    def get_readonly_fields(self, request, obj=None):
+        # A rack's shape follows its nodes (create_rack, import_topology); editing
+        # the numbers here would not add or remove a node.
+        if obj is None:
+            return ["version"]
+        return ["version", "kind", "nodes_per_domain", "gpus_per_node"]
 
 
 @admin.register(Node)
@@ -105,6 +127,9 @@ class GPUAdmin(AuditedAdmin):
     list_display = ["__str__", "uuid", "health", "last_error"]
     list_filter = ["health"]
     search_fields = ["uuid", "node__hostname"]
+    # Health comes from the node agents through the health service, which also
+    # fails or drains the node and recovers its jobs; an edit here would do none.
+    readonly_fields = ["health", "last_error", "last_xid", "health_changed_at"]
 
 
 @admin.register(Tenant)

@@ -194,3 +194,28 @@ def test_creating_a_tenant_in_the_admin_is_audited(db, superuser, admin_client):
     assert event.object_id == str(tenant.pk)
     assert event.actor == superuser
     assert event.after["name"] == "robotics"
+
+
+def test_a_gpu_saved_in_the_admin_repaints_its_rack_but_its_health_is_not_editable(fleet, admin_client):
+    gpu = GPU.objects.get(node__hostname="r2-n05", index=3)
+    version = Rack.objects.get(pk=fleet[1].pk).version
+
+    response = admin_client.post(
+        admin_url(GPU, "change", gpu.pk),
+        {"node": gpu.node_id, "index": 3, "uuid": str(gpu.uuid), "health": "failed"},
+    )
+
+    assert response.status_code == 302, response.content
+    gpu.refresh_from_db()
+    assert gpu.health == "ok"  # health comes from the agents, through the health service
+    assert Rack.objects.get(pk=fleet[1].pk).version == version + 1
+    assert AuditEvent.objects.filter(action="gpu.change", object_id=str(gpu.pk)).exists()
+
+
+def test_a_racks_shape_is_read_only_in_the_admin_once_it_exists(fleet, admin_client):
+    page = admin_client.get(admin_url(Rack, "change", fleet[0].pk)).content.decode()
+
+    assert 'name="spare_nodes"' in page
+    assert 'name="nodes_per_domain"' not in page
+    assert 'name="gpus_per_node"' not in page
+    assert 'name="nodes_per_domain"' in admin_client.get(admin_url(Rack, "add")).content.decode()
