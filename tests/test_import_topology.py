@@ -564,3 +564,15 @@ def test_a_block_host_that_scontrol_does_not_list_is_an_error(db, tmp_path):
         match=r"slurm_topology\.conf:7: block nvl72-r3 names gb200-r3-n04, which .* does not list",
     ):
         run("--from", "slurm", str(DATA / "slurm_topology.conf"), "--nodes", write(tmp_path, doc))
+
+
+def test_a_source_with_no_gpu_nodes_is_refused_rather_than_retiring_the_fleet(db, tmp_path):
+    run("--from", "kubernetes", str(DATA / "k8s_gb200_nodes.json"))
+    empty = write(tmp_path, {"apiVersion": "v1", "kind": "List", "items": []})
+
+    with pytest.raises(CommandError, match="lists no GPU nodes"):
+        run("--from", "kubernetes", empty, "--dry-run")
+    with pytest.raises(CommandError, match="lists no GPU nodes"):
+        run("--from", "kubernetes", empty)
+
+    assert Node.objects.filter(state=NodeState.HEALTHY).count() > 60

@@ -277,6 +277,13 @@ def import_topology(
     """Make the database match ``topology`` (see the module docstring) and return
     what changed. ``default_gpus`` is the GPU count of new nodes whose source does
     not say (a Slurm topology.conf read without scontrol output)."""
+    if not topology.domains and Node.objects.exists():
+        # An empty answer (a wrong context, a label selector, a truncated file) would
+        # retire the whole fleet: far more likely a mistake than a decommission.
+        raise Conflict(
+            f"the {topology.source} source lists no GPU nodes; importing it would remove or retire "
+            "every node. Check the file or the kubeconfig context"
+        )
     if dry_run:
         return plan_import(topology, default_gpus=default_gpus)
     with transaction.atomic():
