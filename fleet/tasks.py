@@ -22,6 +22,7 @@ from fleet.services import actions as action_services
 from fleet.services import audit, scheduling
 from fleet.services import defrag as defrag_services
 from fleet.services import jobs as job_services
+from fleet.services import nodes as node_services
 from fleet.services import recovery as recovery_services
 from fleet.services.errors import Conflict
 
@@ -175,7 +176,10 @@ def reconcile_once(now=None) -> dict:
         recover_job.delay(job_id)
         done["recovering"].append(job_id)
 
-    # 4. Simulated jobs whose end message was lost.
+    # 4. Draining nodes left empty by a release that could not take their lock.
+    done["drained"] = node_services.settle_drained_nodes()
+
+    # 5. Simulated jobs whose end message was lost.
     if settings.RACKWISE_EXECUTOR == "simulated":
         for job in Job.objects.filter(state=JobState.RUNNING, expected_duration_s__isnull=False).exclude(pk__in=busy):
             end = job.started_at + timedelta(seconds=job.expected_duration_s * settings.RACKWISE_SIM_TIME_SCALE)
@@ -183,7 +187,7 @@ def reconcile_once(now=None) -> dict:
                 simulated_job_end.delay(job.pk, job.attempt)
                 done["finished"].append(job.pk)
 
-    # 5. And a scheduling pass if anything waits.
+    # 6. And a scheduling pass if anything waits.
     if Job.objects.filter(state=JobState.PENDING).exclude(pk__in=busy).exists():
         schedule_pending.delay()
     return done

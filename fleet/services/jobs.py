@@ -103,9 +103,16 @@ def _release(job: Job) -> set[int]:
     still_busy = Allocation.objects.filter(
         released_at__isnull=True, gpu__node_id__in=node_ids
     ).values_list("gpu__node_id", flat=True)
-    Node.objects.filter(id__in=node_ids, state=NodeState.DRAINING).exclude(
-        id__in=list(still_busy)
-    ).update(state=NodeState.DRAINED, state_changed_at=now)
+    # The job row is locked here; node services lock a node and then its jobs. A
+    # node another transaction holds is skipped rather than waited for (waiting
+    # would close that cycle into a deadlock): it is either changing state anyway
+    # (failing) or is settled by reconcile (nodes.settle_drained_nodes).
+    emptied = Node.objects.select_for_update(skip_locked=True).filter(
+        id__in=node_ids, state=NodeState.DRAINING
+    ).exclude(id__in=list(still_busy))
+    Node.objects.filter(id__in=list(emptied.values_list("id", flat=True))).update(
+        state=NodeState.DRAINED, state_changed_at=now
+    )
     return rack_ids
 
 
@@ -167,7 +174,9 @@ def place_jobs(actor, decisions: list[PlacementDecision]) -> tuple[list[Job], di
     (the database constraint), the whole batch is refused with Conflict and
     nothing is written: the caller retries one by one."""
     with transaction.atomic():
-        jobs = {j.pk: j for j in Job.objects.select_for_update().filter(pk__in=[d.job_id for d in decisions])}
+        # Locked in id order, as everywhere: two writers never wait on each other in a cycle.
+        locked = Job.objects.select_for_update().filter(pk__in=[d.job_id for d in decisions]).order_by("pk")
+        jobs = {j.pk: j for j in locked}
         gpus = _healthy_gpus({int(n) for d in decisions for n in d.gpus_by_node})
         refused: dict[int, str] = {}
         accepted: list[tuple[PlacementDecision, Job, list[GPU]]] = []

@@ -74,6 +74,27 @@ def drain_node(actor, node_id: int, reason: str = "") -> Node:
     return node
 
 
+def settle_drained_nodes() -> list[int]:
+    """Draining nodes that hold no GPUs any more become drained. A job's release
+    does this itself, but skips a node another transaction holds at that moment
+    (see jobs._release); reconcile calls this to catch those. Returns the ids."""
+    settled = []
+    idle = Node.objects.filter(state=NodeState.DRAINING).exclude(
+        id__in=Allocation.objects.filter(released_at__isnull=True).values("gpu__node_id")
+    )
+    for node_id in idle.values_list("id", flat=True):
+        with transaction.atomic():
+            node = Node.objects.select_for_update().filter(pk=node_id, state=NodeState.DRAINING).first()
+            if node is None or _has_active_allocations(node):
+                continue  # changed since it was selected
+            node.state = NodeState.DRAINED
+            node.state_changed_at = timezone.now()
+            node.save(update_fields=["state", "state_changed_at"])
+            bump_versions([node.rack_id])
+            settled.append(node.pk)
+    return settled
+
+
 def undrain_node(actor, node_id: int, reason: str = "") -> Node:
     with transaction.atomic():
         node = _transition(
@@ -113,7 +134,7 @@ def mark_node_failed(actor, node_id: int, reason: str = "") -> Node:
         ).values_list("job_id", flat=True)
         for job in Job.objects.select_for_update().filter(
             id__in=list(job_ids), state__in=HOLDING_JOB_STATES
-        ):
+        ).order_by("pk"):  # id order, as every multi-job lock
             before = {"state": job.state, "state_reason": job.state_reason}
             job.state = JobState.RECOVERING
             job.state_reason = f"node {node.hostname} failed: {node.state_reason}"
