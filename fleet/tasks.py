@@ -16,8 +16,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from fleet import locks
-from fleet.choices import HOLDING_JOB_STATES, ActionState, JobState
-from fleet.models import Action, Allocation, Job
+from fleet.choices import ActionState, JobState
+from fleet.models import Action, Job
 from fleet.services import actions as action_services
 from fleet.services import audit, scheduling
 from fleet.services import defrag as defrag_services
@@ -158,12 +158,7 @@ def reconcile_once(now=None) -> dict:
 
     busy = action_services.open_action_job_ids()
     # 2. Allocations left behind by jobs that no longer hold GPUs.
-    leaked = Allocation.objects.filter(released_at__isnull=True).exclude(job__state__in=HOLDING_JOB_STATES)
-    for job_id in set(leaked.values_list("job_id", flat=True)):
-        count = Allocation.objects.filter(job_id=job_id, released_at__isnull=True).update(released_at=now)
-        job = Job.objects.get(pk=job_id)
-        audit.record(None, "allocation.release_drift", job, message=f"released {count} GPU(s) of a {job.state} job")
-        done["released"].append(job_id)
+    done["released"] = job_services.release_leaked_allocations()
 
     # 3. Jobs stuck between steps with no action to carry them on.
     for job in Job.objects.filter(state=JobState.PLACED, placed_at__lte=now - stall).exclude(pk__in=busy):

@@ -116,6 +116,24 @@ def _release(job: Job) -> set[int]:
     return rack_ids
 
 
+def release_leaked_allocations() -> list[int]:
+    """Release GPUs still held by jobs that no longer hold any (drift: a crash
+    between two writes, a manual database edit). Returns the jobs' ids."""
+    leaked = Allocation.objects.filter(released_at__isnull=True).exclude(job__state__in=HOLDING_JOB_STATES)
+    released = []
+    for job_id in sorted(set(leaked.values_list("job_id", flat=True))):
+        with transaction.atomic():
+            job = Job.objects.select_for_update().get(pk=job_id)
+            if job.state in HOLDING_JOB_STATES:
+                continue  # placed again since it was selected
+            count = Allocation.objects.filter(job=job, released_at__isnull=True).count()
+            racks = _release(job)
+            audit.record(None, "allocation.release_drift", job, message=f"released {count} GPU(s) of a {job.state} job")
+            bump_versions(racks)
+            released.append(job_id)
+    return released
+
+
 def cancel_job(actor, job_id: int) -> Job:
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job_id)
