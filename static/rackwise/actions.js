@@ -33,6 +33,11 @@ export function simulate(racks, steps) {
       }
     } else if (["preempt", "requeue"].includes(step.op)) {
       clear(step.job);
+    } else if (step.op === "drain") {
+      // As the service does it: draining while jobs still run there, else drained.
+      const r = nodeRack.get(String(step.node));
+      const n = r && r.nodes.find((x) => String(x[0]) === String(step.node));
+      if (n) n[3] = n[4].some((g) => g[1] !== null) ? "draining" : "drained";
     }
   }
   return copy;

@@ -1,15 +1,17 @@
 """The approval queue: an operator approves a defrag plan and watches it run; a
-viewer gets no button, and a forged approval is refused by the server."""
+viewer gets no button, and a forged approval is refused by the server; a drain
+shows its node drained in the "after" picture."""
 
 from __future__ import annotations
 
 import pytest
 
 from fleet import locks
-from fleet.choices import ActionState
+from fleet.choices import ActionKind, ActionState
 from fleet.models import Action
+from fleet.services.actions import propose
 from fleet.services.defrag import plan_defrag
-from tests.browser.helpers import log_in_as, open_live, post_api
+from tests.browser.helpers import in_thread, log_in_as, open_live, post_api
 
 pytestmark = pytest.mark.browser
 
@@ -46,7 +48,11 @@ def test_an_operator_approves_a_defrag_plan_and_watches_it_to_the_final_grid(pag
         f"document.querySelector('[data-action-id=\"{defrag_plan.pk}\"]').dataset.state === 'succeeded'", timeout=30000
     )
     assert card.locator("[data-testid=progress]").evaluate("el => el.value") == 1
-    assert card.locator("[data-testid=steplog] div").count() >= len(defrag_plan.steps)
+    # The event carries the state; the step log comes with the re-fetch that follows it.
+    page.wait_for_function(
+        f"document.querySelectorAll('[data-action-id=\"{defrag_plan.pk}\"] [data-testid=steplog] div').length"
+        f" >= {len(defrag_plan.steps)}"
+    )
     assert card.locator("[data-testid=approve]").is_hidden()
     # The final grid: A now runs in r2.
     page.wait_for_function(
@@ -71,3 +77,25 @@ def test_a_viewer_sees_no_approve_button_and_a_forged_approval_is_refused(page, 
     status, body = post_api(page, f"/api/actions/{defrag_plan.pk}/approve/", {"note": "forged"})
     assert status == 403, body
     assert Action.objects.get(pk=defrag_plan.pk).state == ActionState.PROPOSED
+
+
+def test_a_proposed_drain_shows_the_node_drained_in_the_after_picture(page, fleet, operator):
+    node = fleet[0].nodes.get(slot=7)
+    drain = in_thread(
+        propose,
+        kind=ActionKind.DRAIN,
+        title=f"drain {node.hostname}: degraded GPU",
+        steps=[{"op": "drain", "node": node.pk, "hostname": node.hostname, "reason": "degraded GPU"}],
+        jobs=[],
+    )
+    log_in_as(page, operator)
+    open_live(page, "/actions/")
+    card = f"[data-action-id='{drain.pk}']"
+    cells = f"[data-rack-id='{fleet[0].pk}'] g.cell[data-node='{node.pk}']"
+    page.wait_for_selector(f"{card} [data-testid=grid-after]{cells}")
+
+    after = page.locator(f"{card} [data-testid=grid-after]{cells}")
+    before = page.locator(f"{card} [data-testid=grid-before]{cells}")
+    assert after.count() == 4
+    assert {after.nth(i).get_attribute("data-state") for i in range(4)} == {"drained"}
+    assert {before.nth(i).get_attribute("data-state") for i in range(4)} == {"free"}
