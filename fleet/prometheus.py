@@ -55,16 +55,16 @@ class FleetCollector(Collector):
     """Every Rackwise metric family, computed from the database at scrape time."""
 
     def collect(self) -> Iterator:
-        yield from self._capacity()
+        summary = fleet_summary()  # one read for capacity and jobs by state
+        yield from self._capacity(summary)
         yield from self._fragmentation()
-        yield from self._jobs()
+        yield from self._jobs(summary["jobs_by_state"])
         yield self._wait_histogram()
         yield from self._actions()
         yield self._heartbeats()
         yield from self._queues()
 
-    def _capacity(self) -> Iterator:
-        summary = fleet_summary()
+    def _capacity(self, summary: dict) -> Iterator:
         gpus = GaugeMetricFamily(
             "rackwise_gpus", "GPUs by state (used, free, failed, unavailable).", labels=["state"]
         )
@@ -104,12 +104,9 @@ class FleetCollector(Collector):
             value=report.largest_job_gpus,
         )
 
-    def _jobs(self) -> Iterator:
+    def _jobs(self, jobs_by_state: dict[str, int]) -> Iterator:
         by_state = GaugeMetricFamily("rackwise_jobs", "Jobs by state.", labels=["state"])
-        counts = dict.fromkeys(JobState.values, 0)
-        for row in Job.objects.values("state").annotate(n=Count("id")):
-            counts[row["state"]] = row["n"]
-        for state, n in counts.items():
+        for state, n in jobs_by_state.items():
             by_state.add_metric([state], n)
         yield by_state
         pending = GaugeMetricFamily(
