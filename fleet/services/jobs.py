@@ -24,6 +24,7 @@ from fleet.permissions import role_of
 from fleet.services import audit, dispatch, webhooks
 from fleet.services.capacity import fleet_capacity, normalise_shape
 from fleet.services.errors import Conflict, InvalidInput, NotAllowed
+from fleet.services.nodes import idle_draining_nodes
 from fleet.services.racks import bump_versions
 
 
@@ -100,16 +101,11 @@ def _release(job: Job) -> set[int]:
     node_ids = set(active.values_list("gpu__node_id", flat=True))
     rack_ids = set(Node.objects.filter(id__in=node_ids).values_list("rack_id", flat=True))
     active.update(released_at=now)
-    still_busy = Allocation.objects.filter(
-        released_at__isnull=True, gpu__node_id__in=node_ids
-    ).values_list("gpu__node_id", flat=True)
     # The job row is locked here; node services lock a node and then its jobs. A
     # node another transaction holds is skipped rather than waited for (waiting
     # would close that cycle into a deadlock): it is either changing state anyway
     # (failing) or is settled by reconcile (nodes.settle_drained_nodes).
-    emptied = Node.objects.select_for_update(skip_locked=True).filter(
-        id__in=node_ids, state=NodeState.DRAINING
-    ).exclude(id__in=list(still_busy))
+    emptied = idle_draining_nodes(node_ids).select_for_update(skip_locked=True)
     Node.objects.filter(id__in=list(emptied.values_list("id", flat=True))).update(
         state=NodeState.DRAINED, state_changed_at=now
     )

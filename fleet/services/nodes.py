@@ -10,9 +10,10 @@ Allowed transitions::
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from django.db import transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from fleet import events
@@ -74,15 +75,21 @@ def drain_node(actor, node_id: int, reason: str = "") -> Node:
     return node
 
 
+def idle_draining_nodes(node_ids: Iterable[int] | None = None) -> QuerySet[Node]:
+    """Draining nodes (of ``node_ids``, or all) that hold no GPUs any more: the
+    ones due to become drained."""
+    idle = Node.objects.filter(state=NodeState.DRAINING).exclude(
+        id__in=Allocation.objects.filter(released_at__isnull=True).values("gpu__node_id")
+    )
+    return idle if node_ids is None else idle.filter(id__in=list(node_ids))
+
+
 def settle_drained_nodes() -> list[int]:
     """Draining nodes that hold no GPUs any more become drained. A job's release
     does this itself, but skips a node another transaction holds at that moment
     (see jobs._release); reconcile calls this to catch those. Returns the ids."""
     settled = []
-    idle = Node.objects.filter(state=NodeState.DRAINING).exclude(
-        id__in=Allocation.objects.filter(released_at__isnull=True).values("gpu__node_id")
-    )
-    for node_id in idle.values_list("id", flat=True):
+    for node_id in idle_draining_nodes().values_list("id", flat=True):
         with transaction.atomic():
             node = Node.objects.select_for_update().filter(pk=node_id, state=NodeState.DRAINING).first()
             if node is None or _has_active_allocations(node):
