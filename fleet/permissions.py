@@ -48,6 +48,16 @@ def visible_jobs(user, queryset: QuerySet) -> QuerySet:
     return queryset.filter(tenant__members=user)
 
 
+def visible_tenant_names(user) -> list[str]:
+    """The tenants a user's job filters offer: one entry per tenant that has a
+    job the user may see, in name order (a query over jobs would repeat a
+    tenant per job, since Job's default ordering enters the DISTINCT)."""
+    from fleet.models import Job, Tenant
+
+    job_tenants = visible_jobs(user, Job.objects.all()).order_by().values("tenant_id")
+    return list(Tenant.objects.filter(pk__in=job_tenants).order_by("name").values_list("name", flat=True))
+
+
 def visible_audit_events(user, queryset: QuerySet) -> QuerySet:
     """Viewers and operators read the whole audit log; a submitter its own
     actions and its tenants' jobs' records."""

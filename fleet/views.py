@@ -16,7 +16,7 @@ from fleet.choices import ACTIVE_JOB_STATES, ActionState, JobState, NodeState, R
 from fleet.export import EXPORTABLE_STATES, export_job
 from fleet.filtersets import AuditEventFilterSet
 from fleet.models import Action, Allocation, AuditEvent, Job, Rack, WebhookEndpoint
-from fleet.permissions import has_role, visible_audit_events, visible_jobs
+from fleet.permissions import has_role, visible_audit_events, visible_jobs, visible_tenant_names
 from fleet.services.actions import describe_step
 from fleet.services.summary import fleet_summary, rack_summaries
 
@@ -52,7 +52,7 @@ class FleetView(RoleRequiredMixin, TemplateView):
         context["sites"] = sorted({r.site for r in racks if r.site})
         context["rows"] = sorted({r.row for r in racks if r.row})
         context["node_states"] = NodeState.choices
-        context["tenants"] = sorted(visible_jobs(self.request.user, Job.objects.all()).values_list("tenant__name", flat=True).distinct())
+        context["tenants"] = visible_tenant_names(self.request.user)
         return context
 
 
@@ -115,7 +115,7 @@ class JobListView(RoleRequiredMixin, TemplateView):
             state=state,
             tenant=params.get("tenant", ""),
             q=params.get("q", ""),
-            tenants=sorted(visible_jobs(self.request.user, Job.objects.all()).values_list("tenant__name", flat=True).distinct()),
+            tenants=visible_tenant_names(self.request.user),
         )
         return context
 
@@ -203,7 +203,9 @@ class AuditView(RoleRequiredMixin, TemplateView):
     def get_context_data(self, **kwargs):
         context = super().get_context_data(**kwargs)
         qs = visible_audit_events(self.request.user, AuditEvent.objects.all())
-        filterset = AuditEventFilterSet(self.request.GET or None, queryset=qs)
+        # Always bound: an empty query string is a valid "no filter" (unbound,
+        # the set is invalid and the first visit showed nothing).
+        filterset = AuditEventFilterSet(self.request.GET, queryset=qs)
         events = filterset.qs if filterset.is_valid() else qs.none()
         context.update(events=list(events[:PAGE_ROWS]), filters=self.request.GET, errors=filterset.errors)
         return context

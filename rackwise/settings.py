@@ -125,10 +125,19 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 
 REDIS_URL = env_url("REDIS_URL", "redis://127.0.0.1:6379/0", schemes=("redis", "rediss", "unix"))
 
+# channels_redis waits for a socket's next message with BZPOPMIN for
+# RedisChannelLayer.brpop_timeout (5 s) at a time. redis-py's default read timeout
+# is also 5 s, so on a quiet fleet the read lost that race about every 5.5 s and
+# the socket closed with 1011. The read timeout must outlast the blocking pop.
+CHANNEL_LAYER_READ_TIMEOUT_S = 30
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL]},
+        "CONFIG": {
+            "hosts": [
+                {"address": REDIS_URL, "socket_timeout": CHANNEL_LAYER_READ_TIMEOUT_S, "socket_connect_timeout": 5}
+            ]
+        },
     }
 }
 
