@@ -149,9 +149,10 @@ def transition(
         if action.state not in sources:
             if quiet:
                 return None
-            names = " or ".join(str(s) for s in sources) or "no"
-            raise Conflict(f"action #{action_id} is {action.state}; only a {names} action can be {to_state}")
-        before = snapshot(action)
+            names = " or ".join(str(s) for s in sources) or "no state"
+            raise Conflict(f"action #{action_id} is {action.state}; it can become {to_state} only from {names}")
+        # Where it was in its steps matters only once it has started.
+        before = snapshot(action) if action.state == S.EXECUTING else {"state": action.state}
         action.state = to_state
         for name, value in (fields or {}).items():
             setattr(action, name, value)
