@@ -1,17 +1,36 @@
 """Fleet-wide locks in Redis, shared by every worker on every host.
 
-Decisions (scheduling passes, recovery and defrag planning) take one lock so
-that no two of them decide on the same view of the fleet. Locks expire, so a
-worker that dies holding one blocks the others only for the lock's lifetime."""
+Decisions (scheduling passes, recovery and defrag planning, proposal rechecks)
+take one lock so that no two of them decide on the same view of the fleet.
+Locks expire, so a worker that dies holding one blocks the others only for the
+lock's lifetime.
+
+The decision lock is short (``RACKWISE_DECISION_LOCK_TTL_S``, 15 s) and kept
+alive by the pass that holds it, as a :class:`Lease`:
+
+1. A renewer thread resets the TTL every third of it while the holder runs, so
+   a pass longer than the TTL keeps the lock and no second pass starts. A
+   process that is killed stops renewing with it: the lock is free again
+   within one TTL.
+2. Renewal can fail (Redis unreachable past the TTL, the key gone): the lock
+   may then be someone else's. So the holder calls :meth:`Lease.checkpoint`
+   inside each transaction that records decisions, just before it commits; a
+   lost lease raises :class:`LockLost` there, the transaction rolls back, and
+   the pass stops. A pass that lost its lock never commits alongside the next.
+"""
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import redis
 from django.conf import settings
-from redis.exceptions import LockError
+from redis.exceptions import LockError, RedisError
+
+log = logging.getLogger(__name__)
 
 DECISION_LOCK = "rackwise:lock:decisions"
 SCHEDULE_DIRTY = "rackwise:schedule:dirty"
@@ -19,6 +38,10 @@ SCHEDULE_DIRTY = "rackwise:schedule:dirty"
 
 class Busy(Exception):
     """The lock is held by someone else."""
+
+
+class LockLost(Exception):
+    """The lease lapsed or was taken over: stop before committing anything more."""
 
 
 def client() -> redis.Redis:
@@ -41,8 +64,76 @@ def held(name: str, *, ttl: float, wait: float | None) -> Iterator[redis.lock.Lo
             pass  # expired meanwhile: someone else may hold it now, which is fine
 
 
+class Lease:
+    """A held lock renewed in the background; see the module docstring."""
+
+    def __init__(self, lock: redis.lock.Lock, ttl: float) -> None:
+        self.lock = lock
+        self.ttl = ttl
+        self._lost = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._renew_loop, name=f"lease:{lock.name}", daemon=True)
+
+    def _renew_loop(self) -> None:
+        while not self._stop.wait(self.ttl / 3):
+            try:
+                self.renew()
+            except LockLost:
+                log.warning("lost lock %s; the holder stops at its next checkpoint", self.lock.name)
+                return
+
+    def renew(self) -> None:
+        """Reset the TTL; raises LockLost if the lock is no longer ours."""
+        if self._lost.is_set():
+            raise LockLost(self.lock.name)
+        try:
+            self.lock.reacquire()
+        except (LockError, RedisError) as exc:
+            # A Redis error is treated as a loss too: we cannot tell whether the
+            # key outlived it, so we must assume another holder may exist.
+            self._lost.set()
+            raise LockLost(self.lock.name) from exc
+
+    def checkpoint(self) -> None:
+        """Call before committing decisions: renews (proving the lock is still
+        ours, for another full TTL) or raises LockLost."""
+        self.renew()
+
+    @property
+    def lost(self) -> bool:
+        return self._lost.is_set()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.ttl)
+
+
+@contextmanager
+def leased(name: str, *, ttl: float, wait: float | None) -> Iterator[Lease]:
+    """Hold lock ``name`` as a :class:`Lease` (TTL ``ttl``, renewed while held)."""
+    # thread_local=False: the renewer thread must see the token the holder got.
+    lock = client().lock(name, timeout=ttl, blocking=wait is not None, blocking_timeout=wait, thread_local=False)
+    if not lock.acquire():
+        raise Busy(name)
+    lease = Lease(lock, ttl)
+    lease.start()
+    try:
+        yield lease
+    finally:
+        lease.stop()
+        try:
+            lock.release()
+        except LockError:
+            pass  # lapsed meanwhile: someone else may hold it now, which is fine
+
+
 def decisions(wait: float | None = 60.0):
-    return held(DECISION_LOCK, ttl=120, wait=wait)
+    """The fleet-wide decision lock, as a renewed :class:`Lease`."""
+    return leased(DECISION_LOCK, ttl=settings.RACKWISE_DECISION_LOCK_TTL_S, wait=wait)
 
 
 def action_lock(action_id: int):

@@ -4,10 +4,15 @@ an edited row is never overwritten."""
 
 from __future__ import annotations
 
+from django.conf import settings
+
 # name -> (task, seconds between runs)
 DEFAULT_SCHEDULES: dict[str, tuple[str, int]] = {
     "scheduling tick": ("fleet.tasks.schedule_pending", 30),
     "reconcile": ("fleet.tasks.reconcile", 30),
+    # Half the recheck period, so no waiting proposal goes unchecked for longer
+    # than RACKWISE_PROPOSAL_RECHECK_S (rack changes recheck sooner).
+    "proposal recheck": ("fleet.tasks.recheck_proposals", max(1, settings.RACKWISE_PROPOSAL_RECHECK_S // 2)),
     "detect failed nodes": ("fleet.tasks.detect_failures", 15),
     "defrag plan (hourly)": ("fleet.tasks.plan_defrag", 3600),
     "defrag thresholds": ("fleet.tasks.defrag_watch", 60),

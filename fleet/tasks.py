@@ -43,15 +43,22 @@ def _tag_audit_events(task_id: str | None = None, **_kwargs) -> None:
 @shared_task(name="fleet.tasks.schedule_pending", **TASK_OPTIONS)
 def schedule_pending() -> str:
     """One scheduling pass at a time fleet-wide. A request that arrives while a
-    pass runs marks the queue dirty; the running pass goes round again."""
+    pass runs marks the queue dirty; the running pass goes round again. The
+    decision lock is a renewed lease: a pass that loses it stops before its next
+    commit, and leaves the queue dirty for whoever holds the lock now."""
     r = locks.client()
     r.set(locks.SCHEDULE_DIRTY, 1)
     passes = 0
     while r.get(locks.SCHEDULE_DIRTY):
         try:
-            with locks.decisions(wait=None):
+            with locks.decisions(wait=None) as lease:
                 while r.getdel(locks.SCHEDULE_DIRTY):
-                    result = scheduling.schedule_pass()
+                    try:
+                        result = scheduling.schedule_pass(checkpoint=lease.checkpoint)
+                    except locks.LockLost:
+                        r.set(locks.SCHEDULE_DIRTY, 1)
+                        log.warning("scheduling pass stopped: the decision lock was lost")
+                        return f"{passes} pass(es); stopped: the decision lock was lost"
                     passes += 1
                     if result.placed or result.proposed:
                         log.info("scheduling pass: placed %s, proposed %s", result.placed, result.proposed)
@@ -65,6 +72,17 @@ def recover_job(job_id: int) -> str:
     with locks.decisions():
         action = recovery_services.plan_recovery(job_id)
     return f"proposed action #{action.pk}" if action else "nothing to do"
+
+
+@shared_task(name="fleet.tasks.recheck_proposals", **TASK_OPTIONS)
+def recheck_proposals(rack_ids: list[int] | None = None) -> str:
+    """Re-decide proposals the fleet made obsolete: those waiting on ``rack_ids``
+    (a node there changed) and any not checked for RACKWISE_PROPOSAL_RECHECK_S."""
+    from fleet.services import proposals
+
+    with locks.decisions() as lease:
+        result = proposals.recheck_proposals(rack_ids=rack_ids, checkpoint=lease.checkpoint)
+    return f"checked {result.checked}, expired {result.expired}, proposed {result.proposed}"
 
 
 @shared_task(name="fleet.tasks.plan_defrag", **TASK_OPTIONS)
@@ -252,6 +270,7 @@ __all__ = [
     "detect_failures",
     "execute_action",
     "plan_defrag",
+    "recheck_proposals",
     "reconcile",
     "recover_job",
     "sample_fleet",

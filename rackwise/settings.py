@@ -217,6 +217,16 @@ RACKWISE_K8S_RACK_LABEL = env_str("RACKWISE_K8S_RACK_LABEL", "") or "nvidia.com/
 RACKWISE_METRICS_TOKEN = env_str("RACKWISE_METRICS_TOKEN", "") or ""
 RACKWISE_METRICS_ALLOW = env_cidrs("RACKWISE_METRICS_ALLOW", ["127.0.0.0/8", "::1/128"])
 
+# --- Decisions: proposal recheck and the decision lock (issue #10, items 2-3) --------
+# A proposal waiting for an operator is re-checked against the fleet when a node of
+# its racks changes, and at least this often: if the fleet made it obsolete (its
+# plan no longer holds, or a cheaper one exists) it expires and is decided again.
+RACKWISE_PROPOSAL_RECHECK_S = env_int("RACKWISE_PROPOSAL_RECHECK_S", 60, minimum=1)
+# The fleet-wide decision lock lives this long unless the pass holding it renews
+# it (it does so at every checkpoint, well inside the TTL); a killed pass blocks
+# the others for at most this long.
+RACKWISE_DECISION_LOCK_TTL_S = env_float("RACKWISE_DECISION_LOCK_TTL_S", 15.0, minimum=1.0)
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]

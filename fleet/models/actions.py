@@ -11,10 +11,12 @@ from fleet.choices import DEFAULT_APPROVAL, ActionKind, ActionState, ApprovalMod
 
 class Action(models.Model):
     """One decision (a placement, a recovery, a defrag plan, a drain) as ordered
-    steps. States move by compare-and-set only, so a redelivered task is harmless::
+    steps. States move only through ``fleet.services.action_lifecycle.transition``
+    (row lock and check), so a redelivered task is harmless::
 
         proposed -> approved -> executing -> succeeded | failed
         proposed -> rejected | expired | cancelled;  approved -> expired | cancelled
+        executing -> cancelled
     """
 
     kind = models.CharField(max_length=20, choices=ActionKind.choices)
@@ -51,6 +53,9 @@ class Action(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # A proposal waiting for an operator was last found still the best decision
+    # at this time (fleet.services.proposals re-checks it as the fleet changes).
+    checked_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]

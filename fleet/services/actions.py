@@ -1,8 +1,9 @@
 """Actions: decisions as ordered steps, approved by policy or by an operator, and
 carried out one step at a time.
 
-Every state change is compare-and-set on the row (``filter(state=A).update(...)``
-or a row lock and a check), so a task delivered twice does the work once.
+Every state change goes through :mod:`fleet.services.action_lifecycle` (a row
+lock and a check against its table of transitions), so a task delivered twice
+does the work once and every end is audited, announced and settled alike.
 
 Step ops and what each does to the database (after the executor has done its
 part in the cluster):
@@ -42,10 +43,11 @@ from fleet.choices import (
 )
 from fleet.models import Action, ApprovalPolicy, Job, Node, Rack
 from fleet.permissions import has_role
-from fleet.services import audit, dispatch, webhooks
+from fleet.services import action_lifecycle as lifecycle
+from fleet.services import audit
 from fleet.services import jobs as job_services
 from fleet.services import nodes as node_services
-from fleet.services.errors import Conflict, InvalidInput, NotAllowed, ServiceError
+from fleet.services.errors import InvalidInput, NotAllowed, ServiceError
 from placement import model as pm
 from placement.validate import validate
 
@@ -64,10 +66,6 @@ def fleet_version() -> int:
 def _require_operator(actor) -> None:
     if not has_role(actor, Role.OPERATOR):
         raise NotAllowed("only operators can decide on actions")
-
-
-def _snapshot(action: Action) -> dict:
-    return {"state": action.state, "step_index": action.step_index}
 
 
 # --- proposing ------------------------------------------------------------------------
@@ -127,29 +125,7 @@ def propose_many(proposals: list[Proposal], *, actor=None, version: int | None =
                 log=[_log_entry(i, s, "done") for i, s in enumerate(p.steps[: p.done_steps])],
             )
         )
-    with transaction.atomic():
-        actions = Action.objects.bulk_create(rows)
-        Action.jobs.through.objects.bulk_create(
-            Action.jobs.through(action_id=a.pk, job_id=j) for a, p in zip(actions, proposals, strict=True) for j in p.jobs
-        )
-        audit.record_many(
-            actor,
-            "action.propose",
-            [
-                (a, None, {"kind": a.kind, "state": a.state, "steps": len(a.steps), "cost_gpu_hours": a.cost_gpu_hours}, a.title)
-                for a in actions
-            ],
-        )
-        for a in actions:
-            if a.state != ActionState.PROPOSED:
-                dispatch.execute_soon(a.pk)
-        pairs = list(zip(actions, proposals, strict=True))
-        webhooks.emit_many("action.proposed", (webhooks.action_data(a, p.jobs) for a, p in pairs))
-        # Kinds the policy runs automatically are approved as they are proposed.
-        approved_now = ((a, p) for a, p in pairs if a.state != ActionState.PROPOSED)
-        webhooks.emit_many("action.approved", (webhooks.action_data(a, p.jobs) for a, p in approved_now))
-        events.actions_changed(a.pk for a in actions)
-    return actions
+    return lifecycle.create(rows, [p.jobs for p in proposals], actor)
 
 
 def open_action_job_ids() -> set[int]:
@@ -162,64 +138,58 @@ def open_action_job_ids() -> set[int]:
 # --- operator decisions ------------------------------------------------------------
 
 
-def _decide(actor, action_id: int, to_state: str, verb: str, note: str, **extra) -> Action:
-    """proposed -> approved|rejected by compare-and-set, audited and announced."""
+def _decide(actor, action_id: int, to_state: str, note: str, **fields) -> Action:
+    """An operator's decision on an action, through the lifecycle."""
     _require_operator(actor)
-    changed = Action.objects.filter(pk=action_id, state=ActionState.PROPOSED).update(
-        state=to_state,
-        decided_by=actor,
-        decided_by_name=audit.actor_name(actor),
-        decided_at=timezone.now(),
-        decision_note=note[:500],
-        **extra,
+    return lifecycle.transition(
+        actor,
+        action_id,
+        to_state,
+        message=note,
+        fields={"decision_note": note[:500], **fields},
+        **({} if to_state == ActionState.CANCELLED else {"expect": (ActionState.PROPOSED,)}),
     )
-    action = Action.objects.get(pk=action_id)
-    if changed != 1:
-        raise Conflict(f"action #{action_id} is {action.state}; only a proposed action can be {to_state}")
-    audit.record(actor, f"action.{verb}", action, before={"state": ActionState.PROPOSED}, after=_snapshot(action), message=note)
-    events.actions_changed([action.pk])
-    event = "action.approved" if to_state == ActionState.APPROVED else "action.finished"
-    webhooks.emit(event, webhooks.action_finished(action))
-    return action
 
 
 def approve(actor, action_id: int, note: str = "") -> Action:
-    with transaction.atomic():
-        action = _decide(actor, action_id, ActionState.APPROVED, "approve", note)
-        dispatch.execute_soon(action.pk)
-    return action
+    """proposed -> approved; a worker starts executing it on commit."""
+    return _decide(
+        actor,
+        action_id,
+        ActionState.APPROVED,
+        note,
+        decided_by=actor,
+        decided_by_name=audit.actor_name(actor),
+        decided_at=timezone.now(),
+    )
 
 
 def reject(actor, action_id: int, note: str = "") -> Action:
     """Refuse a proposed action. A refused preemption or migration leaves the job
     with no way to recover in place, so it goes back to the queue."""
-    with transaction.atomic():
-        action = _decide(actor, action_id, ActionState.REJECTED, "reject", note, finished_at=timezone.now())
-        if action.kind in (ActionKind.PREEMPTION, ActionKind.MIGRATION):
-            for job in action.jobs.filter(state=JobState.RECOVERING):
-                job_services.requeue_job(actor, job.pk, reason=f"recovery #{action.pk} rejected; requeued")
-    return action
+    return _decide(
+        actor,
+        action_id,
+        ActionState.REJECTED,
+        note,
+        decided_by=actor,
+        decided_by_name=audit.actor_name(actor),
+        decided_at=timezone.now(),
+    )
 
 
 def cancel(actor, action_id: int, note: str = "") -> Action:
-    """Stop an action before its next step. Steps already done stay done; jobs
-    left between steps are put right by :func:`_settle_jobs`."""
+    """Stop an open action before its next step. Steps already done stay done;
+    jobs left between steps are settled by the lifecycle."""
     _require_operator(actor)
-    with transaction.atomic():
-        action = Action.objects.select_for_update().get(pk=action_id)
-        if action.state not in OPEN_ACTION_STATES:
-            raise Conflict(f"action #{action_id} is {action.state}; only an open action can be cancelled")
-        before = _snapshot(action)
-        action.state = ActionState.CANCELLED
-        action.decision_note = note[:500] or action.decision_note
-        action.finished_at = timezone.now()
-        action.log = [*action.log, {"at": timezone.now().isoformat(), "message": f"cancelled by {audit.actor_name(actor)}"}]
-        action.save(update_fields=["state", "decision_note", "finished_at", "log", "updated_at"])
-        audit.record(actor, "action.cancel", action, before=before, after=_snapshot(action), message=note)
-        events.actions_changed([action.pk])
-        webhooks.emit("action.finished", webhooks.action_finished(action))
-        _settle_jobs(action, actor)
-    return action
+    return lifecycle.transition(
+        actor,
+        action_id,
+        ActionState.CANCELLED,
+        message=note,
+        fields={"decision_note": note[:500]} if note else None,
+        log=f"cancelled by {audit.actor_name(actor)}",
+    )
 
 
 def set_policy(actor, kind: str, mode: str) -> ApprovalPolicy:
@@ -392,16 +362,12 @@ def execute_next_step(action_id: int, executor=None) -> StepResult:
     if action.state == ActionState.APPROVED:
         problems = check_plan(action)
         if problems:
-            _expire(action, problems)
+            expire(None, action.pk, problems)
             return StepResult(False, "expired")
-        changed = Action.objects.filter(pk=action.pk, state=ActionState.APPROVED).update(
-            state=ActionState.EXECUTING, started_at=timezone.now()
-        )
-        if changed != 1:
+        claimed = lifecycle.transition(None, action.pk, ActionState.EXECUTING, quiet=True)
+        if claimed is None:
             return StepResult(False, "claimed elsewhere")
-        action.refresh_from_db()
-        audit.record(None, "action.execute", action, before={"state": ActionState.APPROVED}, after=_snapshot(action))
-        events.actions_changed([action.pk])
+        action = claimed
     if action.state != ActionState.EXECUTING:
         return StepResult(False, action.state)
     steps = action.steps
@@ -441,61 +407,41 @@ def execute_next_step(action_id: int, executor=None) -> StepResult:
 
 
 def _finish(action_id: int) -> None:
-    with transaction.atomic():
-        changed = Action.objects.filter(pk=action_id, state=ActionState.EXECUTING).update(
-            state=ActionState.SUCCEEDED, finished_at=timezone.now(), progress=1.0
-        )
-        if changed:
-            action = Action.objects.get(pk=action_id)
-            audit.record(None, "action.succeeded", action, after=_snapshot(action))
-            events.actions_changed([action.pk])
-            webhooks.emit("action.finished", webhooks.action_finished(action))
-            if action.kind not in (ActionKind.PLACEMENT, ActionKind.PLACEMENT_SPILL):
-                # Recoveries, moves and drains change what is free; placements don't.
-                dispatch.schedule_soon()
+    lifecycle.transition(None, action_id, ActionState.SUCCEEDED, fields={"progress": 1.0}, quiet=True)
 
 
 def _fail(action_id: int, index: int, step: dict, error: str) -> None:
+    message = f"step {index + 1} ({step['op']}) failed: {error}"
     with transaction.atomic():
         action = Action.objects.select_for_update().get(pk=action_id)
-        if action.state != ActionState.EXECUTING:
-            return
-        action.log = [*action.log, _log_entry(index, step, "failed", error)]
-        action.state = ActionState.FAILED
-        action.error = f"step {index + 1} ({step['op']}) failed: {error}"
-        action.finished_at = timezone.now()
-        action.save(update_fields=["log", "state", "error", "finished_at", "updated_at"])
-        audit.record(None, "action.failed", action, after=_snapshot(action), message=action.error)
-        events.actions_changed([action.pk])
-        webhooks.emit("action.finished", webhooks.action_finished(action))
-        _settle_jobs(action, None)
-    log.warning("action #%s failed: %s", action_id, error)
-
-
-def _expire(action: Action, problems: list[str]) -> None:
-    """The fleet moved on since the plan was made: expire it and ask for a new one."""
-    with transaction.atomic():
-        changed = Action.objects.filter(pk=action.pk, state=ActionState.APPROVED).update(
-            state=ActionState.EXPIRED, error="; ".join(problems)[:2000], finished_at=timezone.now()
+        failed = lifecycle.transition(
+            None,
+            action_id,
+            ActionState.FAILED,
+            message=message,
+            fields={"error": message, "log": [*action.log, _log_entry(index, step, "failed", error)]},
+            quiet=True,
         )
-        if changed != 1:
-            return
-        action.refresh_from_db()
-        audit.record(None, "action.expire", action, after=_snapshot(action), message=action.error[:500])
-        events.actions_changed([action.pk])
-        webhooks.emit("action.finished", webhooks.action_finished(action))
-        _settle_jobs(action, None)
-        if action.kind == ActionKind.DEFRAG:
-            dispatch.after_commit("fleet.tasks.plan_defrag")
+    if failed is not None:
+        log.warning("action #%s failed: %s", action_id, error)
 
 
-def _settle_jobs(action: Action, actor) -> None:
-    """After an action ends early, leave no job stranded between steps:
-    a job placed but never started goes back to the queue, a job still
-    recovering gets a new recovery decision, and the queue gets a pass."""
-    for job in action.jobs.all():
-        if job.state == JobState.PLACED:
-            job_services.requeue_job(actor, job.pk, reason=f"action #{action.pk} ended before the job started")
-        elif job.state == JobState.RECOVERING:
-            dispatch.recover_soon(job.pk)
-    dispatch.schedule_soon()
+def expire(
+    actor, action_id: int, problems: list[str], *, expect: tuple[str, ...] | None = None, replan: bool = True, now=None
+) -> Action | None:
+    """The fleet moved on since the plan was made (or a cheaper plan exists):
+    expire a proposed or approved action and, unless ``replan`` is False (the
+    caller decides again itself), ask for a new decision. Returns None if the
+    action had left those states meanwhile."""
+    error = "; ".join(problems) or "superseded"
+    return lifecycle.transition(
+        actor,
+        action_id,
+        ActionState.EXPIRED,
+        message=error,
+        fields={"error": error[:2000]},
+        expect=expect,
+        quiet=True,
+        replan=replan,
+        now=now,
+    )

@@ -76,11 +76,14 @@ def plan_defrag(
             problems = action_services.check_plan(open_plan)
             if not problems and actor is None:
                 return DefragOutcome(open_plan, f"defrag #{open_plan.pk} still holds and awaits a decision", open_plan.plan)
-            open_plan.state = ActionState.EXPIRED
-            open_plan.error = "; ".join(problems) or f"superseded by a new plan requested by {audit.actor_name(actor)}"
-            open_plan.finished_at = timezone.now()
-            open_plan.save(update_fields=["state", "error", "finished_at", "updated_at"])
-            audit.record(actor, "action.expire", open_plan, after={"state": open_plan.state}, message=open_plan.error[:500])
+            # Expired like any other end (event, webhook, jobs settled); no new
+            # plan is asked for, since this call makes it.
+            action_services.expire(
+                actor,
+                open_plan.pk,
+                problems or [f"superseded by a new plan requested by {audit.actor_name(actor)}"],
+                replan=False,
+            )
 
     snap = engine.load_snapshot()
     pending = [engine.job_request(j) for j in Job.objects.select_related("tenant").filter(state=JobState.PENDING)]

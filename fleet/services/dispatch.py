@@ -37,3 +37,8 @@ def recover_soon(job_id: int) -> None:
 
 def execute_soon(action_id: int) -> None:
     after_commit("fleet.tasks.execute_action", action_id)
+
+
+def recheck_proposals_soon(rack_ids: list[int]) -> None:
+    """Re-check the proposals waiting on these racks (a node of theirs changed)."""
+    after_commit("fleet.tasks.recheck_proposals", list(rack_ids))

@@ -23,26 +23,50 @@ KIND_BY_ENGINE_ACTION = {
 }
 
 
+class InvalidPlan(Exception):
+    """The engine's recovery plan broke an invariant (a bug; logged)."""
+
+
 def plan_recovery(job_id: int) -> Action | None:
     """Propose how to recover a job interrupted by failed nodes.
 
     1. Skip a job that is not recovering or is already held by an open action.
-    2. Ask the engine: swap the failed nodes for spares in the same rack; else
-       preempt lower-priority jobs there; else move the whole job; else requeue.
-    3. Check the plan with the invariant checker, then propose it as steps; the
-       approval policy decides whether it runs at once (in-place swaps do by
-       default) or waits for an operator (preemptions, migrations).
+    2. Ask the engine (see :func:`recovery_proposal`).
+    3. Propose it as steps; the approval policy decides whether it runs at once
+       (in-place swaps do by default) or waits for an operator (preemptions,
+       migrations). A waiting proposal is re-checked as the fleet changes
+       (:mod:`fleet.services.proposals`).
     """
     job = Job.objects.select_related("tenant").filter(pk=job_id).first()
     if job is None or job.state != JobState.RECOVERING or job.pk in action_services.open_action_job_ids():
         return None
+    try:
+        proposal = recovery_proposal(job)
+    except InvalidPlan:
+        job_services.requeue_job(None, job.pk, reason="recovery plan refused by the invariant checker")
+        return None
+    if proposal is None:
+        return None
+    return action_services.propose_many([proposal])[0]
+
+
+def recovery_proposal(job: Job) -> action_services.Proposal | None:
+    """What recovering ``job`` takes on the fleet as it is now, as a proposal
+    (nothing is recorded). None: nothing to do. Raises InvalidPlan if the
+    engine's plan fails the invariant checker.
+
+    1. A job that holds nothing any more (drift) goes back to the queue.
+    2. One whose nodes are all healthy again restarts in place.
+    3. Else the engine: swap the failed nodes for spares in the same rack; else
+       preempt lower-priority jobs there; else move the whole job; else requeue.
+    """
     snap = engine.load_snapshot()
     fleet = snap.fleet
     jid = str(job.pk)
     alloc = fleet.allocations.get(jid)
     if alloc is None:
         # Holds nothing any more (drift): back to the queue.
-        return action_services.propose(
+        return action_services.Proposal(
             kind=ActionKind.REQUEUE,
             title=f"requeue job #{job.pk} {job.name}: it holds no GPUs",
             steps=[{"op": "requeue", "job": job.pk, "reason": "recovering without GPUs"}],
@@ -51,7 +75,7 @@ def plan_recovery(job_id: int) -> Action | None:
     failed = [nid for nid in alloc.nodes if fleet.nodes[nid].health == pm.FAILED]
     if not failed:
         # The node came back before recovery ran: restart in place.
-        return action_services.propose(
+        return action_services.Proposal(
             kind=ActionKind.RECOVERY,
             title=f"restart job #{job.pk} {job.name} in place: its nodes are healthy again",
             steps=[{"op": "restart", "job": job.pk}],
@@ -64,8 +88,7 @@ def plan_recovery(job_id: int) -> Action | None:
     problems = validate_recovery(fleet, plan)
     if problems:
         log.error("recovery plan for job %s violates invariants: %s", job.pk, problems)
-        job_services.requeue_job(None, job.pk, reason="recovery plan refused by the invariant checker")
-        return None
+        raise InvalidPlan("; ".join(str(p) for p in problems))
     steps: list[dict] = []
     jobs = [job.pk]
     cost = restart_cost_gpu_hours(alloc.job, alloc.gpus)
@@ -104,7 +127,7 @@ def plan_recovery(job_id: int) -> Action | None:
     else:
         steps.append({"op": "requeue", "job": job.pk, "reason": plan.reason})
         title = f"requeue job #{job.pk} {job.name}: {plan.reason}"
-    return action_services.propose(
+    return action_services.Proposal(
         kind=KIND_BY_ENGINE_ACTION[plan.action],
         title=title,
         steps=steps,

@@ -1,13 +1,17 @@
 """The scheduling pass: place pending jobs with the placement engine.
 
-One pass at a time fleet-wide (the caller holds the fleet lock, see
-fleet.locks); allocations are still guarded by the database constraint."""
+One pass at a time fleet-wide (the caller holds the decision lock, see
+fleet.locks); allocations are still guarded by the database constraint. The
+caller's ``checkpoint`` runs inside every transaction that records decisions,
+just before it commits: a pass whose lock was lost raises there and stops with
+nothing more committed."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -53,7 +57,14 @@ def _describe(plan: PlacementPlan, snap: engine.Snapshot) -> str:
     return f"{len(plan.nodes)} node(s) in {racks}"
 
 
-def schedule_pass() -> PassResult:
+Checkpoint = Callable[[], None]
+
+
+def _no_checkpoint() -> None:
+    """Without a lease (tests, a caller that holds no lock) there is nothing to check."""
+
+
+def schedule_pass(checkpoint: Checkpoint = _no_checkpoint) -> PassResult:
     """Place every pending job that may start now, in queue order.
 
     1. Snapshot the fleet; leave out jobs an open action already holds.
@@ -64,6 +75,7 @@ def schedule_pass() -> PassResult:
        its start handed to the executor; one that spreads a preferred job over
        more racks than needed waits for an operator (manual policy).
     5. Jobs that wait get their reason in words.
+    Each commit is preceded by ``checkpoint()`` (see the module docstring).
     """
     result = PassResult()
     busy = action_services.open_action_job_ids()
@@ -139,9 +151,12 @@ def schedule_pass() -> PassResult:
         else:
             auto.append((decision, proposal))
 
-    action_services.propose_many(manual, version=version)
+    if manual:
+        with transaction.atomic():
+            action_services.propose_many(manual, version=version)
+            checkpoint()
     result.proposed = [p.jobs[0] for p in manual]
-    result.placed = _place_auto(auto, version)
+    result.placed = _place_auto(auto, version, checkpoint)
     for job_id, reason in plan.waiting.items():
         job = by_id[job_id]
         result.waiting[job.pk] = reason
@@ -150,7 +165,9 @@ def schedule_pass() -> PassResult:
 
 
 def _place_auto(
-    auto: list[tuple[job_services.PlacementDecision, action_services.Proposal]], version: int
+    auto: list[tuple[job_services.PlacementDecision, action_services.Proposal]],
+    version: int,
+    checkpoint: Checkpoint,
 ) -> list[int]:
     """Allocate the pass's automatic placements and record their actions, in one
     transaction. If the batch conflicts with a change made meanwhile (a GPU
@@ -167,6 +184,7 @@ def _place_auto(
             for p in proposals:
                 p.done_steps = 1
             action_services.propose_many(proposals, version=version)
+            checkpoint()
         return sorted(done)
     except Conflict:
         pass
@@ -179,6 +197,7 @@ def _place_auto(
                     raise Conflict(refused[decision.job_id])
                 proposal.done_steps = 1
                 action_services.propose_many([proposal], version=version)
+                checkpoint()
             placed_ids.append(decision.job_id)
         except Conflict as exc:
             # Someone changed the fleet under us; the next pass decides again.

@@ -1,0 +1,129 @@
+"""Re-checking decisions that wait for an operator.
+
+A proposal (a preemption, a migration, a defrag plan...) is planned on the
+fleet as it was. While it waits, a failed node may come back or a spare free
+up, and the plan becomes the wrong one: a job then waits behind an approval it
+no longer needs. This module re-decides such proposals; the caller (a task)
+holds the decision lock, as for any decision.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from fleet.choices import ActionKind, ActionState, JobState
+from fleet.models import Action
+from fleet.services import actions as action_services
+from fleet.services import recovery as recovery_services
+from fleet.services.action_lifecycle import RECOVERY_KINDS
+
+log = logging.getLogger(__name__)
+
+# The engine's order of preference for a recovery (recover.py): a later kind is
+# only chosen when the earlier ones are impossible.
+RECOVERY_RANK = {ActionKind.RECOVERY: 0, ActionKind.PREEMPTION: 1, ActionKind.MIGRATION: 2, ActionKind.REQUEUE: 3}
+
+
+@dataclass
+class RecheckResult:
+    checked: list[int] = field(default_factory=list)
+    expired: list[int] = field(default_factory=list)
+    proposed: list[int] = field(default_factory=list)
+
+
+def _due(rack_ids: Iterable[int] | None, now: datetime) -> list[int]:
+    """Proposals to check: those touching ``rack_ids`` (a rack changed), and
+    those not checked for RACKWISE_PROPOSAL_RECHECK_S (the periodic bound)."""
+    stale = now - timedelta(seconds=settings.RACKWISE_PROPOSAL_RECHECK_S)
+    due = Q(checked_at__lte=stale) | Q(checked_at__isnull=True, created_at__lte=stale)
+    if rack_ids:
+        due |= Q(
+            jobs__allocations__released_at__isnull=True,
+            jobs__allocations__gpu__node__rack_id__in=list(rack_ids),
+        )
+    ids = Action.objects.filter(due, state=ActionState.PROPOSED).values_list("pk", flat=True).distinct()
+    return sorted(set(ids))
+
+
+def _better(fresh: action_services.Proposal, current: Action) -> bool:
+    """Does the fresh recovery plan beat the waiting one? Earlier in the engine's
+    order (a swap beats a preemption beats a move), or the same kind for fewer
+    GPU-hours. An equal plan never replaces the one the operator is looking at."""
+    new, old = RECOVERY_RANK.get(fresh.kind, 9), RECOVERY_RANK.get(current.kind, 9)
+    if new != old:
+        return new < old
+    return fresh.cost_gpu_hours < current.cost_gpu_hours - 1e-9
+
+
+def _no_checkpoint() -> None:
+    """Without a lease there is nothing to check."""
+
+
+def recheck_proposals(
+    *,
+    rack_ids: Iterable[int] | None = None,
+    now: datetime | None = None,
+    checkpoint: Callable[[], None] = _no_checkpoint,
+) -> RecheckResult:
+    """Re-decide waiting proposals the fleet may have made obsolete.
+
+    1. Take the proposals that are due (see :func:`_due`).
+    2. A plan that no longer holds on the fleet as it is now expires.
+    3. A waiting recovery whose job would now get a better plan (its failed node
+       came back, a spare freed up in its rack) expires too: superseded.
+    4. Either way the decision is made again at once: a recovering job gets its
+       new plan proposed (it runs if the policy says auto: a swap or a restart in
+       place); other kinds go back to their planner through the lifecycle (the
+       scheduler, the defrag planner).
+    5. A proposal that still stands is stamped ``checked_at``.
+    Each transaction calls ``checkpoint()`` (the decision lease) before it commits.
+    """
+    now = now or timezone.now()
+    result = RecheckResult()
+    for action_id in _due(rack_ids, now):
+        result.checked.append(action_id)
+        with transaction.atomic():
+            action = Action.objects.select_for_update().filter(pk=action_id, state=ActionState.PROPOSED).first()
+            if action is None:
+                continue  # decided meanwhile
+            problems = action_services.check_plan(action)
+            recovering = list(action.jobs.filter(state=JobState.RECOVERING).select_related("tenant"))
+            fresh: dict[int, action_services.Proposal] = {}
+            if action.kind in RECOVERY_KINDS:
+                for job in recovering:
+                    try:
+                        proposal = recovery_services.recovery_proposal(job)
+                    except recovery_services.InvalidPlan:
+                        proposal = None
+                    if proposal is not None:
+                        fresh[job.pk] = proposal
+                if not problems:
+                    better = [p for p in fresh.values() if _better(p, action)]
+                    if better:
+                        problems = [f"superseded by a better plan: {better[0].title}"]
+            if not problems:
+                Action.objects.filter(pk=action.pk).update(checked_at=now)
+                checkpoint()
+                continue
+            # A recovery with a fresh plan is re-decided right here; anything
+            # else by its planner, asked by the lifecycle.
+            expired = action_services.expire(
+                None, action.pk, problems, expect=(ActionState.PROPOSED,), replan=not fresh, now=now
+            )
+            if expired is None:
+                continue
+            result.expired.append(action.pk)
+            log.info("proposal #%s expired: %s", action.pk, "; ".join(problems))
+            if fresh:
+                for action_new in action_services.propose_many(list(fresh.values())):
+                    result.proposed.append(action_new.pk)
+            checkpoint()
+    return result
