@@ -6,8 +6,13 @@ stop it, start it on nodes). The database side of each step is applied by
   injected failures, and simulated jobs that complete after their expected
   duration.
 * ``webhook``: each step is POSTed, HMAC-signed, to a URL; the receiver answers
-  later with a signed callback to ``/api/actions/<id>/callback/``. A step with no
-  callback within the timeout fails.
+  later with a signed callback to ``/api/actions/<id>/callback/`` whose body
+  echoes the step's ``action_id`` and ``step_index`` (signed with the body, so a
+  callback cannot be replayed to another action or step). A step with no
+  callback within the timeout fails. ``RACKWISE_WEBHOOK_URL`` is operator
+  configuration (the environment), not user input, so it is not held to the
+  address rules of event webhooks (``fleet.services.webhook_targets``): an
+  executor inside the cluster network is the normal case.
 """
 
 from __future__ import annotations
@@ -22,9 +27,11 @@ from django.conf import settings
 from django.utils import timezone
 
 from fleet import events, signing
+from fleet.choices import ActionState
 from fleet.models import Action, Job
 from fleet.services.actions import StepFailed
 from fleet.services.dispatch import after_commit
+from fleet.services.errors import Conflict
 
 log = logging.getLogger(__name__)
 
@@ -143,25 +150,50 @@ def get_executor() -> Executor:
 
 def record_callback(action_id: int, body: bytes, signature: str | None) -> dict:
     """A signed callback from the webhook receiver: remember the step's result and
-    let a worker carry on. Raises PermissionError for a bad signature, ValueError
-    for a malformed body."""
+    let a worker carry on.
+
+    1. The signature is checked before anything else, so an unsigned caller
+       learns nothing about actions (not even whether one exists or executes).
+    2. The signed body names the action and the step (``action_id``,
+       ``step_index``, echoed from the step's POST): a callback for one action
+       cannot be replayed to another, nor to another step of the same action.
+    3. Only then the action's state: it must be executing that very step, and a
+       step's result is recorded once (the same result again is accepted as is).
+
+    Raises PermissionError for a bad signature or a callback signed for another
+    action, ValueError for a malformed body, ``Conflict`` when the action is not
+    executing that step, and ``Action.DoesNotExist`` for an unknown action."""
     if not signing.verify(settings.RACKWISE_WEBHOOK_SECRET, body, signature):
         raise PermissionError("bad or missing signature")
     try:
         data = json.loads(body)
-        index = int(data["step_index"])
-        status = data["status"]
+        signed_action, index, status = data["action_id"], data["step_index"], data["status"]
     except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError("body must be JSON with step_index (int) and status (succeeded|failed)") from exc
+        raise ValueError(
+            "body must be a JSON object with action_id (int), step_index (int) and status (succeeded|failed)"
+        ) from exc
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (signed_action, index)):
+        raise ValueError("action_id and step_index must be integers")
     if status not in ("succeeded", "failed"):
         raise ValueError("status must be succeeded or failed")
+    if signed_action != action_id:
+        raise PermissionError(f"this callback is signed for action #{signed_action}, not #{action_id}")
     from django.db import transaction
 
+    result = {"status": status, "message": str(data.get("message", ""))[:500]}
     with transaction.atomic():
         action = Action.objects.select_for_update().get(pk=action_id)
+        if action.state != ActionState.EXECUTING:
+            raise Conflict(f"action #{action_id} is not executing")
+        if index != action.step_index:
+            raise Conflict(f"action #{action_id} is executing step {action.step_index}, not step {index}")
         callbacks = dict(action.callbacks or {})
-        callbacks[str(index)] = {"status": status, "message": str(data.get("message", ""))[:500]}
+        if str(index) in callbacks:
+            if callbacks[str(index)] == result:
+                return result  # a retried callback: already recorded
+            raise Conflict(f"step {index} of action #{action_id} was already reported {callbacks[str(index)]['status']}")
+        callbacks[str(index)] = result
         action.callbacks = callbacks
         action.save(update_fields=["callbacks", "updated_at"])
         after_commit("fleet.tasks.execute_action", action.pk)
-    return callbacks[str(index)]
+    return result

@@ -227,6 +227,18 @@ RACKWISE_PROPOSAL_RECHECK_S = env_int("RACKWISE_PROPOSAL_RECHECK_S", 60, minimum
 # the others for at most this long.
 RACKWISE_DECISION_LOCK_TTL_S = env_float("RACKWISE_DECISION_LOCK_TTL_S", 15.0, minimum=1.0)
 
+# --- Intake bounds (webhook targets, topology import) --------------------------------
+# Event webhooks go to public addresses only; these networks (CIDRs) are allowed
+# too, for receivers the operator runs inside the network. Empty by default.
+# (The webhook executor, RACKWISE_WEBHOOK_URL, is operator configuration and not
+# checked against this list.)
+RACKWISE_WEBHOOK_ALLOW_NETS = env_cidrs("RACKWISE_WEBHOOK_ALLOW_NETS", [])
+# import_topology: the most GPUs a node may report (NVL72 trays have 4, HGX 8),
+# and the share of the fleet's nodes an import may remove or retire without
+# --allow-shrink.
+RACKWISE_TOPOLOGY_MAX_GPUS_PER_NODE = env_int("RACKWISE_TOPOLOGY_MAX_GPUS_PER_NODE", 8, minimum=1)
+RACKWISE_TOPOLOGY_MAX_SHRINK = env_float("RACKWISE_TOPOLOGY_MAX_SHRINK", 0.25, minimum=0.0)
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]

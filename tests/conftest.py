@@ -21,7 +21,7 @@ from fleet.models import Node
 from fleet.services.inventory import create_rack
 from fleet.services.jobs import JobSpec, apply_placement, start_job, submit_job
 from fleet.services.users import ensure_user
-from tests.webhook_receiver import Receiver
+from tests.webhook_receiver import LOOPBACK_NET, Receiver
 
 
 @pytest.fixture(autouse=True)
@@ -40,8 +40,11 @@ def fleet(db):
 
 
 @pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    """A real HTTP server on 127.0.0.1 that checks every webhook's signature."""
+def receiver(settings) -> Iterator[Receiver]:
+    """A real HTTP server on 127.0.0.1 that checks every webhook's signature.
+    Loopback is allowed as a webhook target while it runs (it is refused by
+    default: fleet.services.webhook_targets)."""
+    settings.RACKWISE_WEBHOOK_ALLOW_NETS = [LOOPBACK_NET]
     r = Receiver()
     yield r
     r.stop()

@@ -107,7 +107,9 @@ class _Receiver(BaseHTTPRequestHandler):
             return
         delivery = json.loads(body)
         type(self).received.append(delivery)
-        reply = json.dumps({"step_index": delivery["step_index"], "status": "succeeded"}).encode()
+        reply = json.dumps(
+            {"action_id": delivery["action_id"], "step_index": delivery["step_index"], "status": "succeeded"}
+        ).encode()
         import urllib.request
 
         request = urllib.request.Request(
@@ -150,7 +152,7 @@ def test_a_callback_with_a_bad_signature_is_refused(fleet, client, settings):
     settings.RACKWISE_WEBHOOK_SECRET = "right"
     action = propose(kind=ActionKind.DRAIN, title="x", steps=[{"op": "drain", "node": fleet[0].nodes.first().pk}], jobs=[])
     Action.objects.filter(pk=action.pk).update(state=ActionState.EXECUTING)
-    body = json.dumps({"step_index": 0, "status": "succeeded"}).encode()
+    body = json.dumps({"action_id": action.pk, "step_index": 0, "status": "succeeded"}).encode()
     forged = client.post(f"/api/actions/{action.pk}/callback/", body, content_type="application/json",
                          headers={signing.HEADER: signing.sign("wrong", body)})
     assert forged.status_code == 403

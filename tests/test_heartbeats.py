@@ -311,7 +311,9 @@ def test_a_bad_payload_is_refused_with_400_and_nothing_is_written(node, token, p
     assert response.status_code == 400
     assert field in response.data, response.data
     node.refresh_from_db()
-    assert node.last_heartbeat_at is None
+    # The report is refused, but the node spoke: liveness is recorded apart from
+    # it (test_heartbeat_validation.py), so nothing but last_heartbeat_at moves.
+    assert node.last_heartbeat_at is not None
     assert node.state == NodeState.HEALTHY
     assert set(GPU.objects.filter(node=node).values_list("health", flat=True)) == {"ok"}
 

@@ -576,3 +576,141 @@ def test_a_source_with_no_gpu_nodes_is_refused_rather_than_retiring_the_fleet(db
         run("--from", "kubernetes", empty)
 
     assert Node.objects.filter(state=NodeState.HEALTHY).count() > 60
+
+
+# --- malformed files end in one line, never a traceback (issue 10) ----------------
+
+MALFORMED_K8S = [
+    ("k8s_metadata_not_object.json", "items[5].metadata: must be an object"),
+    ("k8s_labels_not_object.json", "items[6].metadata.labels: must be an object"),
+    ("k8s_status_not_object.json", "items[8].status: must be an object"),
+    ("k8s_spec_not_object.json", "items[9].spec: must be an object"),
+    ("k8s_taints_not_list.json", "items[10].spec.taints: taints must be a list"),
+    ("k8s_taint_key_not_string.json", "items[11].spec.taints[0]: a taint needs a key"),
+    ("k8s_taint_effect_not_string.json", "items[11].spec.taints[0].effect: a taint's effect must be a string"),
+    ("k8s_long_name.json", "items[12].metadata.name: node name 'gb200-xxx"),
+    ("k8s_digit_hostname.json", "items[13].metadata.name: node name '999"),
+    ("k8s_name_with_newline.json", "items[14].metadata.name: node name 'gb200-r1\\nn12' has whitespace"),
+    ("k8s_long_clique_label.json", 'items[15].metadata.labels["nvidia.com/gpu.clique"]: the clique label'),
+    ("k8s_gpus_not_string.json", 'items[16].status.capacity["nvidia.com/gpu"]: GPU capacity [4] is not'),
+    ("k8s_5000_gpus.json", 'items[17].status.capacity["nvidia.com/gpu"]: 5000 GPUs on one node'),
+    ("k8s_lone_node_5000_gpus.json", "items[0].status.capacity"),
+    ("k8s_huge_number.json", "k8s_huge_number.json: not valid JSON here: a number with more than 4,300 digits"),
+    ("k8s_not_utf8.json", "k8s_not_utf8.json:1239: not UTF-8 text: byte 0xe7"),
+    ("k8s_deep.json", "k8s_deep.json: JSON nested too deeply"),
+]
+MALFORMED_SLURM = [
+    (("slurm_long_block_name.conf",), "slurm_long_block_name.conf:2: block name 'bbb"),
+    (("slurm_digit_hostname.conf",), "slurm_digit_hostname.conf:2: host name '777"),
+    (("slurm_not_utf8.conf",), "slurm_not_utf8.conf:1: not UTF-8 text: byte 0xe9"),
+    (("slurm_huge_blocksizes.conf",), "slurm_huge_blocksizes.conf:2: BlockSizes='111"),
+    (("slurm_topology.conf", "scontrol_huge_gres.json"), "scontrol_huge_gres.json: nodes[30].gres: GPU count"),
+    (("slurm_topology.conf", "scontrol_5000_gpus.json"), "scontrol_5000_gpus.json: nodes[31].gres: 5000 GPUs"),
+    (("slurm_topology.conf", "scontrol_tres_not_string.json"), "nodes[32].tres: tres must be a string"),
+    (("slurm_topology.conf", "scontrol_reason_not_string.json"), "nodes[33].reason: reason must be a string"),
+]
+
+
+def _one_line_refusal(*args: str) -> str:
+    """The CommandError of an import (manage.py prints it as one line and exits 1)."""
+    with pytest.raises(CommandError) as error:
+        run(*args)
+    message = str(error.value)
+    assert "\n" not in message and len(message) < 400, message
+    return message
+
+
+@pytest.fixture
+def imported(db) -> dict[str, tuple]:
+    """The GB200 cluster, imported: a malformed file must leave it as it is."""
+    run("--from", "kubernetes", str(DATA / "k8s_gb200_nodes.json"))
+    return fleet_picture()
+
+
+def fleet_picture() -> dict[str, tuple]:
+    return {
+        n.hostname: (n.rack.name, n.slot, n.state, n.gpus.count())
+        for n in Node.objects.select_related("rack").prefetch_related("gpus")
+    }
+
+
+@pytest.mark.parametrize(("name", "place"), MALFORMED_K8S, ids=[n for n, _ in MALFORMED_K8S])
+def test_a_malformed_node_list_ends_in_one_line_naming_file_and_place_and_writes_nothing(imported, name, place):
+    message = _one_line_refusal("--from", "kubernetes", str(DATA / name))
+
+    assert str(DATA / name) in message and place in message
+    assert fleet_picture() == imported
+
+
+@pytest.mark.parametrize(("files", "place"), MALFORMED_SLURM, ids=[f[-1] for f, _ in MALFORMED_SLURM])
+def test_a_malformed_slurm_file_ends_in_one_line_naming_file_and_place_and_writes_nothing(db, files, place):
+    args = ["--from", "slurm", str(DATA / files[0])]
+    if len(files) > 1:
+        args += ["--nodes", str(DATA / files[1])]
+
+    message = _one_line_refusal(*args)
+
+    assert str(DATA / files[-1]) in message and place in message
+    assert Rack.objects.count() == 0
+
+
+def test_the_command_exits_non_zero_with_one_line_on_a_100k_deep_file():
+    result = subprocess.run(
+        [sys.executable, "manage.py", "import_topology", "--from", "kubernetes", str(DATA / "k8s_deep.json")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_the_gpus_per_node_bound_is_a_setting(db, tmp_path, settings):
+    settings.RACKWISE_TOPOLOGY_MAX_GPUS_PER_NODE = 16
+    doc = k8s()
+    for i in doc["items"]:
+        if i["status"]["capacity"].get("nvidia.com/gpu"):
+            i["status"]["capacity"]["nvidia.com/gpu"] = "16"
+
+    run("--from", "kubernetes", write(tmp_path, doc))
+
+    assert set(Rack.objects.values_list("gpus_per_node", flat=True)) == {16}
+    assert "--gpus-per-node must be from 1 to 16" in _one_line_refusal(
+        "--from", "slurm", str(DATA / "slurm_topology.conf"), "--gpus-per-node", "17"
+    )
+
+
+def test_the_name_limits_match_the_columns_they_are_written_to():
+    from fleet.topology import model
+
+    assert model.MAX_HOSTNAME == Node._meta.get_field("hostname").max_length
+    assert model.MAX_RACK_NAME == Rack._meta.get_field("name").max_length
+    assert model.MAX_EXTERNAL_ID == Rack._meta.get_field("external_id").max_length
+
+
+# --- an import that would empty most of the fleet needs --allow-shrink ------------
+
+
+def test_an_import_that_would_remove_most_of_the_fleet_is_refused_without_allow_shrink(imported):
+    for extra in ([], ["--dry-run"]):
+        message = _one_line_refusal("--from", "kubernetes", str(DATA / "k8s_one_rack.json"), *extra)
+        assert "would remove or retire 54 of the fleet's 72 nodes (75%)" in message
+        assert "--allow-shrink" in message
+    assert fleet_picture() == imported
+
+
+def test_allow_shrink_lets_a_real_decommission_through(imported):
+    out = run("--from", "kubernetes", str(DATA / "k8s_one_rack.json"), "--allow-shrink")
+
+    assert "nodes removed (never ran a job) (54)" in out
+    assert Node.objects.count() == 18
+
+
+def test_a_small_change_needs_no_flag(imported, tmp_path, settings):
+    settings.RACKWISE_TOPOLOGY_MAX_SHRINK = 0.25
+    doc = k8s()
+    doc["items"] = doc["items"][:-18]  # one rack of four: 25%, at the limit
+
+    assert "nodes removed (never ran a job) (18)" in run("--from", "kubernetes", write(tmp_path, doc))

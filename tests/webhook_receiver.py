@@ -12,6 +12,11 @@ from fleet.choices import DeliveryState
 from fleet.models import WebhookDelivery, WebhookEndpoint
 from fleet.services import webhooks as webhook_services
 
+# Webhook targets on loopback are refused unless allowed; tests allow this one
+# network explicitly (in-process settings, and the environment of subprocesses).
+LOOPBACK_NET = "127.0.0.1/32"
+ALLOW_LOOPBACK_ENV = {"RACKWISE_WEBHOOK_ALLOW_NETS": LOOPBACK_NET}
+
 
 class Receiver:
     """A real HTTP server on 127.0.0.1 that checks every request's signature
@@ -30,6 +35,7 @@ class Receiver:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 receiver.requests.append(
                     {
+                        "host": self.headers.get("Host"),
                         "event": self.headers.get("X-Rackwise-Event"),
                         "delivery": self.headers.get("X-Rackwise-Delivery"),
                         "valid": signing.verify(receiver.secret, body, self.headers.get(signing.HEADER)),

@@ -3,7 +3,7 @@ the approval policy, and the webhook executor's callbacks."""
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.permissions import AllowAny
@@ -11,7 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from fleet import executors
-from fleet.choices import ActionKind, ActionState, ApprovalMode
+from fleet.choices import ActionKind, ApprovalMode
 from fleet.filtersets import ActionFilterSet
 from fleet.locks import Busy, decisions
 from fleet.models import Action
@@ -132,12 +132,18 @@ class ActionCallbackView(APIView):
     permission_classes = [AllowAny]
 
     @extend_schema(
-        request=inline_serializer("StepCallback", {"step_index": serializers.IntegerField(), "status": serializers.ChoiceField(choices=["succeeded", "failed"]), "message": serializers.CharField(required=False)}),
-        responses={202: inline_serializer("StepCallbackAccepted", {"status": serializers.CharField(), "message": serializers.CharField()})},
+        request=inline_serializer("StepCallback", {"action_id": serializers.IntegerField(help_text="The action of the step, as the step's POST said."), "step_index": serializers.IntegerField(), "status": serializers.ChoiceField(choices=["succeeded", "failed"]), "message": serializers.CharField(required=False)}),
+        responses={
+            202: inline_serializer("StepCallbackAccepted", {"status": serializers.CharField(), "message": serializers.CharField()}),
+            400: OpenApiResponse(description="Malformed body."),
+            403: OpenApiResponse(description="Bad or missing signature, or signed for another action."),
+            404: OpenApiResponse(description="No such action."),
+            409: OpenApiResponse(description="The action is not executing this step, or the step was already reported."),
+        },
     )
     def post(self, request, pk: int):
-        if not Action.objects.filter(pk=pk, state__in=[ActionState.EXECUTING]).exists():
-            return Response({"detail": f"action #{pk} is not executing"}, status=status.HTTP_409_CONFLICT)
+        # The signature is checked first (in record_callback): the state of an
+        # action is nobody's business until the caller proves it is the executor.
         try:
             result = executors.record_callback(pk, request.body, request.headers.get("X-Rackwise-Signature"))
         except PermissionError as exc:

@@ -89,22 +89,34 @@ class IsNodeAgent(BasePermission):
 
 
 class HeartbeatGpuSerializer(serializers.Serializer):
-    index = serializers.IntegerField(min_value=0)
+    # Documentation of the bounds fleet.services.health enforces (it names the
+    # field of every violation in its 400).
+    index = serializers.IntegerField(min_value=0, help_text="One of the node's GPU indices, each at most once.")
     state = serializers.ChoiceField(choices=GpuHealth.choices)
     xids = serializers.ListField(
-        child=serializers.IntegerField(min_value=0),
+        child=serializers.IntegerField(min_value=0, max_value=health.MAX_XID),
         required=False,
+        max_length=health.MAX_XIDS_PER_GPU,
         help_text="XID events seen since the last delivered heartbeat.",
     )
-    temperature_c = serializers.FloatField(allow_null=True, required=False)
-    error = serializers.CharField(required=False, help_text="What went wrong, when there is no XID.")
+    temperature_c = serializers.FloatField(
+        allow_null=True, required=False, min_value=health.TEMPERATURE_RANGE_C[0], max_value=health.TEMPERATURE_RANGE_C[1]
+    )
+    error = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        max_length=health.MAX_ERROR_CHARS,
+        help_text="What went wrong, when there is no XID (no NUL characters).",
+    )
 
 
 class HeartbeatSerializer(serializers.Serializer):
-    """A heartbeat. Only documents the body: fleet.services.health validates it."""
+    """A heartbeat. Only documents the body: fleet.services.health validates it.
+    A refused body (400) still counts as a sign of life: ``last_heartbeat_at``
+    is stamped before the report is read."""
 
-    gpus = HeartbeatGpuSerializer(many=True)
-    agent_version = serializers.CharField(required=False, max_length=100)
+    gpus = HeartbeatGpuSerializer(many=True, help_text="At most one entry per GPU of the node.")
+    agent_version = serializers.CharField(required=False, max_length=health.MAX_VERSION_CHARS)
 
 
 class GpuChangeSerializer(serializers.Serializer):

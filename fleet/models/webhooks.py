@@ -5,12 +5,28 @@ per (event, endpoint) written in the same transaction as the change it reports
 from __future__ import annotations
 
 import uuid
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
 from fleet.choices import DeliveryState
+
+
+def safe_url(url: str) -> str:
+    """``scheme://host[:port]`` of ``url``: what audit records and listings of
+    other places may show. The path and query often are the credential (a chat
+    service's incoming-webhook token), and user:pass certainly is."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return "(malformed URL)"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{parts.scheme}://{host}" + (f":{port}" if port else "")
 
 
 class WebhookEndpoint(models.Model):
@@ -34,7 +50,9 @@ class WebhookEndpoint(models.Model):
         ordering = ["id"]
 
     def __str__(self) -> str:
-        return f"webhook #{self.pk} {self.url}"
+        # Scheme and host only: this string is the audit log's object label, which
+        # viewers read, and a webhook URL's path or query is often its credential.
+        return f"webhook #{self.pk} {safe_url(self.url)}"
 
 
 class WebhookDelivery(models.Model):

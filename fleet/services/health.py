@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
+import math
 import secrets
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -58,7 +60,18 @@ XID_MEANINGS: dict[int, str] = {
     140: "unrecovered ECC error",
 }
 
+log = logging.getLogger(__name__)
+
 GPU_STATES = (GpuHealth.OK, GpuHealth.DEGRADED, GpuHealth.FAILED)
+# Bounds of a heartbeat's fields, from the columns they end up in: GPU.last_xid
+# is a 32-bit integer column, GPU.last_error holds 500 characters. A value the
+# database would refuse must be a 400 here, never a 500 (the agent retries the
+# same payload, so a 500 repeats until the node is failed for silence).
+MAX_XID = 2**31 - 1
+MAX_XIDS_PER_GPU = 256  # XIDs since the last delivered heartbeat; far above any burst
+MAX_ERROR_CHARS = 500
+MAX_VERSION_CHARS = 100
+TEMPERATURE_RANGE_C = (-100.0, 300.0)
 _SEVERITY = {GpuHealth.OK: 0, GpuHealth.DEGRADED: 1, GpuHealth.FAILED: 2}
 TOKEN_PREFIX_SEPARATOR = "."
 
@@ -148,6 +161,18 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _text_error(value: Any, limit: int) -> str | None:
+    """Why ``value`` cannot be stored as text of at most ``limit`` characters."""
+    if not isinstance(value, str):
+        return "must be a string"
+    if len(value) > limit:
+        return f"must be at most {limit} characters (found {len(value)})"
+    if "\x00" in value:
+        # PostgreSQL text cannot hold NUL.
+        return "must not contain NUL characters"
+    return None
+
+
 def _gpu_entry_errors(entry: Any, gpu_indices: set[int], seen: set[int], known: str) -> dict[str, list[str]]:
     """Problems with one element of ``gpus``, keyed by the field's suffix."""
     if not isinstance(entry, dict):
@@ -163,12 +188,21 @@ def _gpu_entry_errors(entry: Any, gpu_indices: set[int], seen: set[int], known: 
         errors[".index"] = [f"GPU {index} is reported twice"]
     if state not in GPU_STATES:
         errors[".state"] = [f"unknown state {state!r}; use ok, degraded or failed"]
-    if not isinstance(xids, list) or not all(_is_int(x) and x >= 0 for x in xids):
-        errors[".xids"] = ["must be a list of non-negative integers"]
-    if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, int | float)):
-        errors[".temperature_c"] = ["must be a number or null"]
-    if not isinstance(entry.get("error", ""), str):
-        errors[".error"] = ["must be a string"]
+    if not isinstance(xids, list) or not all(_is_int(x) and 0 <= x <= MAX_XID for x in xids):
+        errors[".xids"] = [f"must be a list of integers from 0 to {MAX_XID}"]
+    elif len(xids) > MAX_XIDS_PER_GPU:
+        errors[".xids"] = [f"at most {MAX_XIDS_PER_GPU} XIDs per heartbeat (found {len(xids)})"]
+    low, high = TEMPERATURE_RANGE_C
+    if temperature is not None and (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, int | float)
+        or not math.isfinite(temperature)
+        or not low <= temperature <= high
+    ):
+        errors[".temperature_c"] = [f"must be null or a number from {low:g} to {high:g}"]
+    problem = _text_error(entry.get("error", ""), MAX_ERROR_CHARS)
+    if problem:
+        errors[".error"] = [problem]
     return errors
 
 
@@ -182,13 +216,19 @@ def validate_heartbeat(payload: Any, gpu_indices: set[int]) -> tuple[list[GpuRep
         raise InvalidInput({"non_field_errors": ["the heartbeat must be a JSON object"]})
     errors: dict[str, list[str]] = {}
     version = payload.get("agent_version", "")
-    if not isinstance(version, str) or len(version) > 100:
-        errors["agent_version"] = ["must be a string of at most 100 characters"]
+    problem = _text_error(version, MAX_VERSION_CHARS)
+    if problem:
+        errors["agent_version"] = [problem]
     gpus = payload.get("gpus")
     if not isinstance(gpus, list):
         errors["gpus"] = ['required: a list of {"index", "state", "xids", "temperature_c"} objects']
         raise InvalidInput(errors)
     known = ", ".join(str(i) for i in sorted(gpu_indices)) or "none"
+    if len(gpus) > len(gpu_indices):
+        errors["gpus"] = [f"{len(gpus)} entries, but this node has {len(gpu_indices)} GPUs ({known})"]
+        # The number of entries is the sender's to choose: look at no more than
+        # one past the node's GPUs, enough to name the first one too many.
+        gpus = gpus[: len(gpu_indices) + 1]
     reports: list[GpuReport] = []
     seen: set[int] = set()
     for n, entry in enumerate(gpus):
@@ -241,22 +281,33 @@ def record_heartbeat(node_id: int, payload: Any) -> dict[str, Any]:
          "gpus_changed": [{"index", "health_before", "health", "last_error"}]}
 
     Steps:
-      1. validate the whole payload first (InvalidInput, nothing written);
-      2. lock the node, stamp ``last_heartbeat_at``;
-      3. apply each GPU's health, auditing changes only (heartbeats are frequent);
+      1. stamp ``last_heartbeat_at`` (liveness), on its own and before looking at
+         the report, as Kubernetes keeps a node's lease apart from its status: an
+         authenticated agent that talks is alive, whatever its report says;
+      2. validate the whole report; a refused one raises InvalidInput (a 400
+         naming every bad field) and writes no GPU health, but a suspect node
+         whose GPUs were all fine is still back from silence
+         (:func:`_resume_after_refused_report`);
+      3. lock the node, apply each GPU's health, auditing changes only
+         (heartbeats are frequent);
       4. fail the node if a GPU failed, or return a suspect node whose GPUs are all
          fine to service; a failed or in-repair node is left for an operator;
       5. bump the rack version last.
     """
-    gpu_indices = set(GPU.objects.filter(node_id=node_id).values_list("index", flat=True))
-    reports, version = validate_heartbeat(payload, gpu_indices)
     now = timezone.now()
+    # 1. One UPDATE in its own (autocommit) statement: it commits even when the
+    # report below is refused or its transaction fails.
+    Node.objects.filter(pk=node_id).update(last_heartbeat_at=now)
+    gpu_indices = set(GPU.objects.filter(node_id=node_id).values_list("index", flat=True))
+    try:
+        reports, version = validate_heartbeat(payload, gpu_indices)
+    except InvalidInput as exc:
+        _resume_after_refused_report(node_id, exc)
+        raise
     with transaction.atomic():
         node = Node.objects.select_for_update().get(pk=node_id)
         agent = AgentPrincipal(node_id=node.pk, hostname=node.hostname)
         state_before = node.state
-        node.last_heartbeat_at = now
-        node.save(update_fields=["last_heartbeat_at"])
 
         # The node lock serialises every writer of this node's GPU health (other
         # heartbeats, return-to-service), so the GPU rows need no lock of their own;
@@ -322,6 +373,21 @@ def record_heartbeat(node_id: int, payload: Any) -> dict[str, Any]:
         "agent_version": version,
         "gpus_changed": changed,
     }
+
+
+def _resume_after_refused_report(node_id: int, refused: InvalidInput) -> None:
+    """A node whose report was refused still spoke. If silence had made it
+    suspect and its GPUs were all fine when last heard of, it is healthy again,
+    as a valid heartbeat would make it; otherwise nothing changes (the GPU
+    health the report would have set is unknown). Not audited per heartbeat: a
+    buggy agent would flood the log; a warning goes to the server log instead."""
+    log.warning("node %s: heartbeat report refused (liveness recorded): %s", node_id, refused)
+    with transaction.atomic():
+        node = Node.objects.select_for_update().get(pk=node_id)
+        if node.state != NodeState.SUSPECT or GPU.objects.filter(node=node).exclude(health=GpuHealth.OK).exists():
+            return
+        agent = AgentPrincipal(node_id=node.pk, hostname=node.hostname)
+        return_node_to_service(agent, node.pk, reason="heartbeat resumed (its GPU report was refused: a 400)")
 
 
 def _propose_drain(node: Node, degraded: list[dict[str, Any]]) -> None:

@@ -27,6 +27,7 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Count
 
@@ -271,12 +272,37 @@ def plan_import(topology: Topology, *, default_gpus: int = 4) -> ImportReport:
     return _report(topology, _plan(topology, default_gpus, lock=False), dry_run=True)
 
 
+def _check_shrink(report: ImportReport, fleet_nodes: int, allow_shrink: bool) -> None:
+    """Refuse an import that would remove or retire more than
+    ``RACKWISE_TOPOLOGY_MAX_SHRINK`` of the fleet's nodes, unless allowed: a
+    source that lists a fraction of the fleet (a wrong context, a label
+    selector, one node reporting 5,000 GPUs) is far more likely a mistake than
+    a decommission, and a retired node's jobs are interrupted."""
+    gone = len(report.nodes_removed) + len(report.nodes_retired)
+    share = settings.RACKWISE_TOPOLOGY_MAX_SHRINK
+    if allow_shrink or not fleet_nodes or gone <= share * fleet_nodes:
+        return
+    raise Conflict(
+        f"this {report.source} import would remove or retire {gone} of the fleet's {fleet_nodes} nodes "
+        f"({gone / fleet_nodes:.0%}), more than RACKWISE_TOPOLOGY_MAX_SHRINK ({share:.0%}); check the "
+        "source, or pass --allow-shrink if the fleet really shrinks"
+    )
+
+
 def import_topology(
-    actor, topology: Topology, *, dry_run: bool = False, default_gpus: int = 4
+    actor,
+    topology: Topology,
+    *,
+    dry_run: bool = False,
+    default_gpus: int = 4,
+    allow_shrink: bool = False,
 ) -> ImportReport:
     """Make the database match ``topology`` (see the module docstring) and return
     what changed. ``default_gpus`` is the GPU count of new nodes whose source does
-    not say (a Slurm topology.conf read without scontrol output)."""
+    not say (a Slurm topology.conf read without scontrol output). An import that
+    would remove or retire more than ``RACKWISE_TOPOLOGY_MAX_SHRINK`` of the
+    fleet's nodes raises Conflict unless ``allow_shrink`` (a dry run too, so it
+    shows what the real import would do)."""
     if not topology.domains and Node.objects.exists():
         # An empty answer (a wrong context, a label selector, a truncated file) would
         # retire the whole fleet: far more likely a mistake than a decommission.
@@ -285,10 +311,14 @@ def import_topology(
             "every node. Check the file or the kubeconfig context"
         )
     if dry_run:
-        return plan_import(topology, default_gpus=default_gpus)
+        plan = _plan(topology, default_gpus, lock=False)
+        report = _report(topology, plan, dry_run=True)
+        _check_shrink(report, len(plan.nodes), allow_shrink)
+        return report
     with transaction.atomic():
         plan = _plan(topology, default_gpus, lock=True)
         report = _report(topology, plan, dry_run=False)
+        _check_shrink(report, len(plan.nodes), allow_shrink)
         if report.changed:
             _apply(actor, topology, plan)
     return report

@@ -38,7 +38,7 @@ from fleet import signing
 from fleet.choices import OPEN_DELIVERY_STATES, WEBHOOK_PING, DeliveryState, Role, WebhookEvent
 from fleet.models import Action, Job, Node, Tenant, WebhookDelivery, WebhookEndpoint
 from fleet.permissions import has_role
-from fleet.services import audit, dispatch
+from fleet.services import audit, dispatch, webhook_targets
 from fleet.services.errors import Conflict, InvalidInput, NotAllowed
 
 EVENT_HEADER = "X-Rackwise-Event"
@@ -62,8 +62,10 @@ def _require_operator(actor) -> None:
 
 
 def _snapshot(endpoint: WebhookEndpoint) -> dict[str, Any]:
+    # Scheme and host only: viewers read the audit log, and a webhook URL's path
+    # or query is often its credential.
     return {
-        "url": endpoint.url,
+        "url": webhook_targets.safe_url(endpoint.url),
         "description": endpoint.description,
         "event_types": endpoint.event_types,
         "active": endpoint.active,
@@ -82,6 +84,10 @@ def _clean_url(url: Any) -> str:
         raise InvalidInput({"url": [f"{url!r} is not an http:// or https:// URL with a host"]})
     if len(url) > 500:
         raise InvalidInput({"url": ["the URL is longer than 500 characters"]})
+    try:
+        webhook_targets.check_registration(url)
+    except webhook_targets.TargetRefused as exc:
+        raise InvalidInput({"url": [str(exc)]}) from None
     return url
 
 
@@ -361,10 +367,14 @@ def attempt_delivery(delivery_id: int, now: datetime | None = None) -> Outcome:
     1. Claim it: ``attempts`` +1 and ``next_attempt_at`` past this request's
        timeout, compare-and-set on the attempt count, so a second worker (a
        redelivered task, the sweep) finds it claimed or not due.
-    2. POST the envelope, signed with the endpoint's secret (outside any
-       transaction: the request may take the whole timeout).
-    3. Record the answer: succeeded, retrying (with the next attempt's time), or
-       dead after the last attempt.
+    2. Resolve the endpoint's host and check every address again
+       (``fleet.services.webhook_targets``: DNS may have changed since it was
+       registered); a refused address makes the delivery dead at once.
+    3. POST the envelope, signed with the endpoint's secret, to the address just
+       checked (outside any transaction: the request may take the whole timeout).
+    4. Record the answer's status and size, never its body (the history must
+       not read back what an endpoint inside the network says): succeeded,
+       retrying (with the next attempt's time), or dead after the last attempt.
     """
     now = now or timezone.now()
     timeout = settings.RACKWISE_WEBHOOK_DELIVERY_TIMEOUT_S
@@ -390,15 +400,22 @@ def attempt_delivery(delivery_id: int, now: datetime | None = None) -> Outcome:
     started = time.monotonic()
     status: int | None = None
     try:
+        target = webhook_targets.resolve(endpoint.url)
         answer = signing.post_signed(
             endpoint.url,
             endpoint.secret,
             body,
             timeout=timeout,
             headers={EVENT_HEADER: delivery.event_type, DELIVERY_HEADER: str(delivery.pk)},
+            connect_to=target.address,
         )
         status = answer.status
-        error = "" if 200 <= status < 300 else f"HTTP {status}: {answer.body}"
+        error = "" if 200 <= status < 300 else answer.describe()
+    except webhook_targets.TargetRefused as exc:
+        # Retrying cannot help until an operator changes the URL or the allow-list.
+        error = f"refused: {exc}"
+        _record(delivery.pk, attempt, state=DeliveryState.DEAD, error=error)
+        return Outcome(f"dead: {error[:200]}")
     except OSError as exc:
         error = f"{type(exc).__name__}: {exc}"
     elapsed = time.monotonic() - started

@@ -24,14 +24,21 @@ from pathlib import Path
 from typing import Any
 
 from fleet.topology.model import (
+    DEFAULT_MAX_GPUS,
     DRAINING,
     FAILED,
     HEALTHY,
+    MAX_EXTERNAL_ID,
+    MAX_HOSTNAME,
     DesiredDomain,
     DesiredNode,
     Topology,
     TopologyError,
     check_domains,
+    check_gpus,
+    check_name,
+    read_text,
+    show,
 )
 
 CLIQUE_LABEL = "nvidia.com/gpu.clique"
@@ -49,16 +56,27 @@ DRAINING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 
 def load_json(path: str | Path) -> Any:
     """Read a JSON file, or raise TopologyError naming the line and column."""
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise TopologyError(f"cannot read the file: {exc.strerror}", str(path)) from exc
+    text = read_text(str(path))
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise TopologyError(
             f"not valid JSON: {exc.msg} (column {exc.colno})", f"{path}:{exc.lineno}"
-        ) from exc
+        ) from None
+    except RecursionError:
+        # The parser recurses once per nesting level; a node list is a few deep.
+        raise TopologyError("JSON nested too deeply to be a node list", str(path)) from None
+    except ValueError:  # Python refuses integers of more than 4,300 digits
+        raise TopologyError("not valid JSON here: a number with more than 4,300 digits", str(path)) from None
+
+
+def _object(value: Any, place: str) -> dict[str, Any]:
+    """An optional JSON object (absent or null: empty), or TopologyError."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise TopologyError(f"must be an object, found {show(value)}", place)
+    return value
 
 
 def _place(prefix: str, path: str) -> str:
@@ -66,7 +84,7 @@ def _place(prefix: str, path: str) -> str:
 
 
 def _node_state(item: dict[str, Any], where: str) -> tuple[str, str]:
-    status = item.get("status") or {}
+    status = _object(item.get("status"), f"{where}.status")
     conditions = status.get("conditions") or []
     if not isinstance(conditions, list):
         raise TopologyError("conditions must be a list", f"{where}.status.conditions")
@@ -76,57 +94,70 @@ def _node_state(item: dict[str, Any], where: str) -> tuple[str, str]:
     if ready.get("status") != "True":
         why, message = ready.get("reason") or f"Ready={ready.get('status')}", ready.get("message") or ""
         return FAILED, (f"NotReady ({why}): {message}" if message else f"NotReady ({why})")[:500]
-    spec = item.get("spec") or {}
+    spec = _object(item.get("spec"), f"{where}.spec")
     if spec.get("unschedulable"):
         return DRAINING, "cordoned in Kubernetes"
-    for i, taint in enumerate(spec.get("taints") or []):
-        if not isinstance(taint, dict) or "key" not in taint:
-            raise TopologyError("a taint needs a key", f"{where}.spec.taints[{i}]")
+    taints = spec.get("taints") or []
+    if not isinstance(taints, list):
+        raise TopologyError(f"taints must be a list, found {show(taints)}", f"{where}.spec.taints")
+    for i, taint in enumerate(taints):
+        if not isinstance(taint, dict) or not isinstance(taint.get("key"), str):
+            raise TopologyError("a taint needs a key (a string)", f"{where}.spec.taints[{i}]")
+        if not isinstance(taint.get("effect", ""), str):
+            raise TopologyError("a taint's effect must be a string", f"{where}.spec.taints[{i}].effect")
         if taint["key"] in BENIGN_TAINTS or taint.get("effect") not in DRAINING_EFFECTS:
             continue
         value = f"={taint['value']}" if taint.get("value") else ""
-        return DRAINING, f"tainted {taint['key']}{value}:{taint['effect']}"
+        return DRAINING, f"tainted {taint['key']}{value}:{taint['effect']}"[:500]
     return HEALTHY, ""
 
 
-def _gpus(item: dict[str, Any], where: str) -> int:
-    capacity = (item.get("status") or {}).get("capacity") or {}
+def _gpus(item: dict[str, Any], where: str, max_gpus: int) -> int:
+    status = _object(item.get("status"), f"{where}.status")
+    capacity = status.get("capacity") or {}
     if not isinstance(capacity, dict):
         raise TopologyError("capacity must be an object", f"{where}.status.capacity")
     raw = capacity.get(GPU_RESOURCE)
+    place = f'{where}.status.capacity["{GPU_RESOURCE}"]'
     if raw is None:
         return 0
-    try:
-        gpus = int(str(raw))
-    except ValueError:
-        raise TopologyError(
-            f"GPU capacity {raw!r} is not a whole number", f'{where}.status.capacity["{GPU_RESOURCE}"]'
-        ) from None
+    # Kubernetes quantities are strings ("4"); a whole JSON number is read too.
+    text = raw if isinstance(raw, str) else str(raw) if isinstance(raw, int) and not isinstance(raw, bool) else None
+    if text is None or not text.strip().lstrip("-").isdigit():
+        raise TopologyError(f"GPU capacity {show(raw)} is not a whole number", place)
+    if len(text.strip()) > 9:  # int() of thousands of digits is slow, and no node has that many
+        raise TopologyError(f"GPU capacity {show(raw)} is far more than any node has", place)
+    gpus = int(text)
     if gpus < 0:
-        raise TopologyError(f"GPU capacity {gpus} is negative", f'{where}.status.capacity["{GPU_RESOURCE}"]')
-    return gpus
+        raise TopologyError(f"GPU capacity {gpus} is negative", place)
+    return check_gpus(gpus, max_gpus, place)
 
 
 def _rack_key(labels: dict[str, Any], label: str, where: str) -> str | None:
     value = labels.get(label)
     if value is None or value == "":
         return None
-    value = str(value)
+    place = f'{where}.metadata.labels["{label}"]'
     if label == CLIQUE_LABEL:
+        check_name(value, "the clique label", MAX_EXTERNAL_ID, place)
         cluster, dot, clique = value.rpartition(".")
         if not dot or not cluster or not clique:
-            raise TopologyError(
-                f"{value!r} is not <ClusterUUID>.<CliqueId>", f'{where}.metadata.labels["{label}"]'
-            )
+            raise TopologyError(f"{show(value)} is not <ClusterUUID>.<CliqueId>", place)
         return cluster
-    return value
+    return check_name(value, "the rack label", MAX_EXTERNAL_ID, place)
 
 
 def parse_nodes(
-    doc: Any, *, rack_label: str = CLIQUE_LABEL, source: str = "kubernetes", place: str = ""
+    doc: Any,
+    *,
+    rack_label: str = CLIQUE_LABEL,
+    source: str = "kubernetes",
+    place: str = "",
+    max_gpus: int = DEFAULT_MAX_GPUS,
 ) -> Topology:
     """Turn a NodeList (``{"items": [...]}``) into a Topology. ``place`` prefixes
-    error locations (the file name)."""
+    error locations (the file name). Every value is type-checked before it is
+    read, names against the columns they go to, GPU counts against ``max_gpus``."""
     if not isinstance(doc, dict) or not isinstance(doc.get("items"), list):
         raise TopologyError(
             'expected a node list (an object with "items"), as `kubectl get nodes -o json` prints', place
@@ -141,18 +172,18 @@ def parse_nodes(
             raise TopologyError("a node must be an object", _place(prefix, where))
         if item.get("kind", "Node") != "Node":
             raise TopologyError(
-                f"expected kind Node, found {item.get('kind')!r}", _place(prefix, f"{where}.kind")
+                f"expected kind Node, found {show(item.get('kind'))}", _place(prefix, f"{where}.kind")
             )
-        metadata = item.get("metadata") or {}
-        name = metadata.get("name")
-        if not isinstance(name, str) or not name:
-            raise TopologyError("a node needs a name", _place(prefix, f"{where}.metadata.name"))
         try:
-            gpus = _gpus(item, where)
+            metadata = _object(item.get("metadata"), f"{where}.metadata")
+            if metadata.get("name") in (None, ""):
+                raise TopologyError("a node needs a name", f"{where}.metadata.name")
+            name = check_name(metadata["name"], "node name", MAX_HOSTNAME, f"{where}.metadata.name")
+            gpus = _gpus(item, where, max_gpus)
             if gpus == 0:
                 skipped.append((name, f"no {GPU_RESOURCE} capacity"))
                 continue
-            labels = metadata.get("labels") or {}
+            labels = _object(metadata.get("labels"), f"{where}.metadata.labels")
             key = _rack_key(labels, rack_label, where)
             state, reason = _node_state(item, where)
         except TopologyError as exc:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 # Node states an importer may ask for. ``None`` on a node means "the source does
 # not say" (a Slurm topology.conf without scontrol output): keep what we have.
@@ -15,6 +16,23 @@ HEALTHY = "healthy"
 DRAINING = "draining"
 FAILED = "failed"
 STATES = (HEALTHY, DRAINING, FAILED)
+
+
+# Limits of the columns an import writes (fleet.models: Node.hostname,
+# Rack.name, Rack.external_id; tests/test_import_topology.py checks they agree),
+# so a long name is refused with its place instead of failing in the database.
+MAX_HOSTNAME = 200
+MAX_RACK_NAME = 100
+MAX_EXTERNAL_ID = 200
+# GPUs one node may report (the import command passes the setting).
+DEFAULT_MAX_GPUS = 8
+
+
+def show(value: object, limit: int = 60) -> str:
+    """``repr(value)``, cut to ``limit`` characters: error messages stay one
+    short line whatever the source holds."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class TopologyError(Exception):
@@ -99,3 +117,42 @@ def check_domains(domains: list[DesiredDomain], describe: dict[str, str]) -> Non
                     describe.get(node.hostname, ""),
                 )
         domain.nodes.sort(key=lambda n: natural_key(n.hostname))
+
+
+def check_name(value: object, what: str, limit: int, place: str) -> str:
+    """``value`` as a name of at most ``limit`` characters, printable and without
+    whitespace; else TopologyError at ``place``."""
+    if not isinstance(value, str) or not value:
+        raise TopologyError(f"{what} must be a non-empty string, found {show(value)}", place)
+    if len(value) > limit:
+        raise TopologyError(f"{what} {show(value)} is {len(value)} characters long; at most {limit} fit", place)
+    if not value.isprintable() or any(c.isspace() for c in value):
+        raise TopologyError(f"{what} {show(value)} has whitespace or control characters", place)
+    return value
+
+
+def check_gpus(gpus: int, max_gpus: int, place: str) -> int:
+    """A node's GPU count, refused above ``max_gpus`` (a typo or a broken
+    exporter, not a machine: NVL72 trays have 4 GPUs, HGX boards 8)."""
+    if gpus > max_gpus:
+        raise TopologyError(
+            f"{gpus} GPUs on one node is more than the {max_gpus} allowed "
+            "(RACKWISE_TOPOLOGY_MAX_GPUS_PER_NODE)",
+            place,
+        )
+    return gpus
+
+
+def read_text(path: str) -> str:
+    """A file's text as UTF-8, or TopologyError naming the file (and the byte)."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise TopologyError(f"cannot read the file: {exc.strerror}", str(path)) from exc
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise TopologyError(
+            f"not UTF-8 text: byte 0x{data[exc.start]:02x} at offset {exc.start}", f"{path}:{line}"
+        ) from None

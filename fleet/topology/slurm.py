@@ -34,15 +34,21 @@ from typing import Any
 import hostlist
 
 from fleet.topology.model import (
+    DEFAULT_MAX_GPUS,
     DRAINING,
     FAILED,
     HEALTHY,
+    MAX_EXTERNAL_ID,
+    MAX_HOSTNAME,
     DesiredDomain,
     DesiredNode,
     Topology,
     TopologyError,
     check_domains,
+    check_gpus,
+    check_name,
     natural_key,
+    show,
 )
 
 MAX_BLOCK_LEVEL = 15  # block_record.c refuses levels above 2^15 base blocks
@@ -105,9 +111,11 @@ def _expand(expression: str, where: str) -> list[str]:
     try:
         names = hostlist.expand_hostlist(expression)
     except hostlist.BadHostlist as exc:
-        raise TopologyError(f"bad hostlist {expression!r}: {exc}", where) from None
+        raise TopologyError(f"bad hostlist {show(expression)}: {exc}", where) from None
     if not names:
-        raise TopologyError(f"hostlist {expression!r} names no host", where)
+        raise TopologyError(f"hostlist {show(expression)} names no host", where)
+    for name in names:
+        check_name(name, "host name", MAX_HOSTNAME, where)
     return names
 
 
@@ -129,10 +137,12 @@ def read_topology_conf(text: str, filename: str = "topology.conf") -> BlockConf:
             if conf.block_sizes is not None:
                 raise TopologyError(f"BlockSizes given twice (also line {conf.block_sizes_line})", where)
             try:
+                if any(len(v) > 9 for v in pairs[0][1].split(",")):
+                    raise ValueError("too many digits")
                 conf.block_sizes = [int(v) for v in pairs[0][1].split(",")]
             except ValueError:
                 raise TopologyError(
-                    f"BlockSizes={pairs[0][1]} must be whole numbers separated by commas", where
+                    f"BlockSizes={show(pairs[0][1])} must be whole numbers separated by commas", where
                 ) from None
             conf.block_sizes_line = number
             continue
@@ -143,6 +153,7 @@ def read_topology_conf(text: str, filename: str = "topology.conf") -> BlockConf:
         name = pairs[0][1]
         if not name:
             raise TopologyError("BlockName needs a value", where)
+        check_name(name, "block name", MAX_EXTERNAL_ID, where)
         nodes: str | None = None
         for key, value in pairs[1:]:
             if key != "nodes":
@@ -241,7 +252,13 @@ def _states(raw: Any, where: str) -> list[str]:
     raise TopologyError('state must be a list of strings such as ["IDLE", "DRAIN"]', f"{where}.state")
 
 
-def _gres_gpus(node: dict[str, Any], where: str) -> int:
+def _count(digits: str, place: str, max_gpus: int) -> int:
+    if len(digits) > 9:  # int() of thousands of digits is slow, and no node has that many
+        raise TopologyError(f"GPU count {show(digits)} is far more than any node has", place)
+    return check_gpus(int(digits), max_gpus, place)
+
+
+def _gres_gpus(node: dict[str, Any], where: str, max_gpus: int) -> int:
     gres = node.get("gres") or ""
     if not isinstance(gres, str):
         raise TopologyError('gres must be a string such as "gpu:4"', f"{where}.gres")
@@ -250,15 +267,22 @@ def _gres_gpus(node: dict[str, Any], where: str) -> int:
         if entry.startswith("gpu"):
             match = _GPU_GRES.match(entry)
             if not match:
-                raise TopologyError(f"cannot read a GPU count from gres {entry!r}", f"{where}.gres")
-            return int(match.group(1))
-    match = _GPU_TRES.search(str(node.get("tres") or ""))
-    return int(match.group(1)) if match else 0
+                raise TopologyError(f"cannot read a GPU count from gres {show(entry)}", f"{where}.gres")
+            return _count(match.group(1), f"{where}.gres", max_gpus)
+    tres = node.get("tres") or ""
+    if not isinstance(tres, str):
+        raise TopologyError('tres must be a string such as "cpu=144,gres/gpu=4"', f"{where}.tres")
+    match = _GPU_TRES.search(tres)
+    return _count(match.group(1), f"{where}.tres", max_gpus) if match else 0
 
 
-def parse_scontrol_nodes(doc: Any, place: str = "") -> tuple[dict[str, DesiredNode], list[tuple[str, str]]]:
+def parse_scontrol_nodes(
+    doc: Any, place: str = "", *, max_gpus: int = DEFAULT_MAX_GPUS
+) -> tuple[dict[str, DesiredNode], list[tuple[str, str]]]:
     """Read ``scontrol show nodes --json``: each node's GPUs (``gres``) and state.
-    Returns the GPU nodes by name, and the hosts skipped (no GPUs) with why."""
+    Returns the GPU nodes by name, and the hosts skipped (no GPUs) with why.
+    Values are type-checked before they are read, names against the columns
+    they go to, GPU counts against ``max_gpus``."""
     prefix = f"{place}: " if place else ""
     if not isinstance(doc, dict) or not isinstance(doc.get("nodes"), list):
         raise TopologyError('expected an object with "nodes", as `scontrol show nodes --json` prints', place)
@@ -271,17 +295,20 @@ def parse_scontrol_nodes(doc: Any, place: str = "") -> tuple[dict[str, DesiredNo
         name = item.get("name")
         if not isinstance(name, str) or not name:
             raise TopologyError("a node needs a name", f"{prefix}{where}.name")
-        if name in nodes:
-            raise TopologyError(f"node {name} is listed twice", prefix + where)
         try:
+            check_name(name, "node name", MAX_HOSTNAME, f"{where}.name")
             states = _states(item.get("state"), where)
-            gpus = _gres_gpus(item, where)
+            gpus = _gres_gpus(item, where, max_gpus)
         except TopologyError as exc:
             raise TopologyError(exc.message, prefix + exc.place) from None
+        if name in nodes:
+            raise TopologyError(f"node {name} is listed twice", prefix + where)
         if gpus == 0:
             skipped.append((name, "no gpu gres in scontrol"))
             continue
-        reason = str(item.get("reason") or "")
+        reason = item.get("reason") or ""
+        if not isinstance(reason, str):
+            raise TopologyError(f"reason must be a string, found {show(reason)}", f"{prefix}{where}.reason")
         label = "+".join(states)
         if _FAILED_STATES & set(states):
             state, why = FAILED, f"Slurm {label}"

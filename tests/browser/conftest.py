@@ -21,6 +21,7 @@ from django.conf import settings
 from django.db import connection
 
 from tests.support import FAST_CLUSTER, ROOT, wait_for, workers
+from tests.webhook_receiver import ALLOW_LOOPBACK_ENV
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -58,6 +59,8 @@ def _subprocess_env() -> dict[str, str]:
     db = connection.settings_dict
     url = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_ALLOW_ASYNC_UNSAFE"}
+    # The webhooks page test registers a receiver on 127.0.0.1 (refused by default).
+    env |= ALLOW_LOOPBACK_ENV
     return env | {"DATABASE_URL": url, "REDIS_URL": settings.REDIS_URL, "RACKWISE_DEMO": "0"} | FAST_CLUSTER
 
 

@@ -12,6 +12,7 @@ import pytest
 from fleet.models import WebhookDelivery, WebhookEndpoint
 from tests.browser.helpers import log_in_as
 from tests.support import Worker, flush_broker
+from tests.webhook_receiver import ALLOW_LOOPBACK_ENV
 
 pytestmark = pytest.mark.browser
 
@@ -23,7 +24,8 @@ def webhooks_worker(transactional_db) -> Iterator[Worker]:
     """A worker on the webhooks queue only, as ``scripts/run`` starts it. One
     attempt per delivery, so a refused ping is dead at once and can be redelivered."""
     flush_broker()
-    worker = Worker({"RACKWISE_WEBHOOK_MAX_ATTEMPTS": "1"}, concurrency=1, queues="webhooks").start()
+    env = ALLOW_LOOPBACK_ENV | {"RACKWISE_WEBHOOK_MAX_ATTEMPTS": "1"}
+    worker = Worker(env, concurrency=1, queues="webhooks").start()
     yield worker
     worker.stop()
 

@@ -436,6 +436,74 @@ def main() -> None:
     bad_nodes["nodes"][30]["gres"] = "gpu:gb200:lots"
     dump("scontrol_bad_gres.json", bad_nodes)
 
+    # Malformed in ways that once ended in a traceback (issue 10): wrong JSON
+    # types, names longer than their columns, a 5,000-digit hostname, GPU counts
+    # no node has, bytes that are not UTF-8, nesting 100k deep.
+    def broken(name: str, change) -> None:
+        doc = copy.deepcopy(small)
+        change(doc["items"])
+        dump(name, doc)
+
+    broken("k8s_metadata_not_object.json", lambda items: items[5].update(metadata="gb200-r1-n03"))
+    broken("k8s_labels_not_object.json", lambda items: items[6]["metadata"].update(labels=["gpu"]))
+    broken("k8s_status_not_object.json", lambda items: items[8].update(status=4))
+    broken("k8s_spec_not_object.json", lambda items: items[9].update(spec="unschedulable"))
+    broken("k8s_taints_not_list.json", lambda items: items[10]["spec"].update(taints={"key": "x"}))
+    broken(
+        "k8s_taint_key_not_string.json",
+        lambda items: items[11]["spec"].update(taints=[{"key": {"nvidia.com": "gpu"}, "effect": "NoSchedule"}]),
+    )
+    broken(
+        "k8s_taint_effect_not_string.json",
+        lambda items: items[11]["spec"].update(taints=[{"key": "maintenance", "effect": ["NoSchedule"]}]),
+    )
+    broken("k8s_long_name.json", lambda items: items[12]["metadata"].update(name="gb200-" + "x" * 300))
+    broken("k8s_digit_hostname.json", lambda items: items[13]["metadata"].update(name="9" * 5000))
+    broken("k8s_name_with_newline.json", lambda items: items[14]["metadata"].update(name="gb200-r1\nn12"))
+    broken(
+        "k8s_long_clique_label.json",
+        lambda items: items[15]["metadata"]["labels"].update({"nvidia.com/gpu.clique": "u" * 300 + ".1"}),
+    )
+    broken("k8s_gpus_not_string.json", lambda items: items[16]["status"]["capacity"].update({"nvidia.com/gpu": [4]}))
+    broken("k8s_5000_gpus.json", lambda items: items[17]["status"]["capacity"].update({"nvidia.com/gpu": "5000"}))
+    text = json.dumps(small, indent=2)
+    (HERE / "k8s_huge_number.json").write_text(text.replace('"nvidia.com/gpu": "4"', '"nvidia.com/gpu": ' + "4" * 5000, 1))
+    (HERE / "k8s_not_utf8.json").write_bytes(text.replace("gb200-r1-n07", "gb200-r1-n\u00e7", 1).encode("latin-1"))
+    (HERE / "k8s_deep.json").write_text('{"items": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    # A single node reporting 5,000 GPUs, alone in its list (issue 10: it was
+    # accepted, and every other node removed).
+    lone = copy.deepcopy(cluster["items"][3])
+    lone["status"]["capacity"]["nvidia.com/gpu"] = "5000"
+    dump("k8s_lone_node_5000_gpus.json", node_list([lone]))
+    # One rack of four: a valid file that would retire three quarters of the fleet.
+    dump("k8s_one_rack.json", node_list(cluster["items"][:21]))
+    bad_nodes = scontrol_nodes()
+    bad_nodes["nodes"][30]["gres"] = "gpu:gb200:" + "9" * 5000
+    dump("scontrol_huge_gres.json", bad_nodes)
+    bad_nodes = scontrol_nodes()
+    bad_nodes["nodes"][31]["gres"] = "gpu:gb200:5000(S:0-1)"
+    dump("scontrol_5000_gpus.json", bad_nodes)
+    bad_nodes = scontrol_nodes()
+    bad_nodes["nodes"][32]["tres"] = {"gres/gpu": 4}
+    bad_nodes["nodes"][32]["gres"] = ""
+    dump("scontrol_tres_not_string.json", bad_nodes)
+    bad_nodes = scontrol_nodes()
+    bad_nodes["nodes"][33]["reason"] = ["maintenance"]
+    bad_nodes["nodes"][33]["state"] = ["IDLE", "DRAIN"]
+    dump("scontrol_reason_not_string.json", bad_nodes)
+    (HERE / "slurm_long_block_name.conf").write_text(
+        "BlockName=nvl72-r1 Nodes=gb200-r1-n[01-18]\nBlockName=" + "b" * 300 + " Nodes=gb200-r2-n[01-18]\n"
+    )
+    (HERE / "slurm_digit_hostname.conf").write_text(
+        "BlockName=nvl72-r1 Nodes=gb200-r1-n[01-18]\nBlockName=nvl72-r2 Nodes=" + "7" * 5000 + "\nBlockSizes=1\n"
+    )
+    (HERE / "slurm_not_utf8.conf").write_bytes(
+        "# topology for the caf\u00e9 cluster\nBlockName=nvl72-r1 Nodes=gb200-r1-n[01-18]\n".encode("latin-1")
+    )
+    (HERE / "slurm_huge_blocksizes.conf").write_text(
+        "BlockName=nvl72-r1 Nodes=gb200-r1-n[01-18]\nBlockSizes=" + "1" * 5000 + "\n"
+    )
+
 
 if __name__ == "__main__":
     main()

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from fleet.services.errors import ServiceError
 from fleet.services.topology import import_topology
 from fleet.topology import Topology, TopologyError, slurm
 from fleet.topology import kubernetes as k8s
+from fleet.topology.model import read_text
 
 SOURCES = ("kubernetes", "kubernetes-api", "slurm")
 
@@ -45,13 +46,22 @@ class Command(BaseCommand):
             help="GPUs of new nodes when the source does not say (slurm without --nodes; default %(default)s)",
         )
         parser.add_argument("--dry-run", action="store_true", help="show what would change, write nothing")
+        parser.add_argument(
+            "--allow-shrink",
+            action="store_true",
+            help="allow removing or retiring more than RACKWISE_TOPOLOGY_MAX_SHRINK of the fleet's nodes",
+        )
         parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
     def handle(self, *args, **options) -> None:
         try:
             topology = self._read(options)
             report = import_topology(
-                None, topology, dry_run=options["dry_run"], default_gpus=options["gpus_per_node"]
+                None,
+                topology,
+                dry_run=options["dry_run"],
+                default_gpus=options["gpus_per_node"],
+                allow_shrink=options["allow_shrink"],
             )
         except (TopologyError, ServiceError) as exc:
             raise CommandError(str(exc)) from exc
@@ -62,25 +72,30 @@ class Command(BaseCommand):
 
     def _read(self, options) -> Topology:
         source, path = options["source"], options["file"]
-        if options["gpus_per_node"] < 1:
-            raise CommandError("--gpus-per-node must be at least 1")
+        max_gpus = settings.RACKWISE_TOPOLOGY_MAX_GPUS_PER_NODE
+        if not 1 <= options["gpus_per_node"] <= max_gpus:
+            raise CommandError(
+                f"--gpus-per-node must be from 1 to {max_gpus} (RACKWISE_TOPOLOGY_MAX_GPUS_PER_NODE)"
+            )
         if source == "kubernetes-api":
             if path:
                 raise CommandError(
                     "--from kubernetes-api reads the API server; give --kubeconfig, not a file"
                 )
             doc = k8s.fetch_nodes(options["kubeconfig"], options["context"])
-            return k8s.parse_nodes(doc, rack_label=options["rack_label"], source="kubernetes-api")
+            return k8s.parse_nodes(
+                doc, rack_label=options["rack_label"], source="kubernetes-api", max_gpus=max_gpus
+            )
         if not path:
             raise CommandError(f"--from {source} needs a FILE")
         if source == "kubernetes":
-            return k8s.parse_nodes(k8s.load_json(path), rack_label=options["rack_label"], place=path)
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise CommandError(f"{path}: cannot read the file: {exc.strerror}") from exc
-        conf = slurm.parse_topology_conf(text, path)
+            return k8s.parse_nodes(
+                k8s.load_json(path), rack_label=options["rack_label"], place=path, max_gpus=max_gpus
+            )
+        conf = slurm.parse_topology_conf(read_text(path), path)
         scontrol = None
         if options["nodes"]:
-            scontrol = slurm.parse_scontrol_nodes(k8s.load_json(options["nodes"]), options["nodes"])
+            scontrol = slurm.parse_scontrol_nodes(
+                k8s.load_json(options["nodes"]), options["nodes"], max_gpus=max_gpus
+            )
         return slurm.to_topology(conf, scontrol, nodes_place=options["nodes"] or "")
