@@ -256,7 +256,7 @@ REST_FRAMEWORK = {
         "rest_framework.parsers.MultiPartParser",
     ],
     "PAGE_SIZE": 100,
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "fleet.api.schema.RackwiseAutoSchema",
     "EXCEPTION_HANDLER": "fleet.api.errors.exception_handler",
 }
 
