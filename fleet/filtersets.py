@@ -1,5 +1,8 @@
+import datetime
+
 import django_filters
 from django import forms
+from django_filters.fields import IsoDateTimeField
 
 from fleet.choices import ActionKind, ActionState, JobState, NodeState, RackKind
 from fleet.models import Action, AuditEvent, Job, Node, Rack
@@ -33,10 +36,28 @@ class NodeFilterSet(django_filters.FilterSet):
         fields = ["state", "rack", "hostname"]
 
 
+class UTCIsoDateTimeField(IsoDateTimeField):
+    """An ISO 8601 time, handed to the database in UTC: PostgreSQL refuses an offset
+    beyond ±15:59 ("0092-10-31T05:17+21:06" was a 500)."""
+
+    def to_python(self, value):
+        parsed = super().to_python(value)
+        if parsed is None:
+            return None
+        try:
+            return parsed.astimezone(datetime.UTC)
+        except (OverflowError, ValueError):
+            raise forms.ValidationError("a time between years 1 and 9999 (ISO 8601)", code="invalid") from None
+
+
+class UTCIsoDateTimeFilter(django_filters.IsoDateTimeFilter):
+    field_class = UTCIsoDateTimeField
+
+
 class AuditEventFilterSet(django_filters.FilterSet):
     actor = django_filters.CharFilter(field_name="actor_name")
     action = django_filters.CharFilter(lookup_expr="startswith")
-    since = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    since = UTCIsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
 
     class Meta:
         model = AuditEvent

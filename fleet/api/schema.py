@@ -3,7 +3,7 @@ come from, in the shapes ``fleet.api.errors`` really sends:
 
 * 400 ``ValidationError``: ``{field: [message, ...]}`` (``non_field_errors`` for
   the whole request), or ``{"detail": message}`` for a body that is not JSON;
-* 401, 403, 404, 409, 429 ``Error``: ``{"detail": message}``.
+* 401, 403, 404, 409, 415, 429 ``Error``: ``{"detail": message}``.
 
 Which operation gets which (a generated client then knows them all):
 
@@ -13,9 +13,10 @@ Which operation gets which (a generated client then knows them all):
    HMAC-signed callback, which takes no login).
 3. 403: every operation (a role, an agent token or a signature is checked).
 4. 404: operations on one object (a path parameter).
-5. 409: writes (a service refuses a state change), and reads a view names in
+5. 415: writes (a body in a media type no parser takes, or malformed multipart).
+6. 409: writes (a service refuses a state change), and reads a view names in
    ``conflict_actions`` (a job's export, 409 until the job is placed).
-6. 429: every operation (throttled).
+7. 429: every operation (throttled).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ DESCRIPTIONS = {
     403: "Your role (or token, or signature) does not allow this.",
     404: "No such object, or not one you may see.",
     409: "Conflicts with the object's current state.",
+    415: "The body's Content-Type is not one the API parses (JSON, form, multipart).",
     429: "Too many requests; retry after the time in Retry-After.",
 }
 WRITES = {"POST", "PUT", "PATCH", "DELETE"}
@@ -87,6 +89,8 @@ class RackwiseAutoSchema(AutoSchema):
         codes = {403, 429}
         if method in WRITES or any(p.get("in") == "query" for p in params):
             codes.add(400)
+        if method in WRITES:
+            codes.add(415)
         if getattr(self.view, "authentication_classes", None):
             codes.add(401)
         if any(p.get("in") == "path" for p in params):
