@@ -10,7 +10,8 @@ Message shapes (``type`` is the event kind):
 
 * ``rack``: ``{"rack": id, "name", "version", "nodes": [[node_id, slot, hostname, state, [[health, job_id|null], ...]], ...], "jobs": {job_id: {"name", "tenant", "state"}}}``
 * ``job``: ``{"job": {"id", "name", "tenant", "state", "state_reason", "num_gpus"}}``
-* ``action``: ``{"action": {"id", "kind", "state", "title", "progress", "step_index", "steps", "error"}}``
+* ``action``: ``{"action": {"id", "kind", "state", "title", "progress", "step_index", "steps", "error", "job_tenants": {job_id: tenant_id}}}``
+  (a submitter gets other tenants' jobs withheld, see ``fleet.redact``)
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from collections.abc import Iterable
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
+
+from fleet import redact
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +100,27 @@ def visible_to(event: dict, tenant_ids: set[int] | None) -> dict:
                 job["name"] = job["tenant"] = None
     elif event["type"] == "job" and event["job"]["tenant_id"] not in tenant_ids:
         event["job"] = {"id": event["job"]["id"], "state": event["job"]["state"], "name": None, "tenant": None}
+    elif event["type"] == "action":
+        event["action"] = _visible_action(event["action"], tenant_ids)
     return event
+
+
+def _visible_action(action: dict, tenant_ids: set[int]) -> dict:
+    """An action event as fleet.redact rules it: in full when it touches no other
+    tenant's job; only id, kind, state and progress when it touches none of the
+    reader's; else with title and error withheld."""
+    job_tenants = {int(k): v for k, v in action.get("job_tenants", {}).items()}
+    foreign = redact.foreign_jobs(job_tenants, tenant_ids)
+    if not foreign:
+        return action
+    if len(foreign) == len(job_tenants):
+        keep = ("id", "kind", "state", "progress", "step_index", "steps")
+        return {k: action[k] for k in keep} | {"title": None, "error": None, "job_tenants": {}}
+    return action | {
+        "title": redact.withheld_title(action["kind"], action["id"], job_tenants),
+        "error": redact.WITHHELD if action["error"] else "",
+        "job_tenants": {str(k): v for k, v in job_tenants.items() if k not in foreign},
+    }
 
 
 def racks_changed(rack_ids: Iterable[int]) -> None:
@@ -143,6 +166,8 @@ def action_state(action) -> dict:
         "step_index": action.step_index,
         "steps": len(action.steps),
         "error": action.error,
+        # Who owns each job the action touches, for visible_to (like a rack's jobs).
+        "job_tenants": {str(job.pk): job.tenant_id for job in action.jobs.all()},
     }
 
 
@@ -154,7 +179,7 @@ def actions_changed(action_ids: Iterable[int]) -> None:
     def publish() -> None:
         from fleet.models import Action
 
-        for action in Action.objects.filter(pk__in=ids):
+        for action in Action.objects.filter(pk__in=ids).prefetch_related("jobs"):
             _send({"type": "action", "action": action_state(action)})
 
     transaction.on_commit(publish)

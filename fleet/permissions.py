@@ -58,6 +58,26 @@ def visible_tenant_names(user) -> list[str]:
     return list(Tenant.objects.filter(pk__in=job_tenants).order_by("name").values_list("name", flat=True))
 
 
+def tenant_ids_of(user) -> set[int] | None:
+    """None when the user sees every tenant; else the ids of its tenants (what
+    ``fleet.events.visible_to`` and ``fleet.redact.action_for`` take)."""
+    return None if sees_all_tenants(user) else set(user.tenants.values_list("id", flat=True))
+
+
+def visible_actions(user, queryset: QuerySet) -> QuerySet:
+    """Viewers and operators see every action; a submitter those touching no job
+    (drains: fleet-level, like racks) or at least one of its tenants' jobs.
+    What it may read of a mixed one is ``fleet.redact.action_for``'s answer."""
+    if sees_all_tenants(user):
+        return queryset
+    if role_of(user) is None:
+        return queryset.none()
+    from fleet.models import Action
+
+    mine = Action.objects.filter(Q(jobs__isnull=True) | Q(jobs__tenant__members=user)).values("pk")
+    return queryset.filter(pk__in=mine)
+
+
 def visible_audit_events(user, queryset: QuerySet) -> QuerySet:
     """Viewers and operators read the whole audit log; a submitter its own
     actions and its tenants' jobs' records."""

@@ -11,12 +11,20 @@ from django.db.models import Q
 from django.shortcuts import get_object_or_404
 from django.views.generic import TemplateView
 
+from fleet import redact
 from fleet.api.webhooks import WebhookDeliverySerializer, WebhookEndpointSerializer
 from fleet.choices import ACTIVE_JOB_STATES, ActionState, JobState, NodeState, Role, WebhookEvent
 from fleet.export import EXPORTABLE_STATES, export_job
-from fleet.filtersets import AuditEventFilterSet
+from fleet.filtersets import ActionPageFilterForm, AuditEventFilterSet, JobPageFilterForm
 from fleet.models import Action, Allocation, AuditEvent, Job, Rack, WebhookEndpoint
-from fleet.permissions import has_role, visible_audit_events, visible_jobs, visible_tenant_names
+from fleet.permissions import (
+    has_role,
+    tenant_ids_of,
+    visible_actions,
+    visible_audit_events,
+    visible_jobs,
+    visible_tenant_names,
+)
 from fleet.services.actions import describe_step
 from fleet.services.summary import fleet_summary, rack_summaries
 
@@ -38,6 +46,18 @@ class RoleRequiredMixin:
         context = super().get_context_data(**kwargs)
         context["is_operator"] = has_role(self.request.user, Role.OPERATOR)
         return context
+
+
+class FilteredPageMixin:
+    """A page whose query string did not validate answers 400, with the messages in
+    ``filter_errors`` (shown by the template) and an empty list."""
+
+    def get(self, request, *args, **kwargs):
+        context = self.get_context_data(**kwargs)
+        response = self.render_to_response(context)
+        if context.get("filter_errors"):
+            response.status_code = 400
+        return response
 
 
 class FleetView(RoleRequiredMixin, TemplateView):
@@ -86,7 +106,7 @@ class RackView(RoleRequiredMixin, TemplateView):
         return context
 
 
-class JobListView(RoleRequiredMixin, TemplateView):
+class JobListView(FilteredPageMixin, RoleRequiredMixin, TemplateView):
     """The queue and the running jobs, with filters."""
 
     template_name = "fleet/jobs.html"
@@ -95,16 +115,21 @@ class JobListView(RoleRequiredMixin, TemplateView):
         context = super().get_context_data(**kwargs)
         params = self.request.GET
         qs = visible_jobs(self.request.user, Job.objects.select_related("tenant", "owner")).order_by("-id")
-        state = params.get("state", "active")
-        if state == "active":
-            qs = qs.filter(state__in=ACTIVE_JOB_STATES)
-        elif state in JobState.values:
-            qs = qs.filter(state=state)
-        if params.get("tenant"):
-            qs = qs.filter(tenant__name=params["tenant"])
-        if params.get("q"):
-            q = params["q"].strip()
-            qs = qs.filter(Q(name__icontains=q) | Q(pk=int(q)) if q.isdigit() else Q(name__icontains=q))
+        form = JobPageFilterForm(params)
+        if form.is_valid():
+            state = form.cleaned_data["state"]
+            if state == "active":
+                qs = qs.filter(state__in=ACTIVE_JOB_STATES)
+            elif state in JobState.values:
+                qs = qs.filter(state=state)
+            if form.cleaned_data["tenant"]:
+                qs = qs.filter(tenant__name=form.cleaned_data["tenant"])
+            if q := form.cleaned_data["q"]:
+                job_id = form.job_id()
+                qs = qs.filter(Q(name__icontains=q) | Q(pk=job_id) if job_id is not None else Q(name__icontains=q))
+        else:
+            state, qs = "active", qs.none()
+            context["filter_errors"] = form.errors_text()
         jobs = list(qs[:PAGE_ROWS])
         context.update(
             jobs=jobs,
@@ -160,12 +185,14 @@ class JobDetailView(RoleRequiredMixin, TemplateView):
             export=export_job(job) if job.state in EXPORTABLE_STATES and rack_ids else None,
             waiting=waiting_reason(job),
             history=AuditEvent.objects.filter(object_type="job", object_id=str(job.pk))[:200],
-            actions=job.actions.all()[:50],
+            actions=[
+                redact.action_for(a, tenant_ids_of(self.request.user)) for a in job.actions.prefetch_related("jobs")[:50]
+            ],
         )
         return context
 
 
-class ActionListView(RoleRequiredMixin, TemplateView):
+class ActionListView(FilteredPageMixin, RoleRequiredMixin, TemplateView):
     """The approval queue: each plan as before/after grids, its cost and benefit;
     Approve/Reject for operators; live progress while it executes."""
 
@@ -173,16 +200,22 @@ class ActionListView(RoleRequiredMixin, TemplateView):
 
     def get_context_data(self, **kwargs):
         context = super().get_context_data(**kwargs)
-        state = self.request.GET.get("state", "open")
-        qs = Action.objects.prefetch_related("jobs")
-        if state == "open":
-            qs = qs.filter(state__in=[ActionState.PROPOSED, ActionState.APPROVED, ActionState.EXECUTING])
-        elif state in ActionState.values:
-            qs = qs.filter(state=state)
-        kind = self.request.GET.get("kind", "")
-        if kind:
-            qs = qs.filter(kind=kind)
-        actions = list(qs[:50])
+        qs = visible_actions(self.request.user, Action.objects.prefetch_related("jobs"))
+        form = ActionPageFilterForm(self.request.GET)
+        if form.is_valid():
+            state, kind = form.cleaned_data["state"], form.cleaned_data["kind"]
+            if state == "open":
+                qs = qs.filter(state__in=[ActionState.PROPOSED, ActionState.APPROVED, ActionState.EXECUTING])
+            elif state in ActionState.values:
+                qs = qs.filter(state=state)
+            if kind:
+                qs = qs.filter(kind=kind)
+        else:
+            state, kind, qs = "open", "", qs.none()
+            context["filter_errors"] = form.errors_text()
+        # Other tenants' jobs by id only, as in /api/actions/ (fleet.redact).
+        tenants = tenant_ids_of(self.request.user)
+        actions = [redact.action_for(a, tenants) for a in qs[:50]]
         for a in actions:
             a.step_texts = [describe_step(step) for step in a.steps]
         context.update(

@@ -92,13 +92,23 @@ def defragment(
 
     # 1. Goals as (label, nodes to free in one rack, gpus_per_node) lists.
     goals: list[tuple[str, list[tuple[int, int]], bool]] = []  # (label, segs, borrow)
+    # Goals are sized by the target, which comes from a user: never more of them
+    # than the fleet has racks (one rack each), whatever the count asked for.
+    unreachable = ""
     if isinstance(target, FreeRacks):
-        missing = target.count - racks_before
-        goals = [(f"free rack {i + 1}", [(-1, 0)], False) for i in range(max(0, missing))]
+        missing = max(0, target.count - racks_before)
+        clearable = len(fleet.racks) - racks_before
+        if missing > clearable:
+            unreachable = f"the fleet has {len(fleet.racks)} racks, {racks_before} already whole"
+        goals = [(f"free rack {i + 1}", [(-1, 0)], False) for i in range(min(missing, clearable))]
         label = f"free {target.count} whole racks"
     elif isinstance(target, RoomFor):
-        goals = [(f"room for {target.nodes} nodes", _segments(fleet, target.nodes,
-                                                              target.gpus_per_node), False)]
+        held = sum(r.size for r in fleet.groups.get(target.gpus_per_node, []))
+        if target.nodes > held:
+            unreachable = f"the fleet has {held} nodes of {target.gpus_per_node} GPUs"
+        else:
+            goals = [(f"room for {target.nodes} nodes", _segments(
+                fleet, target.nodes, target.gpus_per_node), False)]
         label = f"room for a job of {target.nodes} nodes"
     else:
         label = "room for the pending jobs"
@@ -111,6 +121,11 @@ def defragment(
                         fleet, job.nodes_needed(gpn), gpn, job.segment_nodes),
                         job.preemptible))
                     break
+    if unreachable and not goals:
+        return DefragPlan(label, False, f"cannot be met: {unreachable}",
+                          fragmentation_before=frag_before, fragmentation_after=frag_before,
+                          free_racks_before=racks_before, free_racks_after=racks_before,
+                          jobs_made_placeable=[])
     if not goals:
         reason = "nothing to do: the target is already met" if target else (
             "nothing to do: every pending gang can already be placed rack-locally")
@@ -162,7 +177,10 @@ def defragment(
     # Pending mode: success is every blocked job placeable (one goal's moves may serve
     # another); a target must have met each of its goals.
     blocked = [j for j in pending if j.id not in placeable_before]
-    feasible = met == len(goals) or (target is None and len(made) == len(blocked))
+    feasible = not unreachable and (
+        met == len(goals) or (target is None and len(made) == len(blocked)))
+    if unreachable:
+        reasons.append(f"cannot be met in full: {unreachable}")
     return DefragPlan(
         target=label,
         feasible=feasible,

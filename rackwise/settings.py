@@ -239,6 +239,17 @@ RACKWISE_WEBHOOK_ALLOW_NETS = env_cidrs("RACKWISE_WEBHOOK_ALLOW_NETS", [])
 RACKWISE_TOPOLOGY_MAX_GPUS_PER_NODE = env_int("RACKWISE_TOPOLOGY_MAX_GPUS_PER_NODE", 8, minimum=1)
 RACKWISE_TOPOLOGY_MAX_SHRINK = env_float("RACKWISE_TOPOLOGY_MAX_SHRINK", 0.25, minimum=0.0)
 
+# --- Rackwise API input bounds (issue #10, items 4, 8, 13) ---------------------------
+# Lists: the largest page (?limit=) and the deepest ?offset=; beyond them a 400.
+RACKWISE_API_MAX_LIMIT = env_int("RACKWISE_API_MAX_LIMIT", 1000, minimum=1)
+RACKWISE_API_MAX_OFFSET = env_int("RACKWISE_API_MAX_OFFSET", 10_000_000, minimum=0)
+# JSON bodies nested deeper than this are refused with a 400 (Python's parser
+# recurses per level: a 100,000-deep body was a RecursionError).
+RACKWISE_API_MAX_JSON_DEPTH = env_int("RACKWISE_API_MAX_JSON_DEPTH", 64, minimum=2)
+# Defrag requests: the most moves and GPU-hours one plan may be given.
+RACKWISE_DEFRAG_MAX_MOVES_LIMIT = env_int("RACKWISE_DEFRAG_MAX_MOVES_LIMIT", 1000, minimum=1)
+RACKWISE_DEFRAG_MAX_BUDGET_GPU_HOURS = env_float("RACKWISE_DEFRAG_MAX_BUDGET_GPU_HOURS", 1_000_000.0, minimum=0.001)
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
@@ -269,9 +280,14 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["fleet.permissions.HasRole"],
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "fleet.api.pagination.BoundedLimitOffsetPagination",
+    "DEFAULT_PARSER_CLASSES": [
+        "fleet.api.parsers.DepthLimitedJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "PAGE_SIZE": 100,
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "fleet.api.schema.RackwiseAutoSchema",
     "EXCEPTION_HANDLER": "fleet.api.errors.exception_handler",
 }
 

@@ -9,3 +9,7 @@ urlpatterns = [
     path("metrics", metrics_view, name="metrics"),
     path("", include("fleet.urls")),
 ]
+
+# Under /api/ a path that matches no route answers JSON like every other API error
+# (clients parse it); elsewhere Django's own page.
+handler404 = "fleet.api.errors.not_found"

@@ -37,3 +37,35 @@ def test_the_docs_page_loads_its_assets_from_the_app(viewer_client):
     for src in sources:
         assert not src.startswith(("http://", "https://", "//")), f"external asset {src}"
     assert any("swagger-ui" in src for src in sources)
+
+
+def _operations(schema: dict):
+    for path, ops in schema["paths"].items():
+        for method, op in ops.items():
+            yield path, method.upper(), op
+
+
+def test_every_operation_declares_the_errors_it_can_answer(operator_client):
+    schema = operator_client.get("/api/schema/", HTTP_ACCEPT="application/json").json()
+    ref = {"$ref": "#/components/schemas/Error"}
+    for path, method, op in _operations(schema):
+        codes = op["responses"]
+        assert {"403", "429"} <= set(codes), (method, path)
+        if method in ("POST", "PUT", "PATCH", "DELETE"):
+            assert {"400", "409"} <= set(codes), (method, path)
+        if "{" in path:
+            assert "404" in codes, (method, path)
+        if path != "/api/actions/{id}/callback/":  # HMAC-signed, no login
+            assert codes["401"]["content"]["application/json"]["schema"] == ref, (method, path)
+    assert schema["components"]["schemas"]["Error"]["required"] == ["detail"]
+    assert "400" in schema["paths"]["/api/jobs/"]["get"]["responses"]  # filters and limit
+    assert "409" in schema["paths"]["/api/jobs/{id}/export/"]["get"]["responses"]
+
+
+def test_the_declared_error_shapes_are_the_ones_sent(fleet, submitter_client, viewer_client):
+    bad = submitter_client.post("/api/jobs/", {"name": "j", "num_gpus": 0}, format="json")
+    assert bad.status_code == 400 and all(isinstance(v, list) for v in bad.json().values())
+    refused = viewer_client.post("/api/jobs/", {"name": "j", "num_gpus": 4}, format="json")
+    assert refused.status_code == 403 and set(refused.json()) == {"detail"}
+    missing = viewer_client.get("/api/jobs/999999/")
+    assert missing.status_code == 404 and set(missing.json()) == {"detail"}

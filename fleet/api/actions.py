@@ -10,18 +10,24 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from fleet import executors
+from fleet import executors, redact
+from fleet.api.serializers import MAX_INT32, FiniteFloatField
 from fleet.choices import ActionKind, ApprovalMode
 from fleet.filtersets import ActionFilterSet
 from fleet.locks import Busy, decisions
 from fleet.models import Action
+from fleet.permissions import tenant_ids_of, visible_actions
 from fleet.services import actions as action_services
 from fleet.services import defrag as defrag_services
+
+# The schema's bound; RACKWISE_DEFRAG_MAX_BUDGET_GPU_HOURS (checked by the service) may be lower.
+MAX_BUDGET_GPU_HOURS = 1e9
 
 
 class ActionSerializer(serializers.ModelSerializer):
     jobs = serializers.PrimaryKeyRelatedField(many=True, read_only=True)
     steps = serializers.SerializerMethodField()
+    redacted = serializers.SerializerMethodField()
 
     class Meta:
         model = Action
@@ -29,8 +35,18 @@ class ActionSerializer(serializers.ModelSerializer):
             "id", "kind", "state", "title", "jobs", "steps", "plan", "cost_gpu_hours", "benefit",
             "fleet_version", "proposed_by_name", "decided_by_name", "decided_at", "decision_note",
             "step_index", "progress", "log", "error", "created_at", "updated_at", "started_at", "finished_at",
+            "redacted",
         ]
         read_only_fields = fields
+
+    def to_representation(self, instance: Action) -> dict:
+        # A submitter reads other tenants' jobs in an action by id only (fleet.redact);
+        # the view puts the reader's tenants in the context (absent: the full action).
+        return super().to_representation(redact.action_for(instance, self.context.get("tenant_ids")))
+
+    def get_redacted(self, obj: Action) -> bool:
+        """True when other tenants' job details were withheld from this answer."""
+        return bool(getattr(obj, "redacted", False))
 
     def get_steps(self, obj: Action) -> list[dict]:
         """The ordered steps, each in words, with whether it is done."""
@@ -45,11 +61,23 @@ class DecisionSerializer(serializers.Serializer):
 
 
 class DefragRequestSerializer(serializers.Serializer):
-    free_racks = serializers.IntegerField(required=False, min_value=1, help_text="Target: this many whole free racks.")
-    room_for_nodes = serializers.IntegerField(required=False, min_value=1, help_text="Target: room for a rack-local job of this many nodes.")
-    gpus_per_node = serializers.IntegerField(required=False, min_value=1)
-    budget_gpu_hours = serializers.FloatField(required=False, min_value=0.001)
-    max_moves = serializers.IntegerField(required=False, min_value=1)
+    """A defrag request. The counts are bounded here by the columns' range and, in
+    ``defrag.check_request``, by what the fleet has (a 400 says what fits)."""
+
+    free_racks = serializers.IntegerField(
+        required=False, min_value=1, max_value=MAX_INT32,
+        help_text="Target: this many whole free racks (at most the fleet's racks).",
+    )
+    room_for_nodes = serializers.IntegerField(
+        required=False, min_value=1, max_value=MAX_INT32,
+        help_text="Target: room for a rack-local job of this many nodes (at most the fleet's nodes of that size).",
+    )
+    gpus_per_node = serializers.IntegerField(
+        required=False, min_value=1, max_value=MAX_INT32,
+        help_text="With room_for_nodes: the node size (one the fleet has); default the largest.",
+    )
+    budget_gpu_hours = FiniteFloatField(required=False, min_value=0.001, max_value=MAX_BUDGET_GPU_HOURS)
+    max_moves = serializers.IntegerField(required=False, min_value=1, max_value=MAX_INT32)
 
 
 class PolicySerializer(serializers.Serializer):
@@ -64,6 +92,17 @@ class ActionViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = ActionSerializer
     filterset_class = ActionFilterSet
     write_roles: dict = {}  # every write here is for operators (the default)
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return self.queryset
+        return visible_actions(self.request.user, Action.objects.prefetch_related("jobs"))
+
+    def get_serializer_context(self) -> dict:
+        context = super().get_serializer_context()
+        if not getattr(self, "swagger_fake_view", False):
+            context["tenant_ids"] = tenant_ids_of(self.request.user)
+        return context
 
     def _decide(self, request, service) -> Response:
         action_obj = self.get_object()

@@ -3,6 +3,9 @@ live picture from, and the chart's samples."""
 
 from __future__ import annotations
 
+import math
+
+from django.conf import settings
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.exceptions import ValidationError
@@ -13,6 +16,20 @@ from fleet.events import rack_state, visible_to
 from fleet.models import Rack
 from fleet.permissions import sees_all_tenants
 from fleet.services.metrics import samples_since
+
+MAX_SAMPLE_HOURS = 720.0
+MAX_RACK_ID = 2**63 - 1  # the id column is a bigint
+
+
+def _rack_ids(raw: str) -> list[int]:
+    """``ids`` as integers; a 400 for anything else, and for more ids than a page
+    of racks holds (the list is one query's ``IN``)."""
+    parts = [x for x in raw.split(",") if x]
+    if len(parts) > settings.RACKWISE_API_MAX_LIMIT:
+        raise ValidationError({"ids": [f"at most {settings.RACKWISE_API_MAX_LIMIT} rack ids, got {len(parts)}"]})
+    if not all(p.isascii() and p.isdecimal() and len(p) <= 19 and int(p) <= MAX_RACK_ID for p in parts):
+        raise ValidationError({"ids": ["comma-separated rack ids (positive integers)"]})
+    return [int(p) for p in parts]
 
 
 def tenant_filter(user) -> set[int] | None:
@@ -30,10 +47,7 @@ class ConsoleRacksView(APIView):
     )
     def get(self, request):
         raw = request.query_params.get("ids")
-        try:
-            ids = [int(x) for x in raw.split(",") if x] if raw else list(Rack.objects.values_list("id", flat=True))
-        except ValueError:
-            raise ValidationError({"ids": ["comma-separated integers"]}) from None
+        ids = _rack_ids(raw) if raw else list(Rack.objects.values_list("id", flat=True))
         tenants = tenant_filter(request.user)
         return Response({"racks": [visible_to(e, tenants) for e in rack_state(ids)]})
 
@@ -42,16 +56,20 @@ class FleetSamplesView(APIView):
     """Utilization and fragmentation samples of the last ``hours`` (default 24)."""
 
     @extend_schema(
-        parameters=[OpenApiParameter("hours", float, description="How far back; 1 to 720.")],
+        parameters=[OpenApiParameter("hours", float, description="How far back; 1 to 720 (else a 400).")],
         responses=inline_serializer(
             "FleetSamples", {"samples": serializers.ListField(child=serializers.DictField())}
         ),
     )
     def get(self, request):
+        raw = request.query_params.get("hours", "24")
         try:
-            hours = min(720.0, max(1.0, float(request.query_params.get("hours", 24))))
+            hours = float(raw) if len(raw) <= 20 else math.nan
         except ValueError:
-            raise ValidationError({"hours": ["a number of hours"]}) from None
+            hours = math.nan
+        # "nan" passed min/max clamping unnoticed; refuse what is not 1..720.
+        if not 1.0 <= hours <= MAX_SAMPLE_HOURS:
+            raise ValidationError({"hours": [f"a number of hours from 1 to {MAX_SAMPLE_HOURS:g}, got {raw[:40]!r}"]})
         return Response(
             {
                 "samples": [

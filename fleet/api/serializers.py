@@ -1,10 +1,25 @@
 from __future__ import annotations
 
+import math
+
 from rest_framework import serializers
 
 from fleet.choices import Locality
 from fleet.models import GPU, AuditEvent, Job, Node, Rack
 from fleet.permissions import sees_all_tenants
+
+MAX_INT32 = 2**31 - 1  # the range of the integer columns sizes and counts land in
+
+
+class FiniteFloatField(serializers.FloatField):
+    """A float that is a number: "nan" passes min/max checks (every comparison with
+    NaN is false) and "inf" is not a size."""
+
+    def to_internal_value(self, data) -> float:
+        value = super().to_internal_value(data)
+        if not math.isfinite(value):
+            self.fail("invalid")
+        return value
 
 
 class JobSubmitSerializer(serializers.Serializer):
@@ -14,11 +29,13 @@ class JobSubmitSerializer(serializers.Serializer):
     tenant = serializers.CharField(
         max_length=100, required=False, help_text="Defaults to your only tenant."
     )
-    num_gpus = serializers.IntegerField(required=False)
-    num_nodes = serializers.IntegerField(required=False)
-    gpus_per_node = serializers.IntegerField(required=False)
+    # Capped at the columns' range so that a 400-digit number is a 400 here, not an
+    # OverflowError in the shape arithmetic; the service then bounds each by the fleet.
+    num_gpus = serializers.IntegerField(required=False, max_value=MAX_INT32)
+    num_nodes = serializers.IntegerField(required=False, max_value=MAX_INT32)
+    gpus_per_node = serializers.IntegerField(required=False, max_value=MAX_INT32)
     segment_nodes = serializers.IntegerField(
-        required=False, help_text="Nodes that must share one rack; default: the whole job."
+        required=False, max_value=MAX_INT32, help_text="Nodes that must share one rack; default: the whole job."
     )
     locality = serializers.ChoiceField(
         choices=Locality.choices,

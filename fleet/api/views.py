@@ -34,6 +34,7 @@ class JobViewSet(
     serializer_class = s.JobSerializer
     filterset_class = JobFilterSet
     write_roles = {"create": Role.SUBMITTER, "cancel": Role.SUBMITTER}
+    conflict_actions = ("export",)  # for the schema: 409 until the job is placed
 
     def get_queryset(self):
         active = Allocation.objects.filter(released_at__isnull=True).select_related(

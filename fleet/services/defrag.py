@@ -7,11 +7,12 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Count
 from django.utils import timezone
 
 from fleet import engine
 from fleet.choices import ActionKind, ActionState, JobState, Locality
-from fleet.models import Action, Job
+from fleet.models import Action, Job, Rack
 from fleet.services import actions as action_services
 from fleet.services import audit
 from fleet.services.errors import InvalidInput
@@ -37,6 +38,56 @@ def fragmentation_report() -> FragmentationReport:
     return report
 
 
+def check_request(
+    *,
+    free_racks: int | None = None,
+    room_for_nodes: int | None = None,
+    gpus_per_node: int | None = None,
+    budget_gpu_hours: float | None = None,
+    max_moves: int | None = None,
+) -> None:
+    """Refuse (InvalidInput, saying what fits) a defrag request the fleet cannot
+    mean: more whole racks than exist, room for more nodes than racks of that
+    node size hold, a node size no rack has, a budget that is not a sane number.
+
+    Checked before anything is written (an open plan is not expired for a bad
+    request) and before the planner runs: its goals are sized by these numbers,
+    and ``free_racks`` of 2^56 once grew the web process to 22 GB."""
+    if free_racks is not None and room_for_nodes is not None:
+        raise InvalidInput("give either free_racks or room_for_nodes, not both")
+    errors: dict[str, list[str]] = {}
+    for name, value in (("free_racks", free_racks), ("room_for_nodes", room_for_nodes), ("max_moves", max_moves)):
+        if value is not None and value < 1:
+            errors[name] = [f"must be at least 1, got {value}"]
+    if max_moves is not None and max_moves > settings.RACKWISE_DEFRAG_MAX_MOVES_LIMIT:
+        errors["max_moves"] = [f"at most {settings.RACKWISE_DEFRAG_MAX_MOVES_LIMIT} moves per plan, got {max_moves}"]
+    if budget_gpu_hours is not None and not (0 < budget_gpu_hours <= settings.RACKWISE_DEFRAG_MAX_BUDGET_GPU_HOURS):
+        errors["budget_gpu_hours"] = [
+            f"must be above 0 and at most {settings.RACKWISE_DEFRAG_MAX_BUDGET_GPU_HOURS:g}, got {budget_gpu_hours}"
+        ]
+    if gpus_per_node is not None and room_for_nodes is None:
+        errors["gpus_per_node"] = ["goes with room_for_nodes (the node size of the room to make)"]
+    if errors:
+        raise InvalidInput(errors)
+    if free_racks is not None:
+        racks = Rack.objects.count()
+        if free_racks > racks:
+            raise InvalidInput({"free_racks": [f"the fleet has {racks} rack(s); ask for at most {racks}"]})
+    if room_for_nodes is not None:
+        nodes_by_size = dict(
+            Rack.objects.values("gpus_per_node").annotate(n=Count("nodes")).filter(n__gt=0).values_list("gpus_per_node", "n")
+        )
+        if gpus_per_node is not None and gpus_per_node not in nodes_by_size:
+            sizes = ", ".join(str(g) for g in sorted(nodes_by_size)) or "none"
+            raise InvalidInput({"gpus_per_node": [f"no rack has {gpus_per_node}-GPU nodes; the fleet's node sizes: {sizes}"]})
+        size = gpus_per_node if gpus_per_node is not None else max(nodes_by_size, default=0)
+        fits = nodes_by_size.get(size, 0)
+        if room_for_nodes > fits:
+            raise InvalidInput(
+                {"room_for_nodes": [f"the fleet has {fits} node(s) of {size} GPUs; ask for at most {fits}"]}
+            )
+
+
 @dataclass
 class DefragOutcome:
     action: Action | None
@@ -59,13 +110,13 @@ def plan_defrag(
     An open plan that still holds is kept (one defrag plan at a time); one the
     fleet has moved away from is expired first. An operator's explicit request
     replaces a proposed plan."""
-    if free_racks is not None and room_for_nodes is not None:
-        raise InvalidInput("give either free_racks or room_for_nodes, not both")
-    for name, value in (("free_racks", free_racks), ("room_for_nodes", room_for_nodes), ("max_moves", max_moves)):
-        if value is not None and value < 1:
-            raise InvalidInput({name: [f"must be at least 1, got {value}"]})
-    if budget_gpu_hours is not None and budget_gpu_hours <= 0:
-        raise InvalidInput({"budget_gpu_hours": [f"must be positive, got {budget_gpu_hours}"]})
+    check_request(
+        free_racks=free_racks,
+        room_for_nodes=room_for_nodes,
+        gpus_per_node=gpus_per_node,
+        budget_gpu_hours=budget_gpu_hours,
+        max_moves=max_moves,
+    )
 
     with transaction.atomic():
         for open_plan in Action.objects.select_for_update().filter(

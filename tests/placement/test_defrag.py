@@ -89,3 +89,39 @@ def test_planning_leaves_the_fleet_unchanged() -> None:
     before = fleet.to_dict()
     defragment(fleet, target=FreeRacks(2))
     assert fleet.to_dict() == before
+
+
+def _plan_in_a_small_process(target: str) -> str:
+    """Plan ``target`` on a two-rack fleet in a child limited to 1 GB, so that a
+    planner sizing a list by the target fails there (MemoryError) and not here."""
+    import subprocess
+    import sys
+
+    code = (
+        "import resource; resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
+        "from placement.defrag import FreeRacks, RoomFor, defragment\n"
+        "from placement.model import Fleet\n"
+        f"plan = defragment(Fleet.uniform(2), target={target})\n"
+        "print(plan.feasible, len(plan.moves), plan.reason)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-500:]
+    return done.stdout.strip()
+
+
+def test_a_huge_whole_rack_target_makes_no_goal_per_rack_asked_for() -> None:
+    # free_racks=2^56 once grew the web process to 22 GB: one goal per rack asked for.
+    out = _plan_in_a_small_process("FreeRacks(72057594037927936)")
+    assert out.startswith("False 0 ") and "the fleet has 2 racks" in out
+
+
+def test_room_for_more_nodes_than_the_fleet_holds_is_infeasible_at_once() -> None:
+    # room_for_nodes=10^13 made a list of 10^13 / 18 segments (MemoryError).
+    out = _plan_in_a_small_process("RoomFor(10_000_000_000_000)")
+    assert out.startswith("False 0 ") and "the fleet has 36 nodes of 4 GPUs" in out
+
+
+def test_a_target_just_beyond_the_fleet_says_what_it_has() -> None:
+    plan = defragment(Fleet.uniform(2), target=FreeRacks(3))
+    assert not plan.feasible and plan.moves == []
+    assert "cannot be met: the fleet has 2 racks, 2 already whole" in plan.reason
