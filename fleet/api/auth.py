@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import logging
 
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.plumbing import build_bearer_security_scheme_object
 from knox.auth import TokenAuthentication as KnoxTokenAuthentication
 from rest_framework import throttling
 from rest_framework.exceptions import AuthenticationFailed, Throttled
@@ -34,6 +36,16 @@ class TokenAuthentication(KnoxTokenAuthentication):
         except UnicodeDecodeError as exc:  # knox decodes the key as UTF-8
             limiter.record_failure(keys)
             raise AuthenticationFailed("Invalid token.") from exc
+
+
+class TokenAuthenticationScheme(OpenApiAuthenticationExtension):
+    """The schema's ``tokenAuth``, as with DRF's tokens: ``Authorization: Token <key>``."""
+
+    target_class = "fleet.api.auth.TokenAuthentication"
+    name = "tokenAuth"
+
+    def get_security_definition(self, auto_schema):
+        return build_bearer_security_scheme_object(header_name="Authorization", token_prefix="Token")
 
 
 class UserRateThrottle(throttling.UserRateThrottle):
