@@ -53,6 +53,10 @@ def _env() -> dict[str, str]:
         "ALLOWED_HOSTS": "127.0.0.1",
         "RACKWISE_DEMO": "0",
         "LOG_LEVEL": "WARNING",
+        # Plain http on loopback: no HTTPS redirect, cookies without Secure.
+        "SECURE_SSL_REDIRECT": "0",
+        "SESSION_COOKIE_SECURE": "0",
+        "CSRF_COOKIE_SECURE": "0",
     }
 
 

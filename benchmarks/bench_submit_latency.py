@@ -47,6 +47,9 @@ def _env() -> dict[str, str]:
         "RACKWISE_SIM_STEP_SECONDS": "0",
         "RACKWISE_DEMO": "0",
         "LOG_LEVEL": "WARNING",
+        # Plain http on loopback, and one user submitting at benchmark rates.
+        "SECURE_SSL_REDIRECT": "0",
+        "RACKWISE_THROTTLE_USER": "1000000/min",
     }
 
 

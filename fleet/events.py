@@ -4,7 +4,10 @@ Every rack carries a version (bumped in the same transaction as the change); a
 rack event carries the rack's whole cell state at that version, so a client that
 missed a message loses nothing by applying a later one, and one that sees a gap
 or reconnects re-fetches the snapshot over REST. Group messages can be dropped:
-nothing here is the only copy of anything.
+nothing here is the only copy of anything. So the publishers run after commit
+with ``robust=True``: one that fails (the channel layer or the database gone)
+is logged and skipped, and never turns a committed change into an error for
+the caller.
 
 Message shapes (``type`` is the event kind):
 
@@ -126,7 +129,7 @@ def _visible_action(action: dict, tenant_ids: set[int]) -> dict:
 def racks_changed(rack_ids: Iterable[int]) -> None:
     ids = set(rack_ids)
     if ids:
-        transaction.on_commit(lambda: [_send(event) for event in rack_state(ids)])
+        transaction.on_commit(lambda: [_send(event) for event in rack_state(ids)], robust=True)
 
 
 def job_state(job) -> dict:
@@ -153,7 +156,7 @@ def jobs_changed(job_ids: Iterable[int]) -> None:
         for job in Job.objects.select_related("tenant").filter(pk__in=ids):
             _send({"type": "job", "job": job_state(job)})
 
-    transaction.on_commit(publish)
+    transaction.on_commit(publish, robust=True)
 
 
 def action_state(action) -> dict:
@@ -182,4 +185,4 @@ def actions_changed(action_ids: Iterable[int]) -> None:
         for action in Action.objects.filter(pk__in=ids).prefetch_related("jobs"):
             _send({"type": "action", "action": action_state(action)})
 
-    transaction.on_commit(publish)
+    transaction.on_commit(publish, robust=True)

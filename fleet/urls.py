@@ -2,6 +2,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from fleet import views
+from fleet.auth import LoginForm
 
 urlpatterns = [
     path("", views.FleetView.as_view(), name="home"),
@@ -11,6 +12,6 @@ urlpatterns = [
     path("actions/", views.ActionListView.as_view(), name="actions"),
     path("audit/", views.AuditView.as_view(), name="audit"),
     path("webhooks/", views.WebhooksView.as_view(), name="webhooks"),
-    path("login/", auth_views.LoginView.as_view(), name="login"),
+    path("login/", auth_views.LoginView.as_view(authentication_form=LoginForm), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
 ]

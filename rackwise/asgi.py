@@ -5,7 +5,6 @@ import os
 
 from channels.auth import AuthMiddlewareStack
 from channels.routing import ProtocolTypeRouter, URLRouter
-from channels.security.websocket import AllowedHostsOriginValidator
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rackwise.settings")
@@ -14,11 +13,12 @@ django_asgi_app = get_asgi_application()
 from django.urls import path  # noqa: E402  (after Django is set up)
 
 from fleet.consumers import FleetConsumer  # noqa: E402
+from fleet.origins import SameOriginValidator  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(
+        "websocket": SameOriginValidator(
             AuthMiddlewareStack(URLRouter([path("ws/fleet/", FleetConsumer.as_asgi())]))
         ),
     }

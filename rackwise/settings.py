@@ -54,7 +54,7 @@ INSTALLED_APPS = [
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
+    "knox",
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
@@ -110,8 +110,17 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # server's limit under load.
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     DATABASES["default"]["OPTIONS"] = {
-        "pool": {"min_size": 1, "max_size": env_int("DATABASE_POOL_SIZE", 10, minimum=1), "timeout": 30}
+        "pool": {
+            "min_size": 1,
+            "max_size": env_int("DATABASE_POOL_SIZE", 10, minimum=1),
+            "timeout": 30,
+        }
     }
+    # With a pool, Django passes psycopg_pool's ConnectionPool.check_connection as
+    # the pool's check: a connection is tested (one round trip) before it is handed
+    # out, so one killed by a PostgreSQL restart or pg_terminate_backend is
+    # replaced instead of failing a request.
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     VAR_DIR.mkdir(parents=True, exist_ok=True)
     # IMMEDIATE takes the write lock at BEGIN, so concurrent writers queue up
@@ -250,6 +259,52 @@ RACKWISE_API_MAX_JSON_DEPTH = env_int("RACKWISE_API_MAX_JSON_DEPTH", 64, minimum
 RACKWISE_DEFRAG_MAX_MOVES_LIMIT = env_int("RACKWISE_DEFRAG_MAX_MOVES_LIMIT", 1000, minimum=1)
 RACKWISE_DEFRAG_MAX_BUDGET_GPU_HOURS = env_float("RACKWISE_DEFRAG_MAX_BUDGET_GPU_HOURS", 1_000_000.0, minimum=0.001)
 
+# --- Rackwise hardening ----------------------------------------------------------------
+# Django's cache (login-failure counters, API throttles) lives in the same Redis.
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": "rackwise",
+        "TIMEOUT": 300,
+    }
+}
+# Throttles: generous for signed-in users (the console polls); strict for
+# failures: after RACKWISE_LOGIN_MAX_FAILURES failed logins for one username (or
+# from one address) within RACKWISE_LOGIN_WINDOW_S, logins are refused, even with
+# the right password, until the window has passed. Bad API tokens count the same
+# way per address (RACKWISE_TOKEN_MAX_FAILURES).
+RACKWISE_THROTTLE_USER = env_str("RACKWISE_THROTTLE_USER", "") or "3000/min"
+RACKWISE_LOGIN_MAX_FAILURES = env_int("RACKWISE_LOGIN_MAX_FAILURES", 5, minimum=1)
+RACKWISE_LOGIN_WINDOW_S = env_int("RACKWISE_LOGIN_WINDOW_S", 900, minimum=1)
+RACKWISE_TOKEN_MAX_FAILURES = env_int("RACKWISE_TOKEN_MAX_FAILURES", 20, minimum=1)
+# HTTPS: on by default when DEBUG is off; each can be turned off (for plain-http
+# tests, or a proxy that already redirects). SECURE_PROXY_SSL_HEADER is off unless
+# set (e.g. "X-Forwarded-Proto"): only a proxy that overwrites that header makes it safe.
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0 if DEBUG else 31536000, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
+_proxy_header = env_str("SECURE_PROXY_SSL_HEADER", "") or ""
+SECURE_PROXY_SSL_HEADER = (
+    ("HTTP_" + _proxy_header.strip().upper().replace("-", "_"), "https") if _proxy_header.strip() else None
+)
+# Error pages (DEBUG) and error mails hide the password inside any URL setting
+# (REDIS_URL, CELERY_BROKER_URL, CHANNEL_LAYERS, CACHES...).
+DEFAULT_EXCEPTION_REPORTER_FILTER = "fleet.reporting.SafeExceptionReporterFilter"
+# API tokens (django-rest-knox) are stored hashed; they never expire unless
+# issued with an expiry (create_api_user --expires-days N).
+REST_KNOX = {"TOKEN_TTL": None, "AUTH_HEADER_PREFIX": "Token"}
+# A database that does not answer gives 503 with this Retry-After (seconds).
+RACKWISE_DB_RETRY_AFTER_S = env_int("RACKWISE_DB_RETRY_AFTER_S", 5, minimum=1)
+# Operators (staff) get the fleet's admin permissions from their role.
+AUTHENTICATION_BACKENDS = [
+    "django.contrib.auth.backends.ModelBackend",
+    "fleet.auth.OperatorPermissionsBackend",
+]
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
@@ -275,9 +330,11 @@ LOGOUT_REDIRECT_URL = "login"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "fleet.api.auth.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
+    "DEFAULT_THROTTLE_CLASSES": ["fleet.api.auth.UserRateThrottle"],
+    "DEFAULT_THROTTLE_RATES": {"user": RACKWISE_THROTTLE_USER},
     "DEFAULT_PERMISSION_CLASSES": ["fleet.permissions.HasRole"],
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_PAGINATION_CLASS": "fleet.api.pagination.BoundedLimitOffsetPagination",

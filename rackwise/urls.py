@@ -1,6 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from fleet.auth import AdminLoginForm
 from fleet.prometheus import metrics_view
 
 urlpatterns = [
@@ -13,3 +14,9 @@ urlpatterns = [
 # Under /api/ a path that matches no route answers JSON like every other API error
 # (clients parse it); elsewhere Django's own page.
 handler404 = "fleet.api.errors.not_found"
+
+# A database error outside the API's own handler is a 503 with Retry-After, not a 500.
+handler500 = "fleet.api.errors.server_error"
+
+# The admin's login counts failed passwords like the console's (fleet.auth).
+admin.site.login_form = AdminLoginForm

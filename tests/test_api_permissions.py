@@ -103,11 +103,13 @@ def test_a_submitter_lists_only_its_tenants_jobs(other_client, submitter_client,
 
 
 def test_an_api_token_authenticates(fleet, operator):
-    from rest_framework.authtoken.models import Token
     from rest_framework.test import APIClient
 
+    from fleet.services.users import ensure_user
+
+    _, token = ensure_user(None, operator.username, role="operator")
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.get(user=operator).key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token}")
     assert client.get("/api/me/").json()["role"] == "operator"
     client.credentials(HTTP_AUTHORIZATION="Token not-a-real-token")
     assert client.get("/api/me/").status_code == 401

@@ -101,17 +101,20 @@ def test_create_api_user_prints_a_token_that_authenticates_with_that_role(db, ro
     assert response.json() == {"username": "ci-bot", "role": role, "tenants": tenants}
 
 
-def test_create_api_user_run_again_keeps_the_token_and_replaces_the_role(db):
+def test_create_api_user_run_again_issues_another_token_and_replaces_the_role(db):
     first = run("create_api_user", "ci-bot", "--role", "viewer").strip()
 
     second = run("create_api_user", "ci-bot", "--role", "operator").strip()
 
-    assert first == second
+    # Only hashes are stored, so the first token cannot be shown again; it stays valid.
+    assert first != second
     user = get_user_model().objects.get(username="ci-bot")
     assert role_of(user) == "operator"
     assert list(user.groups.values_list("name", flat=True)) == ["operator"]
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Token {second}")
+    assert client.get("/api/me/").json()["role"] == "operator"
+    client.credentials(HTTP_AUTHORIZATION=f"Token {first}")
     assert client.get("/api/me/").json()["role"] == "operator"
 
 

@@ -10,10 +10,10 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from rest_framework.authtoken.models import Token
 
 from fleet.choices import OPEN_ACTION_STATES, JobState
 from fleet.models import Action, Job
+from fleet.services.users import ensure_user
 from tests.support import consistent_violations, wait_for, workers
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -41,7 +41,7 @@ def _post(url: str, token: str, body: dict) -> int:
 
 
 def test_concurrent_submissions_with_two_workers_keep_every_invariant(live_server, fleet, submitter):
-    token = Token.objects.get(user=submitter).key
+    token = ensure_user(None, submitter.username, role="submitter")[1]
     rng = random.Random(7)
     bodies = [
         {"name": f"job-{i}", "tenant": "llm", "expected_duration_s": rng.randint(100, 400), **rng.choice(SHAPES)}

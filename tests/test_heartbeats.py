@@ -111,7 +111,7 @@ def test_another_nodes_token_is_refused_with_403(node, other_node):
 def test_an_operators_api_token_is_refused_with_403(node, token):
     _, user_token = ensure_user(None, "ops", role="operator")
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {user_token.key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {user_token}")
 
     response = post_beat(client, node, OK4)
 

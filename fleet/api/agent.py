@@ -15,7 +15,6 @@ from rest_framework import serializers, status
 from rest_framework.authentication import (
     BaseAuthentication,
     SessionAuthentication,
-    TokenAuthentication,
     get_authorization_header,
 )
 from rest_framework.exceptions import AuthenticationFailed
@@ -24,6 +23,7 @@ from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from fleet.api.auth import TokenAuthentication
 from fleet.choices import GpuHealth, NodeState
 from fleet.models import Node
 from fleet.services import health

@@ -1,16 +1,33 @@
 """Map service errors to HTTP: InvalidInput 400 (field messages), NotAllowed 403,
-Conflict 409, a missing object 404."""
+Conflict 409, a missing object 404; a database that does not answer 503 with
+Retry-After (the request may be retried; a job submission with an
+Idempotency-Key is safe to retry)."""
 
 from __future__ import annotations
 
+import logging
+import sys
+
+from django.conf import settings
 from django.core.exceptions import ObjectDoesNotExist
-from django.http import JsonResponse
+from django.db import InterfaceError, OperationalError
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.defaults import page_not_found
+from django.views.defaults import server_error as django_server_error
 from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from fleet.services.errors import Conflict, InvalidInput, NotAllowed
+
+log = logging.getLogger(__name__)
+
+DATABASE_ERRORS = (OperationalError, InterfaceError)
+DATABASE_UNAVAILABLE = "The database is not answering; retry in a few seconds."
+
+
+def _retry_after() -> str:
+    return str(settings.RACKWISE_DB_RETRY_AFTER_S)
 
 
 def exception_handler(exc, context):
@@ -22,6 +39,13 @@ def exception_handler(exc, context):
         return Response({"detail": str(exc)}, status=status.HTTP_403_FORBIDDEN)
     if isinstance(exc, ObjectDoesNotExist):
         return Response({"detail": "Not found."}, status=status.HTTP_404_NOT_FOUND)
+    if isinstance(exc, DATABASE_ERRORS):
+        log.warning("database error answered 503: %s", exc)
+        return Response(
+            {"detail": DATABASE_UNAVAILABLE},
+            status=status.HTTP_503_SERVICE_UNAVAILABLE,
+            headers={"Retry-After": _retry_after()},
+        )
     return drf_exception_handler(exc, context)
 
 
@@ -31,3 +55,19 @@ def not_found(request, exception=None):
     if request.path.startswith("/api/"):
         return JsonResponse({"detail": "Not found."}, status=404)
     return page_not_found(request, exception)
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    """Django's handler500 for pages (and for anything outside DRF views, such as
+    middleware): a database error becomes a 503 with Retry-After; JSON for the API
+    and for clients asking for JSON, a short text page otherwise."""
+    exc = sys.exc_info()[1]
+    if not isinstance(exc, DATABASE_ERRORS):
+        return django_server_error(request)
+    wants_json = request.path.startswith("/api/") or "json" in request.headers.get("Accept", "")
+    if wants_json:
+        response: HttpResponse = JsonResponse({"detail": DATABASE_UNAVAILABLE}, status=503)
+    else:
+        response = HttpResponse(DATABASE_UNAVAILABLE, status=503, content_type="text/plain; charset=utf-8")
+    response["Retry-After"] = _retry_after()
+    return response

@@ -47,6 +47,27 @@ class JobSubmitSerializer(serializers.Serializer):
     # Capped at the column's range (PositiveIntegerField), so a huge value is a 400, not a 500.
     checkpoint_interval_s = serializers.IntegerField(default=3600, min_value=60, max_value=2**31 - 1)
     expected_duration_s = serializers.IntegerField(required=False, min_value=1, max_value=2**31 - 1)
+    idempotency_key = serializers.CharField(
+        max_length=200,
+        required=False,
+        help_text="Or the Idempotency-Key header: a retry with the same key returns the job "
+        "the first submission created (200) instead of creating another.",
+    )
+
+    def validate(self, attrs: dict) -> dict:
+        header = self.context.get("idempotency_key_header")
+        if header is not None:
+            header = header.strip()
+            if not header or len(header) > 200:
+                raise serializers.ValidationError(
+                    {"idempotency_key": ["the Idempotency-Key header must be 1 to 200 characters"]}
+                )
+            if attrs.get("idempotency_key", header) != header:
+                raise serializers.ValidationError(
+                    {"idempotency_key": ["differs from the Idempotency-Key header; send one key"]}
+                )
+            attrs["idempotency_key"] = header
+        return attrs
 
 
 class AllocatedNodeSerializer(serializers.Serializer):
@@ -73,6 +94,10 @@ class JobSerializer(serializers.ModelSerializer):
 
     def get_allocated(self, job: Job) -> list[dict]:
         """The GPUs the job holds now, grouped by node."""
+        if self.context.get("just_submitted"):
+            # A job just created holds nothing; not reading the database after
+            # the commit means a lost connection cannot turn a 201 into a 500.
+            return []
         nodes: dict[int, dict] = {}
         for alloc in job.allocations.all():
             if alloc.released_at is not None:

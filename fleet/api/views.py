@@ -48,12 +48,34 @@ class JobViewSet(
     def get_serializer_class(self):
         return s.JobSubmitSerializer if self.action == "create" else s.JobSerializer
 
-    @extend_schema(request=s.JobSubmitSerializer, responses={201: s.JobSerializer})
+    @extend_schema(
+        request=s.JobSubmitSerializer,
+        parameters=[
+            OpenApiParameter(
+                "Idempotency-Key",
+                str,
+                location=OpenApiParameter.HEADER,
+                description="Unique per tenant; a retry with the same key and request returns the "
+                "first submission's job with 200; the same key with another request is a 409.",
+            )
+        ],
+        responses={201: s.JobSerializer, 200: s.JobSerializer},
+    )
     def create(self, request, *args, **kwargs):
-        form = s.JobSubmitSerializer(data=request.data)
+        """Submit a job: 201 with the job; 200 with the same job for a retry that
+        repeats an earlier submission's Idempotency-Key."""
+        form = s.JobSubmitSerializer(
+            data=request.data, context={"idempotency_key_header": request.headers.get("Idempotency-Key")}
+        )
         form.is_valid(raise_exception=True)
-        job = job_services.submit_job(request.user, job_services.JobSpec(**form.validated_data))
-        return Response(s.JobSerializer(self.get_queryset().get(pk=job.pk)).data, status=status.HTTP_201_CREATED)
+        job, created = job_services.submit_job_once(request.user, job_services.JobSpec(**form.validated_data))
+        if created:
+            # Built from the row just created, not re-read: once the job is
+            # committed, nothing may turn this answer into an error.
+            return Response(
+                s.JobSerializer(job, context={"just_submitted": True}).data, status=status.HTTP_201_CREATED
+            )
+        return Response(s.JobSerializer(self.get_queryset().get(pk=job.pk)).data, status=status.HTTP_200_OK)
 
     @extend_schema(request=None, responses={200: s.JobSerializer})
     @action(detail=True, methods=["post"])

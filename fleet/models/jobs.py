@@ -57,6 +57,11 @@ class Job(models.Model):
     placed_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # A client's Idempotency-Key for the submission (unique per tenant), and a
+    # digest of what was asked, so a retry returns this job and a reused key
+    # with a different request is refused.
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    request_digest = models.CharField(max_length=64, blank=True, default="")
 
     class Meta:
         ordering = ["-submitted_at", "-id"]
@@ -67,6 +72,13 @@ class Job(models.Model):
                 condition=Q(num_nodes__isnull=True, gpus_per_node__isnull=True)
                 | Q(num_nodes__gte=1, gpus_per_node__gte=1),
                 name="job_nodes_and_gpus_per_node_together",
+            ),
+            # The database, not a read-then-write, makes two submissions with one
+            # key impossible (two concurrent retries race here).
+            models.UniqueConstraint(
+                fields=["tenant", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="job_idempotency_key_per_tenant",
             ),
         ]
 

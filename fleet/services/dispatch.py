@@ -24,7 +24,8 @@ def _send(name: str, args: tuple) -> None:
 
 def after_commit(name: str, *args) -> None:
     """Send task ``name`` (e.g. ``fleet.tasks.schedule_pending``) after commit."""
-    transaction.on_commit(lambda: _send(name, args))
+    # robust: even an error _send does not catch must not fail a committed request.
+    transaction.on_commit(lambda: _send(name, args), robust=True)
 
 
 def schedule_soon() -> None:

@@ -3,9 +3,10 @@ transaction that writes its audit record."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
@@ -44,6 +45,29 @@ class JobSpec:
     preemptible: bool = True
     checkpoint_interval_s: int = 3600
     expected_duration_s: int | None = None
+    # The client's key for this submission: a retry with the same key (in the same
+    # tenant) returns the job the first one created instead of a second job.
+    idempotency_key: str | None = None
+
+
+def _request_digest(spec: JobSpec, tenant: Tenant) -> str:
+    """What was asked, minus the key, with the tenant resolved (so leaving out
+    one's only tenant and naming it are the same request)."""
+    asked = asdict(spec) | {"tenant": tenant.name}
+    asked.pop("idempotency_key")
+    return hashlib.sha256(json.dumps(asked, sort_keys=True).encode()).hexdigest()
+
+
+def _replay(tenant: Tenant, key: str, digest: str) -> Job | None:
+    """The job an earlier submission with ``key`` created, or None; Conflict when
+    the key was used for a different request."""
+    job = Job.objects.select_related("owner", "tenant").filter(tenant=tenant, idempotency_key=key).first()
+    if job is not None and job.request_digest != digest:
+        raise Conflict(
+            f"Idempotency-Key {key!r} was already used in tenant {tenant.name} for a different "
+            f"request (job #{job.pk}); use a new key for a new job"
+        )
+    return job
 
 
 def job_snapshot(job: Job) -> dict[str, object]:
@@ -70,10 +94,40 @@ def _resolve_tenant(actor, tenant_name: str | None) -> Tenant:
 
 def submit_job(actor, spec: JobSpec) -> Job:
     """Queue a job. Refuses (InvalidInput) a job that can never fit the fleet."""
+    return submit_job_once(actor, spec)[0]
+
+
+def submit_job_once(actor, spec: JobSpec) -> tuple[Job, bool]:
+    """Queue a job, at most once per ``spec.idempotency_key`` and tenant.
+
+    Returns ``(job, created)``: ``created`` is False when an earlier submission
+    with the same key and the same request made the job. Refuses (Conflict) the
+    same key with a different request, and (InvalidInput) a job that can never
+    fit the fleet.
+    """
     tenant = _resolve_tenant(actor, spec.tenant)
+    key = spec.idempotency_key
+    digest = _request_digest(spec, tenant) if key else ""
+    if key and (earlier := _replay(tenant, key, digest)) is not None:
+        return earlier, False
     shape = normalise_shape(spec, fleet_capacity())
+    try:
+        job = _create(actor, spec, tenant, shape, key, digest)
+    except IntegrityError:
+        # A concurrent retry with the same key committed first (the unique
+        # constraint refused this one, inside _create's savepoint): answer with its job.
+        earlier = _replay(tenant, key, digest) if key else None
+        if earlier is None:
+            raise
+        return earlier, False
+    return job, True
+
+
+def _create(actor, spec: JobSpec, tenant: Tenant, shape, key: str | None, digest: str) -> Job:
     with transaction.atomic():
         job = Job.objects.create(
+            idempotency_key=key,
+            request_digest=digest,
             name=spec.name,
             owner=actor,
             tenant=tenant,

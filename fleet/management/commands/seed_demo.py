@@ -40,7 +40,7 @@ class Command(BaseCommand):
         User = get_user_model()
         for username, role, tenants in DEMO_USERS:
             if not User.objects.filter(username=username).exists():
-                ensure_user(None, username, role=role, tenants=tenants, password=DEMO_PASSWORD)
+                ensure_user(None, username, role=role, tenants=tenants, password=DEMO_PASSWORD, issue_token=False)
         self.stdout.write(f"Demo fleet: {Rack.objects.count()} racks ({created} new).")
         self.stdout.write("Log in at http://127.0.0.1:8000/ with one of these users,")
         self.stdout.write(f"password {DEMO_PASSWORD!r}:")
