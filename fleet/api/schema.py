@@ -3,7 +3,7 @@ come from, in the shapes ``fleet.api.errors`` really sends:
 
 * 400 ``ValidationError``: ``{field: [message, ...]}`` (``non_field_errors`` for
   the whole request), or ``{"detail": message}`` for a body that is not JSON;
-* 401, 403, 404, 409, 415, 429 ``Error``: ``{"detail": message}``.
+* 401, 403, 404, 409, 415, 429, 503 ``Error``: ``{"detail": message}``.
 
 Which operation gets which (a generated client then knows them all):
 
@@ -17,6 +17,8 @@ Which operation gets which (a generated client then knows them all):
 6. 409: writes (a service refuses a state change), and reads a view names in
    ``conflict_actions`` (a job's export, 409 until the job is placed).
 7. 429: every operation (throttled).
+8. 503: every operation (the database is not answering; Retry-After says when
+   to try again).
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ DESCRIPTIONS = {
     409: "Conflicts with the object's current state.",
     415: "The body's Content-Type is not one the API parses (JSON, form, multipart).",
     429: "Too many requests; retry after the time in Retry-After.",
+    503: "The database is not answering; retry after the time in Retry-After.",
 }
 WRITES = {"POST", "PUT", "PATCH", "DELETE"}
 
@@ -86,7 +89,7 @@ class RackwiseAutoSchema(AutoSchema):
         """The error statuses this operation can answer (see the module docstring)."""
         method = self.method
         params = operation.get("parameters", [])
-        codes = {403, 429}
+        codes = {403, 429, 503}
         if method in WRITES or any(p.get("in") == "query" for p in params):
             codes.add(400)
         if method in WRITES:
