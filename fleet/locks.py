@@ -49,10 +49,13 @@ def client() -> redis.Redis:
 
 
 @contextmanager
-def held(name: str, *, ttl: float, wait: float | None) -> Iterator[redis.lock.Lock]:
+def held(name: str, *, ttl: float, wait: float | None, thread_local: bool = True) -> Iterator[redis.lock.Lock]:
     """Hold lock ``name`` for at most ``ttl`` seconds; wait up to ``wait`` seconds
-    for it (None: don't wait). Raises Busy when it cannot be had."""
-    lock = client().lock(name, timeout=ttl, blocking=wait is not None, blocking_timeout=wait)
+    for it (None: don't wait). Raises Busy when it cannot be had. With
+    ``thread_local=False`` other threads (a lease's renewer) may use its token."""
+    lock = client().lock(
+        name, timeout=ttl, blocking=wait is not None, blocking_timeout=wait, thread_local=thread_local
+    )
     if not lock.acquire():
         raise Busy(name)
     try:
@@ -116,19 +119,13 @@ class Lease:
 def leased(name: str, *, ttl: float, wait: float | None) -> Iterator[Lease]:
     """Hold lock ``name`` as a :class:`Lease` (TTL ``ttl``, renewed while held)."""
     # thread_local=False: the renewer thread must see the token the holder got.
-    lock = client().lock(name, timeout=ttl, blocking=wait is not None, blocking_timeout=wait, thread_local=False)
-    if not lock.acquire():
-        raise Busy(name)
-    lease = Lease(lock, ttl)
-    lease.start()
-    try:
-        yield lease
-    finally:
-        lease.stop()
+    with held(name, ttl=ttl, wait=wait, thread_local=False) as lock:
+        lease = Lease(lock, ttl)
+        lease.start()
         try:
-            lock.release()
-        except LockError:
-            pass  # lapsed meanwhile: someone else may hold it now, which is fine
+            yield lease
+        finally:
+            lease.stop()  # before held() releases the lock
 
 
 def decisions(wait: float | None = 60.0):
