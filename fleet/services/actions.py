@@ -138,44 +138,34 @@ def open_action_job_ids() -> set[int]:
 # --- operator decisions ------------------------------------------------------------
 
 
-def _decide(actor, action_id: int, to_state: str, note: str, **fields) -> Action:
-    """An operator's decision on an action, through the lifecycle."""
+def _decide(actor, action_id: int, to_state: str, note: str) -> Action:
+    """An operator's decision (approve or reject) on a proposed action, through
+    the lifecycle, recording who decided and when."""
     _require_operator(actor)
     return lifecycle.transition(
         actor,
         action_id,
         to_state,
         message=note,
-        fields={"decision_note": note[:500], **fields},
-        **({} if to_state == ActionState.CANCELLED else {"expect": (ActionState.PROPOSED,)}),
+        fields={
+            "decision_note": note[:500],
+            "decided_by": actor,
+            "decided_by_name": audit.actor_name(actor),
+            "decided_at": timezone.now(),
+        },
+        expect=(ActionState.PROPOSED,),
     )
 
 
 def approve(actor, action_id: int, note: str = "") -> Action:
     """proposed -> approved; a worker starts executing it on commit."""
-    return _decide(
-        actor,
-        action_id,
-        ActionState.APPROVED,
-        note,
-        decided_by=actor,
-        decided_by_name=audit.actor_name(actor),
-        decided_at=timezone.now(),
-    )
+    return _decide(actor, action_id, ActionState.APPROVED, note)
 
 
 def reject(actor, action_id: int, note: str = "") -> Action:
     """Refuse a proposed action. A refused preemption or migration leaves the job
     with no way to recover in place, so it goes back to the queue."""
-    return _decide(
-        actor,
-        action_id,
-        ActionState.REJECTED,
-        note,
-        decided_by=actor,
-        decided_by_name=audit.actor_name(actor),
-        decided_at=timezone.now(),
-    )
+    return _decide(actor, action_id, ActionState.REJECTED, note)
 
 
 def cancel(actor, action_id: int, note: str = "") -> Action:
