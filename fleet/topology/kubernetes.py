@@ -23,6 +23,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from fleet import jsonsafe
 from fleet.topology.model import (
     DEFAULT_MAX_GPUS,
     DRAINING,
@@ -52,20 +53,21 @@ BENIGN_TAINTS = frozenset(
     }
 )
 DRAINING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+MAX_JSON_DEPTH = 64
 
 
 def load_json(path: str | Path) -> Any:
     """Read a JSON file, or raise TopologyError naming the line and column."""
     text = read_text(str(path))
     try:
-        return json.loads(text)
+        # A node list nests a few levels; the bound keeps json's recursion safe.
+        return jsonsafe.loads(text, MAX_JSON_DEPTH)
     except json.JSONDecodeError as exc:
         raise TopologyError(
             f"not valid JSON: {exc.msg} (column {exc.colno})", f"{path}:{exc.lineno}"
         ) from None
-    except RecursionError:
-        # The parser recurses once per nesting level; a node list is a few deep.
-        raise TopologyError("JSON nested too deeply to be a node list", str(path)) from None
+    except jsonsafe.TooDeep as exc:
+        raise TopologyError(f"JSON nested too deeply to be a node list ({exc})", str(path)) from None
     except ValueError:  # Python refuses integers of more than 4,300 digits
         raise TopologyError("not valid JSON here: a number with more than 4,300 digits", str(path)) from None
 
