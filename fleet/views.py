@@ -13,7 +13,15 @@ from django.views.generic import TemplateView
 
 from fleet import redact
 from fleet.api.webhooks import WebhookDeliverySerializer, WebhookEndpointSerializer
-from fleet.choices import ACTIVE_JOB_STATES, ActionState, JobState, NodeState, Role, WebhookEvent
+from fleet.choices import (
+    ACTIVE_JOB_STATES,
+    OPEN_ACTION_STATES,
+    ActionState,
+    JobState,
+    NodeState,
+    Role,
+    WebhookEvent,
+)
 from fleet.export import EXPORTABLE_STATES, export_job
 from fleet.filtersets import ActionPageFilterForm, AuditEventFilterSet, JobPageFilterForm
 from fleet.models import Action, Allocation, AuditEvent, Job, Rack, WebhookEndpoint
@@ -178,6 +186,7 @@ class JobDetailView(RoleRequiredMixin, TemplateView):
             )
         )
         rack_ids = [rack_id for rack_id, _name in racks]
+        tenants = tenant_ids_of(self.request.user)  # once, not per action
         context.update(
             job=job,
             racks=racks,
@@ -185,9 +194,7 @@ class JobDetailView(RoleRequiredMixin, TemplateView):
             export=export_job(job) if job.state in EXPORTABLE_STATES and rack_ids else None,
             waiting=waiting_reason(job),
             history=AuditEvent.objects.filter(object_type="job", object_id=str(job.pk))[:200],
-            actions=[
-                redact.action_for(a, tenant_ids_of(self.request.user)) for a in job.actions.prefetch_related("jobs")[:50]
-            ],
+            actions=[redact.action_for(a, tenants) for a in job.actions.prefetch_related("jobs")[:50]],
         )
         return context
 
@@ -205,7 +212,7 @@ class ActionListView(FilteredPageMixin, RoleRequiredMixin, TemplateView):
         if form.is_valid():
             state, kind = form.cleaned_data["state"], form.cleaned_data["kind"]
             if state == "open":
-                qs = qs.filter(state__in=[ActionState.PROPOSED, ActionState.APPROVED, ActionState.EXECUTING])
+                qs = qs.filter(state__in=OPEN_ACTION_STATES)
             elif state in ActionState.values:
                 qs = qs.filter(state=state)
             if kind:
