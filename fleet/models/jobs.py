@@ -62,6 +62,11 @@ class Job(models.Model):
     # with a different request is refused.
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)
     request_digest = models.CharField(max_length=64, blank=True, default="")
+    # The job's id in the cluster that runs it (a Slurm job id), once it has one.
+    external_id = models.CharField(max_length=64, null=True, blank=True, db_index=True)
+    # What the cluster needs to run it, per cluster kind: {"slurm": {"script": ...}}.
+    # A job adopted from the cluster has {"slurm": {"adopted": true, ...}}.
+    cluster_spec = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["-submitted_at", "-id"]

@@ -1,0 +1,194 @@
+"""The typed steps of an action, one dataclass per kind.
+
+An action's steps are stored as dicts (``Action.steps``); ``to_dict`` gives
+exactly that stored shape and ``from_dict`` reads it back, so steps written
+before these types existed still load. Services build steps only through these
+classes. The rules that check a step against the fleet and apply it to the
+database live in :mod:`fleet.services.steps`; the cluster side is the adapter's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
+
+
+class StepError(ValueError):
+    """A stored step that does not parse (unknown op, missing field)."""
+
+
+@dataclass(frozen=True)
+class Step:
+    op: ClassVar[str]
+    # Every step names either a job or a node.
+    job: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {"op": self.op}
+        data.update({k: v for k, v in asdict(self).items() if v is not None})
+        return data
+
+    def describe(self) -> str:
+        return f"{self.op} job #{self.job}"
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> Step:
+        try:
+            cls = KINDS[data["op"]]
+        except (KeyError, TypeError) as exc:
+            raise StepError(
+                f"unknown step op {data.get('op') if isinstance(data, dict) else data!r}"
+            ) from exc
+        return cls._from(data)
+
+    @classmethod
+    def _from(cls, data: dict[str, Any]) -> Step:
+        try:
+            return cls(job=int(data["job"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StepError(f"{cls.op} step needs an integer job: {data!r}") from exc
+
+
+@dataclass(frozen=True)
+class Allocate(Step):
+    """Bind a job to GPUs: ``nodes`` maps node id -> GPU indices on it."""
+
+    op: ClassVar[str] = "allocate"
+    nodes: dict[int, list[int]] = field(default_factory=dict)
+    segments: list[list[int]] | None = None
+    hostnames: list[str] = field(default_factory=list)
+    reason: str = ""
+    choices: list[dict] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = super().to_dict()
+        data["nodes"] = {int(k): list(v) for k, v in self.nodes.items()}
+        return data
+
+    @classmethod
+    def _from(cls, data):
+        try:
+            return cls(
+                job=int(data["job"]),
+                nodes={int(k): list(v) for k, v in data["nodes"].items()},
+                segments=data.get("segments"),
+                hostnames=list(data.get("hostnames") or []),
+                reason=data.get("reason") or "",
+                choices=data.get("choices"),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise StepError(f"allocate step needs job and nodes: {data!r}") from exc
+
+    def describe(self) -> str:
+        return f"allocate job #{self.job} on {', '.join(self.hostnames) or 'its nodes'}"
+
+
+@dataclass(frozen=True)
+class Start(Step):
+    """The job's processes start on its allocation (placed -> running)."""
+
+    op: ClassVar[str] = "start"
+
+
+@dataclass(frozen=True)
+class Restart(Step):
+    """Start again after a swap, from the last checkpoint (recovering -> running)."""
+
+    op: ClassVar[str] = "restart"
+
+
+@dataclass(frozen=True)
+class Checkpoint(Step):
+    """Ask the job to save its state before it is moved."""
+
+    op: ClassVar[str] = "checkpoint"
+
+
+@dataclass(frozen=True)
+class Stop(Step):
+    """Stop the job's processes and release its GPUs; the action holds it."""
+
+    op: ClassVar[str] = "stop"
+
+
+@dataclass(frozen=True)
+class Preempt(Step):
+    """Stop a lower-priority job to make room; it goes back to the queue."""
+
+    op: ClassVar[str] = "preempt"
+
+
+@dataclass(frozen=True)
+class Requeue(Step):
+    op: ClassVar[str] = "requeue"
+    reason: str = ""
+
+    @classmethod
+    def _from(cls, data):
+        job = super()._from(data).job
+        return cls(job=job, reason=data.get("reason") or "")
+
+
+@dataclass(frozen=True)
+class Swap(Step):
+    """Replace a job's failed nodes by spares in the same rack, keeping the rest.
+    ``swaps`` maps node id -> node id, ``hostname_swaps`` the same by hostname."""
+
+    op: ClassVar[str] = "swap"
+    swaps: dict[int, int] = field(default_factory=dict)
+    hostname_swaps: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = super().to_dict()
+        data["swaps"] = {int(k): int(v) for k, v in self.swaps.items()}
+        return data
+
+    @classmethod
+    def _from(cls, data):
+        try:
+            return cls(
+                job=int(data["job"]),
+                swaps={int(k): int(v) for k, v in data["swaps"].items()},
+                hostname_swaps=dict(data.get("hostname_swaps") or {}),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise StepError(f"swap step needs job and swaps: {data!r}") from exc
+
+    def describe(self) -> str:
+        pairs = self.hostname_swaps or self.swaps
+        return f"swap job #{self.job}: " + ", ".join(f"{a} -> {b}" for a, b in pairs.items())
+
+
+@dataclass(frozen=True)
+class _NodeStep(Step):
+    node: int = 0
+    hostname: str = ""
+    reason: str = ""
+
+    @classmethod
+    def _from(cls, data):
+        try:
+            return cls(
+                node=int(data["node"]), hostname=data.get("hostname") or "", reason=data.get("reason") or ""
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StepError(f"{cls.op} step needs an integer node: {data!r}") from exc
+
+    def describe(self) -> str:
+        return f"{self.op} node {self.hostname or self.node}"
+
+
+@dataclass(frozen=True)
+class Drain(_NodeStep):
+    op: ClassVar[str] = "drain"
+
+
+@dataclass(frozen=True)
+class Undrain(_NodeStep):
+    op: ClassVar[str] = "undrain"
+
+
+KINDS: dict[str, type[Step]] = {
+    cls.op: cls
+    for cls in (Allocate, Start, Restart, Checkpoint, Stop, Preempt, Requeue, Swap, Drain, Undrain)
+}
