@@ -27,6 +27,16 @@ DONE = "done"
 WAITING = "waiting"  # the step goes on outside (a callback, a job still starting)
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """What :meth:`ClusterAdapter.perform` did. ``external_id``: the job's id in
+    the cluster when this step gave it one (the service stores it on the job)."""
+
+    status: str  # DONE or WAITING
+    external_id: str | None = None
+    message: str = ""
+
+
 class StepFailed(Exception):
     """The cluster could not carry out a step, and retrying will not help."""
 
@@ -76,15 +86,21 @@ class JobReport:
 class ClusterAdapter(Protocol):
     name: str
 
-    def perform(self, action: Action, index: int, step: Step) -> str:
-        """Do the step in the cluster: DONE, or WAITING (call again later).
-        Raise StepFailed or ClusterUnavailable."""
+    def perform(self, action: Action, index: int, step: Step) -> Outcome:
+        """Do the step in the cluster: Outcome(DONE), or Outcome(WAITING) (call
+        again later). Raise StepFailed or ClusterUnavailable."""
 
     def after_step(self, action: Action, index: int, step: Step) -> None:
         """Called once the step's database change has committed."""
 
     def cancel(self, job: Job) -> None:
         """A job Rackwise cancelled or finished: end it in the cluster (idempotent)."""
+
+    def set_node_state(self, hostname: str, state: str, reason: str) -> None:
+        """Rackwise changed a node (NODE_HEALTHY: undrain / return to service,
+        NODE_DRAINING, NODE_FAILED): mirror it in the cluster, idempotently.
+        Called by the node services before they commit; raise ClusterUnavailable
+        and the change is refused, so the two sides never disagree for long."""
 
     def node_states(self) -> dict[str, NodeReport] | None:
         """Every node the cluster knows, by hostname; None if this cluster kind
