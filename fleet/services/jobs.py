@@ -48,6 +48,8 @@ class JobSpec:
     # The client's key for this submission: a retry with the same key (in the same
     # tenant) returns the job the first one created instead of a second job.
     idempotency_key: str | None = None
+    # How Slurm runs it (script or command, partition, account, time_limit_min, env).
+    slurm: dict | None = None
 
 
 def _request_digest(spec: JobSpec, tenant: Tenant) -> str:
@@ -140,6 +142,7 @@ def _create(actor, spec: JobSpec, tenant: Tenant, shape, key: str | None, digest
             preemptible=spec.preemptible,
             checkpoint_interval_s=spec.checkpoint_interval_s,
             expected_duration_s=spec.expected_duration_s,
+            cluster_spec={"slurm": dict(spec.slurm)} if spec.slurm else {},
         )
         audit.record(actor, "job.submit", job, after=job_snapshot(job) | {"num_gpus": job.num_gpus})
         events.jobs_changed([job.pk])
