@@ -112,6 +112,16 @@ def test_start_status_and_stop_are_idempotent(cluster):
     assert other.returncode == 1 and other.stderr.strip().startswith("slurm-cluster: error:")
 
 
+def test_a_running_job_survives_a_slurmctld_restart(cluster):
+    job = submit(cluster, "survivor", "sleep 300", "-N", "1", "--nodelist=r02n18")
+    cluster.wait_job_state(job, "RUNNING")
+    cluster.stop_slurmctld()
+    assert cluster.script("status").returncode == 1
+    cluster.start_slurmctld()
+    assert cluster.job(job)["job_state"] == ["RUNNING"]
+    assert nodelist(cluster, job) == ["r02n18"]
+
+
 def test_stop_twice_then_start_again_gives_the_same_cluster(cluster):
     assert cluster.script("stop").returncode == 0
     second = cluster.script("stop")
