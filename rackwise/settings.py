@@ -4,7 +4,6 @@ environment (see README, "Configuration"); parsing is strict and fails loudly.""
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 import warnings
 from pathlib import Path
@@ -184,7 +183,7 @@ RACKWISE_POLICY = env_choice(
 # RACKWISE_EXECUTOR is the old name of this setting: still read, for one
 # release, when RACKWISE_CLUSTER is not set, with a DeprecationWarning.
 _CLUSTER_KINDS = ("simulated", "webhook", "slurm")
-if os.environ.get("RACKWISE_CLUSTER", "").strip() or not os.environ.get("RACKWISE_EXECUTOR", "").strip():
+if (env_str("RACKWISE_CLUSTER") or "").strip() or not (env_str("RACKWISE_EXECUTOR") or "").strip():
     RACKWISE_CLUSTER = env_choice("RACKWISE_CLUSTER", "simulated", _CLUSTER_KINDS)
 else:
     RACKWISE_CLUSTER = env_choice("RACKWISE_EXECUTOR", "simulated", _CLUSTER_KINDS)

@@ -387,7 +387,12 @@ def _resume_after_refused_report(node_id: int, refused: InvalidInput) -> None:
         if node.state != NodeState.SUSPECT or GPU.objects.filter(node=node).exclude(health=GpuHealth.OK).exists():
             return
         agent = AgentPrincipal(node_id=node.pk, hostname=node.hostname)
-        return_node_to_service(agent, node.pk, reason="heartbeat resumed (its GPU report was refused: a 400)")
+        try:
+            return_node_to_service(agent, node.pk, reason="heartbeat resumed (its GPU report was refused: a 400)")
+        except ClusterDown as exc:
+            # The refused report is the answer (400); the node stays suspect
+            # until a heartbeat finds the cluster answering.
+            log.warning("node %s stays suspect: %s", node_id, exc)
 
 
 def _propose_drain(node: Node, degraded: list[dict[str, Any]]) -> None:
