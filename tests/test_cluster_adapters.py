@@ -322,6 +322,24 @@ def test_a_step_the_cluster_could_not_be_reached_for_is_retried_with_backoff_and
     assert [e["status"] for e in action.log] == ["retrying", "done", "done"]
 
 
+def test_the_execute_action_task_sends_itself_again_with_the_backoff_as_countdown(fleet, monkeypatch):
+    from fleet import tasks
+
+    node = fleet[0].nodes.first()
+    action = action_services.propose(kind=ActionKind.DRAIN, title="x", steps=[st.Drain(node=node.pk)], jobs=[])
+    Action.objects.filter(pk=action.pk).update(state=ActionState.APPROVED)
+    monkeypatch.setattr("fleet.services.actions.get_adapter", lambda: FlakyAdapter(down=1))
+    sent = []
+    monkeypatch.setattr(tasks.execute_action, "apply_async", lambda args, countdown: sent.append((args, countdown)))
+
+    message = tasks.execute_action(action.pk)
+
+    assert message == "cluster unavailable, retrying in 2 s"
+    assert sent == [((action.pk,), 2)]
+    node.refresh_from_db()
+    assert node.state == "healthy", "the cluster did not drain it, so Rackwise did not either"
+
+
 def test_the_webhook_cluster_unreachable_is_cluster_unavailable(fleet):
     node = fleet[0].nodes.first()
     action = action_services.propose(kind=ActionKind.DRAIN, title="x", steps=[st.Drain(node=node.pk)], jobs=[])
