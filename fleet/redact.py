@@ -51,8 +51,11 @@ def redacted_step(step: dict, foreign: set[int]) -> dict:
     if step.get("job") is None or step["job"] not in foreign:
         return step
     out = {k: step[k] for k in _STEP_KEYS_KEPT if k in step}
+    # The typed step needs these to parse (and then says "on its nodes").
     if step["op"] == "swap":
-        out["swaps"] = {}  # describe_step reads it
+        out["swaps"] = {}
+    elif step["op"] == "allocate":
+        out["nodes"] = {}
     return out
 
 

@@ -21,6 +21,7 @@ from fleet.models import Node
 from fleet.services.inventory import create_rack
 from fleet.services.jobs import JobSpec, apply_placement, start_job, submit_job
 from fleet.services.users import ensure_user
+from tests.slurm.cluster import slurm_cluster, slurm_env  # noqa: F401  (one cluster per session, for every directory)
 from tests.webhook_receiver import LOOPBACK_NET, Receiver
 
 
