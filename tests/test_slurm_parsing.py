@@ -93,7 +93,8 @@ FAILED_JOB = RUNNING_JOB | {
         (["ALLOCATED", "DRAIN"], NODE_DRAINING),
         (["DOWN"], NODE_FAILED),
         (["DOWN", "DRAIN"], NODE_FAILED),
-        (["IDLE", "NOT_RESPONDING"], NODE_FAILED),
+        (["IDLE", "NOT_RESPONDING"], None),  # for a second after every RESUME
+        (["DOWN", "NOT_RESPONDING"], NODE_FAILED),
         (["IDLE", "DRAIN", "FAIL"], NODE_FAILED),
         ("IDLE+DRAIN", NODE_DRAINING),  # older data_parser: one string
         (["UNKNOWN"], None),  # slurmctld just started: says nothing

@@ -51,9 +51,12 @@ from fleet.cluster.base import (
     StepFailed,
 )
 from fleet.cluster.slurm_cli import (
+    NODE_DRAIN_STATES,
+    NODE_FAILED_STATES,
     SlurmCli,
     SlurmJob,
     job_report,
+    node_flags,
     node_report,
     parse_show_topology,
 )
@@ -145,13 +148,13 @@ class SlurmAdapter:
         if node is None:
             log.warning("node %s is not in Slurm; its %s state stays Rackwise's own", hostname, state)
             return
-        current = node_report(node)
+        flags = node_flags(node.get("state"))
         why = REASON_PREFIX + (reason or state)
-        if state == NODE_DRAINING and (current is None or current.state == NODE_HEALTHY):
+        if state == NODE_DRAINING and not flags & NODE_DRAIN_STATES:
             self.cli.run("scontrol", "update", f"NodeName={hostname}", "State=DRAIN", f"Reason={why}")
-        elif state == NODE_FAILED and (current is None or current.state != NODE_FAILED):
+        elif state == NODE_FAILED and not flags & NODE_FAILED_STATES:
             self.cli.run("scontrol", "update", f"NodeName={hostname}", "State=DOWN", f"Reason={why}")
-        elif state == NODE_HEALTHY and current is not None and current.state != NODE_HEALTHY:
+        elif state == NODE_HEALTHY and flags & (NODE_DRAIN_STATES | NODE_FAILED_STATES):
             self.cli.run("scontrol", "update", f"NodeName={hostname}", "State=RESUME")
 
     def node_states(self) -> dict[str, NodeReport]:

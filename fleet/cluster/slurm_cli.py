@@ -214,20 +214,30 @@ def _states(raw: Any) -> list[str]:
 
 
 # Node states (base state and flags) that mean the node is out of service.
-NODE_FAILED_STATES = frozenset({"DOWN", "FAIL", "FAILING", "NOT_RESPONDING", "ERROR", "INVALID_REG"})
+NODE_FAILED_STATES = frozenset({"DOWN", "FAIL", "FAILING", "ERROR", "INVALID_REG"})
+NODE_DRAIN_STATES = frozenset({"DRAIN", "DRAINING", "DRAINED"})
+
+
+def node_flags(states: Any) -> set[str]:
+    return set(_states(states))
 
 
 def node_state(states: Any) -> str | None:
     """Rackwise's view of a node's Slurm state list (``['IDLE', 'DRAIN']``):
-    DOWN/FAIL/NOT_RESPONDING -> failed, DRAIN -> draining, else healthy.
-    None for UNKNOWN alone: slurmctld has just started and not heard from the
-    node yet, which says nothing about the node."""
-    names = set(_states(states))
+    DOWN/FAIL -> failed, DRAIN -> draining, else healthy.
+
+    None ("says nothing, keep what you have") for UNKNOWN and for
+    NOT_RESPONDING without DOWN: measured on 24.11, a node is
+    IDLE+NOT_RESPONDING for about a second after every ``State=RESUME``, and
+    every node is UNKNOWN or not responding just after slurmctld restarts.
+    A node that really stops answering is set DOWN by Slurm itself after
+    ``SlurmdTimeout``, and DOWN is failed."""
+    names = node_flags(states)
     if names & NODE_FAILED_STATES:
         return NODE_FAILED
-    if "DRAIN" in names or "DRAINING" in names or "DRAINED" in names:
+    if names & NODE_DRAIN_STATES:
         return NODE_DRAINING
-    if names <= {"UNKNOWN"}:
+    if "NOT_RESPONDING" in names or names <= {"UNKNOWN"}:
         return None
     return NODE_HEALTHY
 
