@@ -58,6 +58,7 @@ from fleet.cluster.slurm_cli import (
     job_report,
     node_flags,
     node_report,
+    number,
     parse_show_topology,
 )
 
@@ -365,6 +366,7 @@ class SlurmAdapter:
         else:
             self.cli.run("scontrol", "update", f"JobId={found.job_id}", "StartTime=now")
         if found.held:
+            _after_revocation(found)
             self.cli.run("scontrol", "release", found.job_id)
         running = self._wait(found.job_id, lambda j: j.state == "RUNNING", "running")
         if running is None:
@@ -404,6 +406,23 @@ class SlurmAdapter:
         if set(pending.required) != set(new):
             self._pin(found.job_id, new)
         return Outcome(DONE, external_id=found.job_id)
+
+
+def _after_revocation(job: SlurmJob) -> None:
+    """Wait, if need be, until the second after the job's last run ended.
+
+    Killing a run revokes the job's credential on its nodes with a time in
+    whole seconds, and a credential issued in that same second counts as
+    revoked: measured here, a swap released within the second of the requeue
+    started and died at once ("Killing non-startable batch JobId=1: Job
+    credential revoked", the job FAILED). Slurm's own requeue avoids it by
+    delaying the start (the ~121 s BeginTime); waiting for the next second is
+    enough."""
+    ended = number(job.raw.get("end_time"))
+    if ended:
+        wait = ended + 1 - time.time()
+        if 0 < wait <= 2:
+            time.sleep(wait + 0.02)
 
 
 def _job(pk: int | None) -> Job:
