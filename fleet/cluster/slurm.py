@@ -34,7 +34,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from fleet.cluster import steps as st
@@ -58,6 +58,7 @@ from fleet.cluster.slurm_cli import (
     job_report,
     node_flags,
     node_report,
+    node_state,
     number,
     parse_show_topology,
 )
@@ -209,10 +210,21 @@ class SlurmAdapter:
         )
         if not conf.blocks:
             raise StepFailed("scontrol show topology lists no blocks (is TopologyPlugin=topology/block set?)")
-        nodes = slurm_topology.parse_scontrol_nodes(
-            {"nodes": self.cli.nodes()}, "scontrol show nodes --json", max_gpus=max_gpus
+        items = self.cli.nodes()
+        known, skipped = slurm_topology.parse_scontrol_nodes(
+            {"nodes": items}, "scontrol show nodes --json", max_gpus=max_gpus
         )
-        return slurm_topology.to_topology(conf, nodes, nodes_place="scontrol show nodes")
+        # States as the live sync reads them (node_state): a node just resumed,
+        # or not yet heard from after a slurmctld restart, keeps its state
+        # rather than being failed by the import.
+        live = {item.get("name"): node_state(item.get("state")) for item in items}
+        known = {
+            name: replace(node, state=live.get(name), reason=node.reason if live.get(name) else "")
+            for name, node in known.items()
+        }
+        topology = slurm_topology.to_topology(conf, (known, skipped), nodes_place="scontrol show nodes")
+        topology.source = "slurm-live"
+        return topology
 
     # --- finding a job's Slurm job ----------------------------------------------
 

@@ -28,12 +28,15 @@ and the integration call them directly; each is idempotent.
    scheduler places them and the allocate/start steps pin and release them.
 3. :func:`reconcile_jobs`: a Rackwise job that ended (cancelled, finished)
    while its Slurm job still runs or waits is scancelled.
+4. :func:`sync_topology`: the live import (``import_topology --from
+   slurm-live``), racks and nodes only: states are :func:`sync_nodes`' business.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
+from dataclasses import replace
 from datetime import timedelta
 
 from django.conf import settings
@@ -42,11 +45,19 @@ from django.db import transaction
 from django.utils import timezone
 
 from fleet.choices import FINISHED_JOB_STATES, Locality, NodeState, Role
-from fleet.cluster.base import JOB_ENDED, NODE_DRAINING, NODE_FAILED, NODE_HEALTHY
+from fleet.cluster.base import (
+    JOB_ENDED,
+    NODE_DRAINING,
+    NODE_FAILED,
+    NODE_HEALTHY,
+    ClusterUnavailable,
+    StepFailed,
+)
 from fleet.models import Job, Node, Rack
 from fleet.services import jobs as job_services
 from fleet.services import nodes as node_services
 from fleet.services.errors import ServiceError
+from fleet.services.topology import import_topology
 from fleet.services.users import ensure_user
 
 log = logging.getLogger(__name__)
@@ -199,10 +210,34 @@ def reconcile_jobs(adapter, *, within: timedelta = timedelta(days=1)) -> list[in
     return cancelled
 
 
-def sync(adapter) -> dict[str, object]:
-    """All of the above, in order; what each did."""
-    return {
-        "nodes": sync_nodes(adapter),
-        "adopted": adopt_held_jobs(adapter),
-        "scancelled": reconcile_jobs(adapter),
-    }
+def sync_topology(adapter) -> dict[str, object]:
+    """Racks (Slurm blocks) and nodes of the running Slurm into Rackwise,
+    through the topology import service, with node states left out (so the
+    rules of :func:`sync_nodes` hold). Returns the import's report; a Slurm
+    answer that would shrink the fleet too much is refused and reported."""
+    topology = adapter.topology(max_gpus=settings.RACKWISE_TOPOLOGY_MAX_GPUS_PER_NODE)
+    for domain in topology.domains:
+        domain.nodes = [replace(n, state=None, reason="") for n in domain.nodes]
+    try:
+        report = import_topology(None, topology)
+    except ServiceError as exc:
+        log.warning("slurm sync: topology not imported: %s", exc)
+        return {"error": str(exc)}
+    return report.as_dict() if report.changed else {"changed": False}
+
+
+def sync(adapter, *, topology: bool = True) -> dict[str, object]:
+    """All of the above, in order (topology first, so new nodes get their
+    states); what each did. Slurm unreachable: ``{"error": ...}``, nothing
+    changed by the part that could not read."""
+    out: dict[str, object] = {}
+    try:
+        if topology:
+            out["topology"] = sync_topology(adapter)
+        out["nodes"] = sync_nodes(adapter)
+        out["adopted"] = adopt_held_jobs(adapter)
+        out["scancelled"] = reconcile_jobs(adapter)
+    except (ClusterUnavailable, StepFailed) as exc:
+        log.warning("slurm sync stopped: %s", exc)
+        out["error"] = str(exc)
+    return out

@@ -25,7 +25,7 @@ from fleet.cluster.base import (
     ClusterUnavailable,
 )
 from fleet.cluster.slurm import SlurmAdapter
-from fleet.models import Job, Node, Tenant
+from fleet.models import Job, Node, Rack, Tenant
 from fleet.services import jobs as job_services
 from fleet.services import slurm_sync
 
@@ -91,6 +91,18 @@ def hosts_of(cluster, job_id: str) -> list[str]:
 def start(adapter, job: Job) -> None:
     assert adapter.perform(None, 1, st.Start(job=job.pk)).status == DONE
     job_services.start_job(None, job.pk)
+
+
+def test_the_live_import_makes_one_rack_per_block_and_the_sync_keeps_it(cluster, adapter, fleet_of_slurm):
+    racks = {r.name: r for r in Rack.objects.all()}
+    assert sorted(racks) == ["rack01", "rack02"]
+    assert all((r.nodes_per_domain, r.gpus_per_node, r.external_id) == (18, 4, r.name) for r in racks.values())
+    assert Node.objects.get(hostname="r02n18").rack.name == "rack02"
+    cluster.run("scontrol", "update", "NodeName=r01n18", "State=DRAIN", "Reason=sync test")
+    result = slurm_sync.sync(adapter)
+    assert result["topology"] == {"changed": False}
+    assert result["nodes"]["drain"] == ["r01n18"]
+    assert result["adopted"] == [] and result["scancelled"] == []
 
 
 def test_a_placed_job_runs_on_exactly_the_chosen_nodes_in_one_block(cluster, adapter, fleet_of_slurm, operator):
@@ -204,7 +216,8 @@ def test_drain_and_undrain_both_ways(cluster, adapter, fleet_of_slurm):
     assert node.state == NodeState.DRAINED and "bad fan" in node.state_reason
     assert slurm_sync.sync_nodes(adapter)["drain"] == []  # idempotent
     cluster.run("scontrol", "update", "NodeName=r02n09", "State=RESUME")
-    assert slurm_sync.sync_nodes(adapter)["undrain"] == ["r02n09"]
+    # Just resumed, the node is IDLE+NOT_RESPONDING for about a second: no change until it answers.
+    cluster.wait_for(lambda: slurm_sync.sync_nodes(adapter)["undrain"] == ["r02n09"], timeout=10, what="undrain")
     assert Node.objects.get(hostname="r02n09").state == NodeState.HEALTHY
 
 
