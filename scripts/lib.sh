@@ -140,3 +140,18 @@ ensure_chromium() {
     || die "could not install chromium with apt-get; install it, or skip the browser tests with: -m 'not browser'"
   [ -x /usr/bin/chromium ] || die "apt-get installed chromium but /usr/bin/chromium is missing"
 }
+
+# 5. mmdebstrap for the Slurm tests (tests/slurm/): scripts/slurm-cluster builds its
+#    Slurm 24.11 chroot with it, once.
+ensure_mmdebstrap() {
+  command -v mmdebstrap >/dev/null && return 0
+  command -v apt-get >/dev/null \
+    || die "the Slurm tests need mmdebstrap and apt-get is not here; install mmdebstrap, or skip them with: -m 'not slurm'"
+  local sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  log "Installing mmdebstrap for the Slurm tests (apt-get)"
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq mmdebstrap >/dev/null \
+    || { $sudo apt-get update -qq >/dev/null \
+         && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq mmdebstrap >/dev/null; } \
+    || die "could not install mmdebstrap with apt-get; install it, or skip the Slurm tests with: -m 'not slurm'"
+}

@@ -177,7 +177,8 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
     try:
         yield cluster
     finally:
-        subprocess.run([str(SCRIPT), "stop"], capture_output=True, text=True, env=env, timeout=60)
+        if os.environ.get("RACKWISE_SLURM_TEST_KEEP") != "1":  # 1: leave it up to look at afterwards
+            subprocess.run([str(SCRIPT), "stop"], capture_output=True, text=True, env=env, timeout=60)
 
 
 @pytest.fixture

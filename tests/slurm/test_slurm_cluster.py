@@ -73,7 +73,9 @@ def test_requeuehold_update_release_moves_a_running_job(cluster):
 
     t0 = time.monotonic()
     cluster.run("scontrol", "requeuehold", job)
-    cluster.wait_job_state(job, "PENDING")
+    # First comes ['PENDING', 'COMPLETING']: the requeue is not done until COMPLETING is gone, and
+    # an update made before then is overwritten (the job then waits ~121 s in BeginTime).
+    cluster.wait_for(lambda: cluster.job(job)["job_state"] == ["PENDING"], what=f"job {job} only PENDING")
     cluster.run("scontrol", "update", f"JobId={job}", "NodeList=r01n09,r01n10", "StartTime=now")
     cluster.run("scontrol", "release", job)
     cluster.wait_job_state(job, "RUNNING", timeout=30)
@@ -108,6 +110,16 @@ def test_start_status_and_stop_are_idempotent(cluster):
     # A different shape is refused while it runs, with one clear line.
     other = cluster.script("start", "--racks", "3")
     assert other.returncode == 1 and other.stderr.strip().startswith("slurm-cluster: error:")
+
+
+def test_a_running_job_survives_a_slurmctld_restart(cluster):
+    job = submit(cluster, "survivor", "sleep 300", "-N", "1", "--nodelist=r02n18")
+    cluster.wait_job_state(job, "RUNNING")
+    cluster.stop_slurmctld()
+    assert cluster.script("status").returncode == 1
+    cluster.start_slurmctld()
+    assert cluster.job(job)["job_state"] == ["RUNNING"]
+    assert nodelist(cluster, job) == ["r02n18"]
 
 
 def test_stop_twice_then_start_again_gives_the_same_cluster(cluster):
