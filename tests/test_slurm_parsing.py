@@ -20,7 +20,7 @@ from fleet.cluster.base import (
     NODE_HEALTHY,
     ClusterUnavailable,
 )
-from fleet.cluster.slurm import comment_for, rackwise_job_of
+from fleet.cluster.slurm import comment_for, rackwise_job_of, segment_size
 from fleet.cluster.slurm_cli import (
     SlurmCli,
     SlurmError,
@@ -255,3 +255,17 @@ def test_a_hung_tool_times_out_as_cluster_unavailable(tmp_path):
 def test_a_missing_tool_is_cluster_unavailable(tmp_path):
     with pytest.raises(ClusterUnavailable, match="not found in RACKWISE_SLURM_BIN"):
         SlurmCli(str(tmp_path)).run("sbatch")
+
+
+@pytest.mark.parametrize(
+    ("nodes", "segments", "one_rack", "expected"),
+    [
+        (8, [["1", "2", "3", "4", "5", "6", "7", "8"]], True, 8),
+        (8, [["1", "2", "3", "4"], ["5", "6", "7", "8"]], False, 4),  # two racks, 4 each
+        (6, [["1", "2", "3", "4"], ["5", "6"]], False, None),  # unequal: the nodelist says it all
+        (4, None, True, 4),
+        (20, None, False, None),
+    ],
+)
+def test_segment_size_follows_the_placement(nodes, segments, one_rack, expected):
+    assert segment_size(nodes, segments, one_rack) == expected

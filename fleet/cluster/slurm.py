@@ -303,8 +303,8 @@ class SlurmAdapter:
         ]
         if job.num_nodes is not None:
             args += ["--exclusive", f"--gpus-per-node={job.gpus_per_node}"]
-            segment = job.segment_nodes or (len(hosts) if _one_rack(hosts) else None)
-            if segment and len(hosts) % segment == 0:
+            segment = segment_size(len(hosts), segments or (job.placement or {}).get("segments"), _one_rack(hosts))
+            if segment:
                 args.append(f"--segment={segment}")
         else:
             args.append(f"--gres=gpu:{job.num_gpus}")
@@ -418,6 +418,20 @@ class SlurmAdapter:
         if set(pending.required) != set(new):
             self._pin(found.job_id, new)
         return Outcome(DONE, external_id=found.job_id)
+
+
+def segment_size(nodes: int, segments: list | None, one_rack: bool) -> int | None:
+    """``--segment`` for a job on ``nodes`` explicit nodes: the size of its
+    placement's segments when they are all equal, else the whole job if it is
+    in one rack, else none. Slurm refuses a segment size that does not match
+    how the nodelist lies in its blocks ("Requested topology configuration is
+    not available"), so an unequal split gets no ``--segment`` at all: the
+    nodelist already says where every node goes."""
+    sizes = {len(seg) for seg in segments or [] if seg}
+    if len(sizes) == 1:
+        size = sizes.pop()
+        return size if nodes % size == 0 else None
+    return nodes if one_rack and not sizes else None
 
 
 def _after_revocation(job: SlurmJob) -> None:
