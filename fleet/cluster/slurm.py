@@ -117,6 +117,7 @@ class SlurmAdapter:
     def perform(self, action: Action | None, index: int, step: st.Step) -> Outcome:
         if isinstance(step, dict):  # a stored step (older callers)
             step = st.Step.from_dict(step)
+        self.cli.ping()
         if isinstance(step, st.Drain | st.Undrain):
             hostname = step.hostname or _hostname_of(step.node)
             state = NODE_DRAINING if isinstance(step, st.Drain) else NODE_HEALTHY
@@ -139,6 +140,7 @@ class SlurmAdapter:
         return None
 
     def cancel(self, job: Job) -> None:
+        self.cli.ping()
         found = self.find(job)
         if found is not None and not found.ended:
             self.cli.run("scancel", found.job_id)
@@ -146,6 +148,7 @@ class SlurmAdapter:
     def set_node_state(self, hostname: str, state: str, reason: str) -> None:
         """Mirror a Rackwise node change into Slurm, only if Slurm differs:
         ``State=RESUME`` on a node that is not drained or down is an error there."""
+        self.cli.ping()
         node = self.cli.node(hostname)
         if node is None:
             log.warning("node %s is not in Slurm; its %s state stays Rackwise's own", hostname, state)
@@ -160,6 +163,7 @@ class SlurmAdapter:
             self.cli.run("scontrol", "update", f"NodeName={hostname}", "State=RESUME")
 
     def node_states(self) -> dict[str, NodeReport]:
+        self.cli.ping()
         jobs_on: dict[str, list[str]] = {}
         for job in self._jobs():
             if job.state in ("RUNNING", "SUSPENDED", "CONFIGURING"):
@@ -175,6 +179,7 @@ class SlurmAdapter:
         wanted = {str(j.external_id): j.pk for j in jobs if j.external_id}
         if not wanted:
             return {}
+        self.cli.ping()
         listed = {str(item.get("job_id")): item for item in self.cli.jobs()}
         out: dict[int, JobReport] = {}
         for sid, pk in wanted.items():
@@ -190,6 +195,7 @@ class SlurmAdapter:
     def adoptable_jobs(self) -> list[JobReport]:
         """Held pending jobs in the managed partition that Rackwise did not
         submit (no ``rackwise:`` comment): users' ``sbatch --hold`` jobs."""
+        self.cli.ping()
         out = []
         for item in self.cli.jobs():
             job = SlurmJob.parse(item)
@@ -203,6 +209,7 @@ class SlurmAdapter:
         and states (``scontrol show nodes --json``), as a Topology to import."""
         from fleet.topology import slurm as slurm_topology
 
+        self.cli.ping()
         blocks = parse_show_topology(self.cli.topology())
         conf = slurm_topology.BlockConf(
             blocks=[slurm_topology.Block(name=b.name, nodes=list(b.nodes)) for b in blocks],

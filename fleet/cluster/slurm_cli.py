@@ -132,6 +132,17 @@ class SlurmCli:
             raise SlurmError(f"`{tool} {' '.join(args)}`: {text}", command=[tool, *args])
         return doc
 
+    def ping(self) -> None:
+        """``scontrol ping``: raise ClusterUnavailable at once if slurmctld is
+        down. Measured here: ping answers "is DOWN" in under 10 ms, where any
+        other client spends about 9 s retrying its connection first, so the
+        adapter pings before each step and each read."""
+        try:
+            self.run("scontrol", "ping", timeout=min(self.timeout_s, 5.0))
+        except SlurmError as exc:
+            first = str(exc).splitlines()[0] if str(exc) else "scontrol ping failed"
+            raise ClusterUnavailable(f"slurmctld unreachable: {first}") from exc
+
     # --- reads -------------------------------------------------------------------
 
     def nodes(self) -> list[dict[str, Any]]:
