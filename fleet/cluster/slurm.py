@@ -54,6 +54,7 @@ from fleet.cluster.slurm_cli import (
     NODE_DRAIN_STATES,
     NODE_FAILED_STATES,
     SlurmCli,
+    SlurmError,
     SlurmJob,
     job_report,
     node_flags,
@@ -271,12 +272,16 @@ class SlurmAdapter:
     def _allocate(self, job: Job, step: st.Allocate) -> Outcome:
         hosts = list(step.hostnames) or _hostnames_of(list(step.nodes))
         found = self.find(job)
+        adopted = bool((job.cluster_spec or {}).get("slurm", {}).get("adopted"))
         if found is None:
-            if (job.cluster_spec or {}).get("slurm", {}).get("adopted"):
+            if adopted:
                 raise StepFailed(f"the adopted Slurm job {job.external_id} is gone from Slurm")
             return Outcome(DONE, external_id=self._submit(job, hosts, step.segments))
         if found.ended:
-            raise StepFailed(f"Slurm job {found.job_id} already ended ({found.state})")
+            if adopted:
+                raise StepFailed(f"the adopted Slurm job {found.job_id} already ended ({found.state})")
+            # Its last Slurm job is over (a run Slurm ended): a new one.
+            return Outcome(DONE, external_id=self._submit(job, hosts, step.segments))
         if found.state == "RUNNING" and set(found.nodes) == set(hosts):
             return Outcome(DONE, external_id=found.job_id)
         self._hold_pending(found)
@@ -330,9 +335,12 @@ class SlurmAdapter:
         return job_id
 
     def _pin(self, job_id: str, hosts: list[str]) -> None:
+        """Put a pending job on ``hosts``, to start as soon as it is released.
+        ``Requeue=1``: an adopted job may have been submitted ``--no-requeue``,
+        and every later move of it is a ``requeuehold``."""
         self.cli.run(
             "scontrol", "update", f"JobId={job_id}", f"NodeList={','.join(hosts)}", f"NumNodes={len(hosts)}",
-            "StartTime=now",
+            "Requeue=1", "StartTime=now",
         )  # fmt: skip
 
     def _hold_pending(self, found: SlurmJob) -> SlurmJob:
@@ -343,7 +351,7 @@ class SlurmAdapter:
                 self.cli.run("scontrol", "hold", found.job_id)
             return found
         if found.state in ("RUNNING", "SUSPENDED", "CONFIGURING"):
-            self.cli.run("scontrol", "requeuehold", found.job_id)
+            self._requeuehold(found.job_id)
         # A requeued job is PENDING+COMPLETING while its nodes clean up; NodeList
         # can be changed once that is over.
         pending = self._wait(found.job_id, lambda j: j.state == "PENDING" and not j.completing, "pending")
@@ -354,6 +362,21 @@ class SlurmAdapter:
         if not pending.held:
             self.cli.run("scontrol", "hold", found.job_id)
         return pending
+
+    def _requeuehold(self, job_id: str) -> None:
+        """``scontrol requeuehold J``. Refused with "Job is pending execution"
+        while a job that just started is still being launched on its nodes
+        (measured: up to about a second after RUNNING), so that one refusal
+        is retried until ``wait_s``."""
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            try:
+                self.cli.run("scontrol", "requeuehold", job_id)
+                return
+            except SlurmError as exc:
+                if "pending execution" not in str(exc) or time.monotonic() >= deadline:
+                    raise
+            time.sleep(self.poll_s)
 
     def _intended(self, job: Job) -> list[str]:
         """Where Rackwise has the job: the hosts of its active allocations."""

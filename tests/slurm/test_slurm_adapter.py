@@ -250,7 +250,7 @@ def test_a_held_sbatch_job_is_adopted_placed_and_released(cluster, adapter, flee
     (cluster.jobs_dir / "user.sh").write_text("#!/bin/bash\nsleep 300\n")
     inside = cluster.jobs_dir_in_cluster
     sid = cluster.run(
-        "sbatch", "--parsable", "--hold", "-N", "2", "--gres=gpu:4", "--job-name=user-train",
+        "sbatch", "--parsable", "--hold", "--no-requeue", "-N", "2", "--gres=gpu:4", "--job-name=user-train",
         f"--partition={cluster.partition}", f"--chdir={inside}", f"--output={inside}/user-%j.out", f"{inside}/user.sh",
     ).stdout.strip()  # fmt: skip
     adopted = slurm_sync.adopt_held_jobs(adapter)
@@ -264,6 +264,9 @@ def test_a_held_sbatch_job_is_adopted_placed_and_released(cluster, adapter, flee
     assert allocate(adapter, job, fleet_of_slurm, chosen) == sid
     start(adapter, job)
     assert hosts_of(cluster, sid) == chosen
+    # Moved at once (it was --no-requeue, and is still being launched): held pending again.
+    assert adapter.perform(None, 2, st.Stop(job=job.pk)).status == DONE
+    assert squeue_job(cluster, sid)["hold"] is True
 
 
 def test_slurmctld_down_is_cluster_unavailable(cluster, adapter, fleet_of_slurm, operator):
