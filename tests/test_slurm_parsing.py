@@ -127,6 +127,7 @@ def test_a_node_report_carries_reason_and_jobs():
         (["FAILED"], "FAILED", JOB_FAILED),
         (["TIMEOUT"], "TIMEOUT", JOB_FAILED),
         (["NODE_FAIL"], "NODE_FAIL", JOB_FAILED),
+        (["NODE_FAIL", "REQUEUED"], "PENDING", JOB_PENDING),  # on its way back to the queue
         (["OUT_OF_MEMORY"], "OUT_OF_MEMORY", JOB_FAILED),
     ],
 )

@@ -301,6 +301,10 @@ _BASE_ORDER = (
 def job_base_state(states: Any) -> str:
     """The Slurm base state of a job's ``job_state`` list (``['PENDING', 'REQUEUED']`` -> PENDING)."""
     names = _states(states)
+    if {"REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"} & set(names) and "RUNNING" not in names:
+        # JOB_REQUEUE: a run that ended (NODE_FAIL under a DOWN node, say) on
+        # its way back to the queue; the job has not ended.
+        return "PENDING"
     for name in _BASE_ORDER:
         if name in names:
             return name
