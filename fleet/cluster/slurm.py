@@ -246,8 +246,9 @@ class SlurmAdapter:
             item = self.cli.job(job.external_id)
             if item is not None:
                 return SlurmJob.parse(item)
-        mine = [j for j in self._jobs() if rackwise_job_of(j.comment) == job.pk and not j.ended]
-        return max(mine, key=lambda j: int(j.job_id)) if mine else None
+        mine = [j for j in self._jobs() if rackwise_job_of(j.comment) == job.pk]
+        live = [j for j in mine if not j.ended]
+        return max(live or mine, key=lambda j: int(j.job_id)) if mine else None
 
     def _get(self, job_id: str) -> SlurmJob:
         item = self.cli.job(job_id)
@@ -272,16 +273,11 @@ class SlurmAdapter:
     def _allocate(self, job: Job, step: st.Allocate) -> Outcome:
         hosts = list(step.hostnames) or _hostnames_of(list(step.nodes))
         found = self.find(job)
-        adopted = bool((job.cluster_spec or {}).get("slurm", {}).get("adopted"))
         if found is None:
-            if adopted:
-                raise StepFailed(f"the adopted Slurm job {job.external_id} is gone from Slurm")
+            _may_submit(job)
             return Outcome(DONE, external_id=self._submit(job, hosts, step.segments))
         if found.ended:
-            if adopted:
-                raise StepFailed(f"the adopted Slurm job {found.job_id} already ended ({found.state})")
-            # Its last Slurm job is over (a run Slurm ended): a new one.
-            return Outcome(DONE, external_id=self._submit(job, hosts, step.segments))
+            raise StepFailed(_ended(job, found))
         if found.state == "RUNNING" and set(found.nodes) == set(hosts):
             return Outcome(DONE, external_id=found.job_id)
         self._hold_pending(found)
@@ -394,11 +390,10 @@ class SlurmAdapter:
             # allocates inline): submit now, on the job's allocation.
             if not hosts:
                 raise StepFailed(f"job #{job.pk} has no Slurm job and holds no nodes to start on")
-            if (job.cluster_spec or {}).get("slurm", {}).get("adopted"):
-                raise StepFailed(f"the adopted Slurm job {job.external_id} is gone from Slurm")
+            _may_submit(job)
             found = self._get(self._submit(job, hosts, None))
         if found.ended:
-            raise StepFailed(f"Slurm job {found.job_id} already ended ({found.state})")
+            raise StepFailed(_ended(job, found))
         if found.state == "RUNNING":
             if not hosts or set(found.nodes) == set(hosts):
                 return Outcome(DONE, external_id=found.job_id)
@@ -462,6 +457,23 @@ def segment_size(nodes: int, segments: list | None, one_rack: bool) -> int | Non
         size = sizes.pop()
         return size if nodes % size == 0 else None
     return nodes if one_rack and not sizes else None
+
+
+def _may_submit(job: Job) -> None:
+    """A job gets a Slurm job once: never again once it had one (a Slurm job
+    that ended, or was purged, may have done the work; submitting again could
+    run it twice). The cluster sync reports how it ended instead."""
+    if (job.cluster_spec or {}).get("slurm", {}).get("adopted"):
+        raise StepFailed(f"the adopted Slurm job {job.external_id} is gone from Slurm")
+    if job.external_id:
+        raise StepFailed(f"Slurm no longer knows job {job.external_id} of job #{job.pk}; it is not submitted twice")
+
+
+def _ended(job: Job, found: SlurmJob) -> str:
+    return (
+        f"Slurm job {found.job_id} of job #{job.pk} already ended ({found.state}); "
+        "the cluster sync ends the Rackwise job"
+    )
 
 
 def _after_revocation(job: SlurmJob) -> None:

@@ -23,6 +23,7 @@ from fleet.cluster.base import (
     NODE_FAILED,
     NODE_HEALTHY,
     ClusterUnavailable,
+    StepFailed,
 )
 from fleet.cluster.slurm import SlurmAdapter
 from fleet.models import Job, Node, Rack, Tenant
@@ -233,6 +234,10 @@ def test_job_states_after_scancel_and_after_a_job_ends(cluster, adapter, fleet_o
     reports = adapter.job_states([short, long])
     assert reports[short.pk].state == JOB_COMPLETED and reports[short.pk].ended_at is not None
     assert reports[long.pk].state == JOB_CANCELLED
+    # A job is never submitted twice: its Slurm job ended, so placing it again fails.
+    short.refresh_from_db()
+    with pytest.raises(StepFailed, match="already ended"):
+        allocate(adapter, short, fleet_of_slurm, ["r02n03"])
 
 
 def test_a_rackwise_cancel_and_reconcile_scancel_the_slurm_job(cluster, adapter, fleet_of_slurm, operator):
