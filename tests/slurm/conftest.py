@@ -88,10 +88,18 @@ class SlurmCluster:
                 pytest.fail(f"timed out after {timeout} s waiting for {what}")
             time.sleep(interval)
 
-    def wait_job_state(self, job_id: int | str, *states: str, timeout: float = 20) -> dict[str, Any]:
-        """Wait until the job's state includes one of ``states`` (e.g. "RUNNING"); return the job."""
+    def wait_job_state(self, job_id: int | str, *states: str, timeout: float = 20,
+                       exact: bool = False) -> dict[str, Any]:
+        """Wait until the job's state list includes one of ``states`` (e.g. "RUNNING"); return the job.
+
+        With ``exact``, the list must be just that one state: after ``requeuehold`` the job is first
+        ``['PENDING', 'COMPLETING']``, and an update made before COMPLETING is gone is overwritten
+        by the requeue (the job then waits ~121 s in BeginTime).
+        """
         def reached():
             job = self.job(job_id)
+            if exact:
+                return job if job["job_state"] in ([s] for s in states) else None
             return job if set(job["job_state"]) & set(states) else None
         return self.wait_for(reached, timeout=timeout, what=f"job {job_id} in {states}")
 

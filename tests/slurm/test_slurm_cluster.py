@@ -75,7 +75,7 @@ def test_requeuehold_update_release_moves_a_running_job(cluster):
     cluster.run("scontrol", "requeuehold", job)
     # First comes ['PENDING', 'COMPLETING']: the requeue is not done until COMPLETING is gone, and
     # an update made before then is overwritten (the job then waits ~121 s in BeginTime).
-    cluster.wait_for(lambda: cluster.job(job)["job_state"] == ["PENDING"], what=f"job {job} only PENDING")
+    cluster.wait_job_state(job, "PENDING", exact=True)
     cluster.run("scontrol", "update", f"JobId={job}", "NodeList=r01n09,r01n10", "StartTime=now")
     cluster.run("scontrol", "release", job)
     cluster.wait_job_state(job, "RUNNING", timeout=30)
