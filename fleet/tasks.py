@@ -19,7 +19,7 @@ from fleet import locks
 from fleet.choices import ActionState, JobState
 from fleet.models import Action, Job
 from fleet.services import actions as action_services
-from fleet.services import audit, scheduling
+from fleet.services import audit, cluster_sync, scheduling
 from fleet.services import defrag as defrag_services
 from fleet.services import jobs as job_services
 from fleet.services import nodes as node_services
@@ -120,11 +120,15 @@ def execute_action(action_id: int) -> str:
     """Carry out an action step by step. The per-action lock keeps a duplicate
     delivery from running the same step twice at once; the step counter, moved
     under the row lock with the step's database change, makes each step count
-    once."""
+    once. A step the cluster could not be reached for is tried again later
+    (``retry_in``, the service's backoff), by this task re-sent with a countdown."""
     try:
         with locks.action_lock(action_id) as lock:
             while True:
                 result = action_services.execute_next_step(action_id)
+                if result.retry_in is not None:
+                    execute_action.apply_async((action_id,), countdown=result.retry_in)
+                    return result.message
                 if not result.more:
                     return result.message
                 lock.extend(settings.RACKWISE_STALL_S, replace_ttl=True)
@@ -132,17 +136,10 @@ def execute_action(action_id: int) -> str:
         return "another worker is executing it"
 
 
-@shared_task(name="fleet.tasks.simulated_job_end", **TASK_OPTIONS)
-def simulated_job_end(job_id: int, attempt: int) -> str:
-    """A simulated job reaches the end of its expected duration."""
-    job = Job.objects.filter(pk=job_id).first()
-    if job is None or job.state != JobState.RUNNING or job.attempt != attempt:
-        return "stale"
-    try:
-        job_services.finish_job(None, job_id, succeeded=True, reason="completed (simulated)")
-    except Conflict as exc:
-        return str(exc)
-    return "completed"
+@shared_task(name="fleet.tasks.sync_cluster", **TASK_OPTIONS)
+def sync_cluster() -> dict:
+    """Apply what the cluster says (jobs that ended there); idempotent."""
+    return cluster_sync.sync()
 
 
 @shared_task(name="fleet.tasks.detect_failures", **TASK_OPTIONS)
@@ -162,7 +159,7 @@ def reconcile() -> dict:
 def reconcile_once(now=None) -> dict:
     now = now or timezone.now()
     stall = timedelta(seconds=settings.RACKWISE_STALL_S)
-    done: dict[str, list] = {"executing": [], "recovering": [], "released": [], "requeued": [], "finished": []}
+    done: dict[str, list] = {"executing": [], "recovering": [], "released": [], "requeued": []}
 
     # 1. Approved actions, and executing ones with no progress for a while whose
     #    worker is gone (its lock lapsed), go back to the workers.
@@ -192,15 +189,8 @@ def reconcile_once(now=None) -> dict:
     # 4. Draining nodes left empty by a release that could not take their lock.
     done["drained"] = node_services.settle_drained_nodes()
 
-    # 5. Simulated jobs whose end message was lost.
-    if settings.RACKWISE_EXECUTOR == "simulated":
-        for job in Job.objects.filter(state=JobState.RUNNING, expected_duration_s__isnull=False).exclude(pk__in=busy):
-            end = job.started_at + timedelta(seconds=job.expected_duration_s * settings.RACKWISE_SIM_TIME_SCALE)
-            if end + stall <= now:
-                simulated_job_end.delay(job.pk, job.attempt)
-                done["finished"].append(job.pk)
-
-    # 6. And a scheduling pass if anything waits.
+    # 5. And a scheduling pass if anything waits. (Jobs that ended in the
+    #    cluster are the periodic sync's: fleet.tasks.sync_cluster.)
     if Job.objects.filter(state=JobState.PENDING).exclude(pk__in=busy).exists():
         schedule_pending.delay()
     return done
@@ -275,6 +265,6 @@ __all__ = [
     "recover_job",
     "sample_fleet",
     "schedule_pending",
-    "simulated_job_end",
     "sweep_webhooks",
+    "sync_cluster",
 ]

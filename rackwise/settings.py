@@ -3,7 +3,9 @@ environment (see README, "Configuration"); parsing is strict and fails loudly.""
 
 from __future__ import annotations
 
+import logging
 import secrets
+import warnings
 from pathlib import Path
 
 import dj_database_url
@@ -174,18 +176,32 @@ CELERY_TASK_ROUTES = {
 RACKWISE_POLICY = env_choice(
     "RACKWISE_POLICY", "rackwise", ("rackwise", "first-fit", "random", "slurm-block", "kueue-tas")
 )
-# How steps are carried out: "simulated" (delays, optional injected failures) or
-# "webhook" (each step POSTed, HMAC-signed, to RACKWISE_WEBHOOK_URL; a signed
-# callback to /api/actions/<id>/callback/ completes it).
-RACKWISE_EXECUTOR = env_choice("RACKWISE_EXECUTOR", "simulated", ("simulated", "webhook"))
+# The cluster Rackwise drives (fleet.cluster): "simulated" (delays, optional
+# injected failures, jobs that end after their expected duration), "webhook"
+# (each step POSTed, HMAC-signed, to RACKWISE_WEBHOOK_URL; a signed callback to
+# /api/actions/<id>/callback/ completes it) or "slurm".
+# RACKWISE_EXECUTOR is the old name of this setting: still read, for one
+# release, when RACKWISE_CLUSTER is not set, with a DeprecationWarning.
+_CLUSTER_KINDS = ("simulated", "webhook", "slurm")
+if (env_str("RACKWISE_CLUSTER") or "").strip() or not (env_str("RACKWISE_EXECUTOR") or "").strip():
+    RACKWISE_CLUSTER = env_choice("RACKWISE_CLUSTER", "simulated", _CLUSTER_KINDS)
+else:
+    RACKWISE_CLUSTER = env_choice("RACKWISE_EXECUTOR", "simulated", _CLUSTER_KINDS)
+    _deprecated = "RACKWISE_EXECUTOR is deprecated and will be removed in the next release; set RACKWISE_CLUSTER instead"
+    warnings.warn(_deprecated, DeprecationWarning, stacklevel=1)
+    logging.getLogger("rackwise.settings").warning(_deprecated)
+# How often the cluster is asked what it did (jobs ended, cancelled): the
+# fleet.tasks.sync_cluster beat task. The simulated cluster also asks for a sync
+# when a job is due to end, so demo jobs complete on time whatever this is.
+RACKWISE_CLUSTER_SYNC_S = env_int("RACKWISE_CLUSTER_SYNC_S", 15, minimum=1)
 RACKWISE_WEBHOOK_URL = env_str("RACKWISE_WEBHOOK_URL", "")
 RACKWISE_WEBHOOK_SECRET = env_str("RACKWISE_WEBHOOK_SECRET", "")
 RACKWISE_WEBHOOK_TIMEOUT_S = env_float("RACKWISE_WEBHOOK_TIMEOUT_S", 600.0, minimum=1.0)
-if RACKWISE_EXECUTOR == "webhook" and not (RACKWISE_WEBHOOK_URL and RACKWISE_WEBHOOK_SECRET):
+if RACKWISE_CLUSTER == "webhook" and not (RACKWISE_WEBHOOK_URL and RACKWISE_WEBHOOK_SECRET):
     raise ImproperlyConfigured(
-        "RACKWISE_EXECUTOR=webhook needs RACKWISE_WEBHOOK_URL and RACKWISE_WEBHOOK_SECRET"
+        "RACKWISE_CLUSTER=webhook needs RACKWISE_WEBHOOK_URL and RACKWISE_WEBHOOK_SECRET"
     )
-# Simulated executor: seconds per step unit, chance that a step fails, and how
+# Simulated cluster: seconds per step unit, chance that a step fails, and how
 # many real seconds one second of a simulated job's expected duration takes.
 RACKWISE_SIM_STEP_SECONDS = env_float("RACKWISE_SIM_STEP_SECONDS", 1.0, minimum=0.0)
 RACKWISE_SIM_FAILURE_RATE = env_float("RACKWISE_SIM_FAILURE_RATE", 0.0, minimum=0.0)
@@ -262,7 +278,7 @@ RACKWISE_DECISION_LOCK_TTL_S = env_float("RACKWISE_DECISION_LOCK_TTL_S", 15.0, m
 # --- Intake bounds (webhook targets, topology import) --------------------------------
 # Event webhooks go to public addresses only; these networks (CIDRs) are allowed
 # too, for receivers the operator runs inside the network. Empty by default.
-# (The webhook executor, RACKWISE_WEBHOOK_URL, is operator configuration and not
+# (The webhook cluster adapter, RACKWISE_WEBHOOK_URL, is operator configuration and not
 # checked against this list.)
 RACKWISE_WEBHOOK_ALLOW_NETS = env_cidrs("RACKWISE_WEBHOOK_ALLOW_NETS", [])
 # import_topology: the most GPUs a node may report (NVL72 trays have 4, HGX 8),

@@ -1,5 +1,5 @@
 """The actions API: who may decide, the approval policy, defrag requests, and
-the webhook executor's signed callbacks."""
+the webhook cluster's signed callbacks."""
 
 from __future__ import annotations
 
@@ -123,14 +123,14 @@ class _Receiver(BaseHTTPRequestHandler):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_webhook_executor_posts_signed_steps_and_waits_for_signed_callbacks(live_server, fleet, submitter_client, settings):
+def test_the_webhook_cluster_posts_signed_steps_and_waits_for_signed_callbacks(live_server, fleet, submitter_client, settings):
     secret = "s3cret-for-tests"
     settings.RACKWISE_WEBHOOK_SECRET = secret
     _Receiver.secret, _Receiver.callback_base, _Receiver.received = secret, live_server.url, []
     server = HTTPServer(("127.0.0.1", 0), _Receiver)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     env = {
-        "RACKWISE_EXECUTOR": "webhook",
+        "RACKWISE_CLUSTER": "webhook",
         "RACKWISE_WEBHOOK_URL": f"http://127.0.0.1:{server.server_port}/steps",
         "RACKWISE_WEBHOOK_SECRET": secret,
     }

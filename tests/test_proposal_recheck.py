@@ -17,7 +17,6 @@ from django.conf import settings
 from django.test import Client
 
 from fleet.choices import ActionKind, ActionState, JobState, WebhookEvent
-from fleet.executors import DONE
 from fleet.models import Action, AuditEvent, Job, Node, WebhookDelivery
 from fleet.services import action_lifecycle, proposals
 from fleet.services import actions as action_services
@@ -27,20 +26,10 @@ from fleet.services.errors import Conflict
 from fleet.services.jobs import JobSpec, apply_placement, finish_job, start_job, submit_job
 from fleet.services.recovery import plan_recovery
 from rackwise.asgi import application
-from tests.support import nodes_of, wait_for, workers
+from tests.support import InstantAdapter, nodes_of, wait_for, workers
 from tests.webhook_receiver import subscribe
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-class InstantExecutor:
-    """Carries out every step at once (the database side is the real service)."""
-
-    def perform(self, action, index, step) -> str:
-        return DONE
-
-    def after_step(self, action, index, step) -> None:
-        return None
 
 
 def _run(submitter, rack, slots, *, name: str, priority: int, preemptible: bool) -> Job:
@@ -121,7 +110,7 @@ def _finished_deliveries(action_id: int) -> list[dict]:
 
 
 def _execute(action_id: int) -> None:
-    while action_services.execute_next_step(action_id, executor=InstantExecutor()).more:
+    while action_services.execute_next_step(action_id, adapter=InstantAdapter()).more:
         pass
 
 

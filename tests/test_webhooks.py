@@ -17,25 +17,14 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from fleet.choices import ActionKind, ActionState, DeliveryState, JobState, WebhookEvent
-from fleet.executors import DONE
 from fleet.models import Job, Node, WebhookDelivery
 from fleet.services import actions as action_services
 from fleet.services import scheduling
 from fleet.services import webhooks as webhook_services
 from fleet.services.jobs import JobSpec, apply_placement, start_job, submit_job
 from fleet.tasks import sweep_webhooks
-from tests.support import Worker, flush_broker, wait_for
+from tests.support import InstantAdapter, Worker, flush_broker, wait_for
 from tests.webhook_receiver import ALLOW_LOOPBACK_ENV, deliver_all, subscribe
-
-
-class InstantExecutor:
-    """Carries out every step at once (the database side is the real service)."""
-
-    def perform(self, action, index, step) -> str:
-        return DONE
-
-    def after_step(self, action, index, step) -> None:
-        return None
 
 
 def _running_job(submitter, rack, slots: range) -> Job:
@@ -119,7 +108,7 @@ def test_an_action_sends_proposed_approved_and_finished_with_its_final_state(
         operator_client.post(f"/api/actions/{action.pk}/approve/", {"note": "go"}, format="json").status_code
         == 200
     )
-    while action_services.execute_next_step(action.pk, executor=InstantExecutor()).more:
+    while action_services.execute_next_step(action.pk, adapter=InstantAdapter()).more:
         pass
 
     deliver_all()

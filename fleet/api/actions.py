@@ -1,5 +1,5 @@
 """API for actions: the approval queue, operator decisions, defrag requests,
-the approval policy, and the webhook executor's callbacks."""
+the approval policy, the webhook cluster's callbacks, and the step kinds."""
 
 from __future__ import annotations
 
@@ -10,14 +10,16 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from fleet import executors, redact
+from fleet import redact
 from fleet.api.serializers import MAX_INT32, FiniteFloatField
 from fleet.choices import ActionKind, ApprovalMode
+from fleet.cluster import steps
 from fleet.filtersets import ActionFilterSet
 from fleet.locks import Busy, decisions
 from fleet.models import Action
 from fleet.permissions import tenant_ids_of, visible_actions
 from fleet.services import actions as action_services
+from fleet.services import callbacks as callback_services
 from fleet.services import defrag as defrag_services
 
 # The schema's bound; RACKWISE_DEFRAG_MAX_BUDGET_GPU_HOURS (checked by the service) may be lower.
@@ -165,13 +167,13 @@ class ApprovalPolicyView(APIView):
 
 
 class ActionCallbackView(APIView):
-    """Signed callbacks from the webhook executor (HMAC, no user login)."""
+    """Signed callbacks from the webhook cluster's receiver (HMAC, no user login)."""
 
     authentication_classes: list = []
     permission_classes = [AllowAny]
 
     @extend_schema(
-        request=inline_serializer("StepCallback", {"action_id": serializers.IntegerField(help_text="The action of the step, as the step's POST said."), "step_index": serializers.IntegerField(), "status": serializers.ChoiceField(choices=["succeeded", "failed"]), "message": serializers.CharField(required=False)}),
+        request=inline_serializer("StepCallback", {"action_id": serializers.IntegerField(help_text="The action of the step, as the step's POST said."), "step_index": serializers.IntegerField(), "status": serializers.ChoiceField(choices=["succeeded", "failed"]), "message": serializers.CharField(required=False), "external_id": serializers.CharField(required=False, max_length=64, help_text="The job's id in the receiver's cluster.")}),
         responses={
             202: inline_serializer("StepCallbackAccepted", {"status": serializers.CharField(), "message": serializers.CharField()}),
             400: OpenApiResponse(description="Malformed body."),
@@ -182,11 +184,31 @@ class ActionCallbackView(APIView):
     )
     def post(self, request, pk: int):
         # The signature is checked first (in record_callback): the state of an
-        # action is nobody's business until the caller proves it is the executor.
+        # action is nobody's business until the caller proves it is the receiver.
         try:
-            result = executors.record_callback(pk, request.body, request.headers.get("X-Rackwise-Signature"))
+            result = callback_services.record_callback(pk, request.body, request.headers.get("X-Rackwise-Signature"))
         except PermissionError as exc:
             return Response({"detail": str(exc)}, status=status.HTTP_403_FORBIDDEN)
         except ValueError as exc:
             return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
         return Response(result, status=status.HTTP_202_ACCEPTED)
+
+
+class StepKindSerializer(serializers.Serializer):
+    op = serializers.CharField()
+    label = serializers.CharField()
+    description = serializers.CharField()
+    effect = serializers.ChoiceField(
+        choices=["allocate", "swap", "release", "drain", "undrain", "none"],
+        help_text="What the step does to the racks' picture (the console's before/after grids).",
+    )
+    fields = serializers.ListField(child=serializers.CharField(), help_text="The keys a stored step of this kind may have, besides op.")
+
+
+class StepKindsView(APIView):
+    """The kinds of step an action is made of (fleet.cluster.steps), for any
+    signed-in reader; the console's action page draws plans from this list."""
+
+    @extend_schema(responses=StepKindSerializer(many=True))
+    def get(self, request):
+        return Response(StepKindSerializer(steps.kinds(), many=True).data)

@@ -1,6 +1,7 @@
 """Map service errors to HTTP: InvalidInput 400 (field messages), NotAllowed 403,
-Conflict 409, a missing object 404; a database that does not answer 503 with
-Retry-After (the request may be retried; a job submission with an
+Conflict 409, a missing object 404; a cluster that did not take a change
+(ClusterDown) 503 with Retry-After, nothing changed; a database that does not
+answer 503 with Retry-After (the request may be retried; a job submission with an
 Idempotency-Key is safe to retry)."""
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from fleet.services.errors import Conflict, InvalidInput, NotAllowed
+from fleet.services.errors import ClusterDown, Conflict, InvalidInput, NotAllowed
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,13 @@ def exception_handler(exc, context):
         return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
     if isinstance(exc, NotAllowed):
         return Response({"detail": str(exc)}, status=status.HTTP_403_FORBIDDEN)
+    if isinstance(exc, ClusterDown):
+        log.warning("cluster unavailable, answered 503: %s", exc)
+        return Response(
+            {"detail": str(exc)},
+            status=status.HTTP_503_SERVICE_UNAVAILABLE,
+            headers={"Retry-After": str(exc.retry_after_s)},
+        )
     if isinstance(exc, ObjectDoesNotExist):
         return Response({"detail": "Not found."}, status=status.HTTP_404_NOT_FOUND)
     if isinstance(exc, DATABASE_ERRORS):

@@ -9,7 +9,7 @@ Which operation gets which (a generated client then knows them all):
 
 1. 400: writes (a body is parsed) and reads with query parameters (filters,
    ``limit``/``offset``, ``ids``, ``hours``).
-2. 401: every operation with an authentication scheme (not the executor's
+2. 401: every operation with an authentication scheme (not the webhook cluster's
    HMAC-signed callback, which takes no login).
 3. 403: every operation (a role, an agent token or a signature is checked).
 4. 404: operations on one object (a path parameter).
@@ -17,8 +17,8 @@ Which operation gets which (a generated client then knows them all):
 6. 409: writes (a service refuses a state change), and reads a view names in
    ``conflict_actions`` (a job's export, 409 until the job is placed).
 7. 429: every operation (throttled).
-8. 503: every operation (the database is not answering; Retry-After says when
-   to try again).
+8. 503: every operation (the database, or for a node change the cluster, is
+   not answering; Retry-After says when to try again).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ DESCRIPTIONS = {
     409: "Conflicts with the object's current state.",
     415: "The body's Content-Type is not one the API parses (JSON, form, multipart).",
     429: "Too many requests; retry after the time in Retry-After.",
-    503: "The database is not answering; retry after the time in Retry-After.",
+    503: "The database (or, for a node change, the cluster) is not answering; nothing changed; retry after the time in Retry-After.",
 }
 WRITES = {"POST", "PUT", "PATCH", "DELETE"}
 

@@ -22,6 +22,58 @@ class FiniteFloatField(serializers.FloatField):
         return value
 
 
+SLURM_NAME = r"^[A-Za-z0-9_.+-]{1,64}$"  # a partition or an account
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+MAX_SCRIPT_CHARS = 100_000
+MAX_ENV_VARS = 100
+
+
+class SlurmSpecSerializer(serializers.Serializer):
+    """How Slurm runs the job: a batch script, or a command run with ``srun`` on
+    every node. Rackwise adds the nodes, the segment and the GPUs."""
+
+    script = serializers.CharField(
+        max_length=MAX_SCRIPT_CHARS, required=False, trim_whitespace=False,
+        help_text="A batch script starting with #! (e.g. #!/bin/bash).",
+    )
+    command = serializers.CharField(
+        max_length=10_000, required=False, help_text="A command line, run with srun on every node of the job."
+    )
+    partition = serializers.RegexField(
+        SLURM_NAME, required=False, error_messages={"invalid": "a partition name is 1-64 of A-Z a-z 0-9 _ . + -"}
+    )
+    account = serializers.RegexField(
+        SLURM_NAME, required=False, error_messages={"invalid": "an account name is 1-64 of A-Z a-z 0-9 _ . + -"}
+    )
+    time_limit_min = serializers.IntegerField(
+        required=False, min_value=1, max_value=366 * 24 * 60, help_text="Slurm's --time, in minutes."
+    )
+    env = serializers.DictField(
+        child=serializers.CharField(max_length=4096, allow_blank=True, trim_whitespace=False),
+        required=False,
+        help_text="Extra environment variables for the job.",
+    )
+
+    def validate_env(self, env: dict) -> dict:
+        import re
+
+        if len(env) > MAX_ENV_VARS:
+            raise serializers.ValidationError(f"at most {MAX_ENV_VARS} variables")
+        bad = sorted(k for k in env if not re.match(ENV_NAME, k))
+        if bad:
+            raise serializers.ValidationError(f"not a variable name: {', '.join(bad)[:200]} (use A-Z, 0-9 and _)")
+        return env
+
+    def validate(self, attrs: dict) -> dict:
+        if ("script" in attrs) == ("command" in attrs):
+            raise serializers.ValidationError({"script": ["give either script or command (one of them)"]})
+        if "script" in attrs and not attrs["script"].startswith("#!"):
+            raise serializers.ValidationError({"script": ["a batch script must start with #! (e.g. #!/bin/bash)"]})
+        if "command" in attrs and not attrs["command"].strip():
+            raise serializers.ValidationError({"command": ["must not be blank"]})
+        return attrs
+
+
 class JobSubmitSerializer(serializers.Serializer):
     """A job request. Give ``num_gpus``, or ``num_nodes`` with ``gpus_per_node``."""
 
@@ -47,6 +99,9 @@ class JobSubmitSerializer(serializers.Serializer):
     # Capped at the column's range (PositiveIntegerField), so a huge value is a 400, not a 500.
     checkpoint_interval_s = serializers.IntegerField(default=3600, min_value=60, max_value=2**31 - 1)
     expected_duration_s = serializers.IntegerField(required=False, min_value=1, max_value=2**31 - 1)
+    slurm = SlurmSpecSerializer(
+        required=False, help_text="How Slurm runs the job; required when Rackwise drives Slurm (RACKWISE_CLUSTER=slurm)."
+    )
     idempotency_key = serializers.CharField(
         max_length=200,
         required=False,
@@ -55,6 +110,12 @@ class JobSubmitSerializer(serializers.Serializer):
     )
 
     def validate(self, attrs: dict) -> dict:
+        from django.conf import settings
+
+        if getattr(settings, "RACKWISE_CLUSTER", "simulated") == "slurm" and "slurm" not in attrs:
+            raise serializers.ValidationError(
+                {"slurm": ["this fleet runs on Slurm: give slurm.script (a batch script) or slurm.command"]}
+            )
         header = self.context.get("idempotency_key_header")
         if header is not None:
             header = header.strip()
@@ -88,9 +149,22 @@ class JobSerializer(serializers.ModelSerializer):
             "id", "name", "owner", "tenant", "num_gpus", "num_nodes", "gpus_per_node",
             "segment_nodes", "locality", "priority", "preemptible", "checkpoint_interval_s",
             "expected_duration_s", "state", "state_reason", "placement", "allocated",
-            "submitted_at", "placed_at", "started_at", "finished_at",
+            "submitted_at", "placed_at", "started_at", "finished_at", "external_id", "slurm",
         ]
         read_only_fields = fields
+
+    slurm = serializers.SerializerMethodField()
+
+    def get_slurm(self, job: Job) -> dict | None:
+        """The job's Slurm section; environment values are left out (they may
+        hold secrets), their names kept."""
+        spec = (job.cluster_spec or {}).get("slurm")
+        if spec is None:
+            return None
+        out = {k: v for k, v in spec.items() if k != "env"}
+        if "env" in spec:
+            out["env_names"] = sorted(spec["env"])
+        return out
 
     def get_allocated(self, job: Job) -> list[dict]:
         """The GPUs the job holds now, grouped by node."""

@@ -20,6 +20,7 @@ urlpatterns = [
     path("console/racks/", console.ConsoleRacksView.as_view(), name="console-racks"),
     path("console/samples/", console.FleetSamplesView.as_view(), name="console-samples"),
     path("approval-policy/", actions.ApprovalPolicyView.as_view(), name="approval-policy"),
+    path("step-kinds/", actions.StepKindsView.as_view(), name="step-kinds"),
     path("actions/<int:pk>/callback/", actions.ActionCallbackView.as_view(), name="action-callback"),
     path("nodes/<int:pk>/heartbeat/", agent.NodeHeartbeatView.as_view(), name="node-heartbeat"),
     path("nodes/<int:pk>/agent-token/", agent.NodeAgentTokenView.as_view(), name="node-agent-token"),

@@ -9,7 +9,7 @@ database live in :mod:`fleet.services.steps`; the cluster side is the adapter's.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
 
@@ -20,6 +20,11 @@ class StepError(ValueError):
 @dataclass(frozen=True)
 class Step:
     op: ClassVar[str]
+    # For people and the console (GET /api/step-kinds/): a short label, and what
+    # the step does to the racks' picture (the console's before/after grids):
+    # allocate | swap | release | drain | undrain | none.
+    label: ClassVar[str] = ""
+    effect: ClassVar[str] = "none"
     # Every step names either a job or a node.
     job: int | None = None
 
@@ -54,6 +59,8 @@ class Allocate(Step):
     """Bind a job to GPUs: ``nodes`` maps node id -> GPU indices on it."""
 
     op: ClassVar[str] = "allocate"
+    label: ClassVar[str] = "Allocate"
+    effect: ClassVar[str] = "allocate"
     nodes: dict[int, list[int]] = field(default_factory=dict)
     segments: list[list[int]] | None = None
     hostnames: list[str] = field(default_factory=list)
@@ -88,6 +95,7 @@ class Start(Step):
     """The job's processes start on its allocation (placed -> running)."""
 
     op: ClassVar[str] = "start"
+    label: ClassVar[str] = "Start"
 
 
 @dataclass(frozen=True)
@@ -95,6 +103,7 @@ class Restart(Step):
     """Start again after a swap, from the last checkpoint (recovering -> running)."""
 
     op: ClassVar[str] = "restart"
+    label: ClassVar[str] = "Restart"
 
 
 @dataclass(frozen=True)
@@ -102,6 +111,7 @@ class Checkpoint(Step):
     """Ask the job to save its state before it is moved."""
 
     op: ClassVar[str] = "checkpoint"
+    label: ClassVar[str] = "Checkpoint"
 
 
 @dataclass(frozen=True)
@@ -109,6 +119,8 @@ class Stop(Step):
     """Stop the job's processes and release its GPUs; the action holds it."""
 
     op: ClassVar[str] = "stop"
+    label: ClassVar[str] = "Stop"
+    effect: ClassVar[str] = "release"
 
 
 @dataclass(frozen=True)
@@ -116,11 +128,17 @@ class Preempt(Step):
     """Stop a lower-priority job to make room; it goes back to the queue."""
 
     op: ClassVar[str] = "preempt"
+    label: ClassVar[str] = "Preempt"
+    effect: ClassVar[str] = "release"
 
 
 @dataclass(frozen=True)
 class Requeue(Step):
+    """Stop the job and put it back in the queue."""
+
     op: ClassVar[str] = "requeue"
+    label: ClassVar[str] = "Requeue"
+    effect: ClassVar[str] = "release"
     reason: str = ""
 
     @classmethod
@@ -135,6 +153,8 @@ class Swap(Step):
     ``swaps`` maps node id -> node id, ``hostname_swaps`` the same by hostname."""
 
     op: ClassVar[str] = "swap"
+    label: ClassVar[str] = "Swap nodes"
+    effect: ClassVar[str] = "swap"
     swaps: dict[int, int] = field(default_factory=dict)
     hostname_swaps: dict[str, str] = field(default_factory=dict)
 
@@ -180,15 +200,40 @@ class _NodeStep(Step):
 
 @dataclass(frozen=True)
 class Drain(_NodeStep):
+    """Stop new work landing on a node; the jobs on it finish where they are."""
+
     op: ClassVar[str] = "drain"
+    label: ClassVar[str] = "Drain node"
+    effect: ClassVar[str] = "drain"
 
 
 @dataclass(frozen=True)
 class Undrain(_NodeStep):
+    """A drained (or draining) node takes new work again."""
+
     op: ClassVar[str] = "undrain"
+    label: ClassVar[str] = "Undrain node"
+    effect: ClassVar[str] = "undrain"
 
 
 KINDS: dict[str, type[Step]] = {
     cls.op: cls
     for cls in (Allocate, Start, Restart, Checkpoint, Stop, Preempt, Requeue, Swap, Drain, Undrain)
 }
+
+
+def kinds() -> list[dict[str, Any]]:
+    """Every step kind, for the API and the console: op, label, description
+    (the class docstring), effect on the racks' picture, and its fields."""
+    out = []
+    for op, cls in KINDS.items():
+        out.append(
+            {
+                "op": op,
+                "label": cls.label or op,
+                "description": " ".join((cls.__doc__ or "").split()),
+                "effect": cls.effect,
+                "fields": [f.name for f in fields(cls) if not (f.name == "job" and issubclass(cls, _NodeStep))],
+            }
+        )
+    return out

@@ -43,9 +43,9 @@ class Action(models.Model):
     decision_note = models.CharField(max_length=500, blank=True, default="")
     step_index = models.PositiveIntegerField(default=0, help_text="Steps completed so far.")
     progress = models.FloatField(default=0.0, help_text="0..1")
-    # When the step in flight was handed to the executor (webhook: the POST).
+    # When the step in flight was handed to the cluster adapter (webhook: the POST).
     step_started_at = models.DateTimeField(null=True, blank=True)
-    # Webhook executor: results reported by signed callbacks, by step index.
+    # Webhook cluster: results reported by signed callbacks, by step index.
     callbacks = models.JSONField(default=dict, blank=True)
     log = models.JSONField(default=list, blank=True)
     error = models.TextField(blank=True, default="")

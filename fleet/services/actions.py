@@ -5,20 +5,12 @@ Every state change goes through :mod:`fleet.services.action_lifecycle` (a row
 lock and a check against its table of transitions), so a task delivered twice
 does the work once and every end is audited, announced and settled alike.
 
-Step ops and what each does to the database (after the executor has done its
-part in the cluster):
-
-=========== ========================================================
-allocate    bind a pending job to the planned GPUs (``apply_placement``)
-start       the job's processes are up: placed|recovering -> running
-restart     same as start, after a swap (restart from the checkpoint)
-checkpoint  nothing in the database (the executor checkpoints)
-stop        release the job's GPUs; it waits, held by this action
-preempt     release a victim's GPUs; it goes back to the queue
-requeue     release the job's GPUs; it goes back to the queue
-swap        move the job off failed nodes onto spares in the same rack
-drain       drain a node
-=========== ========================================================
+Each step is a typed step (:mod:`fleet.cluster.steps`); the cluster adapter
+(:mod:`fleet.cluster`, chosen by ``RACKWISE_CLUSTER``) does its cluster side,
+and the rules of :mod:`fleet.services.steps` check it against the fleet and
+apply its database side. A cluster that cannot be reached leaves the action
+where it was: the step is retried with backoff (:data:`RETRY_BASE_S`, doubling,
+at most :data:`RETRY_MAX_S`) and nothing is applied for it meanwhile.
 """
 
 from __future__ import annotations
@@ -31,31 +23,26 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from fleet import engine, events
-from fleet.choices import (
-    HOLDING_JOB_STATES,
-    OPEN_ACTION_STATES,
-    ActionKind,
-    ActionState,
-    ApprovalMode,
-    JobState,
-    NodeState,
-    Role,
-)
-from fleet.models import Action, ApprovalPolicy, Job, Node, Rack
+from fleet.choices import OPEN_ACTION_STATES, ActionKind, ActionState, ApprovalMode, Role
+from fleet.cluster.base import WAITING, ClusterAdapter, ClusterUnavailable, StepFailed, get_adapter
+from fleet.cluster.steps import Step, StepError
+from fleet.models import Action, ApprovalPolicy, Job, Rack
 from fleet.permissions import has_role
 from fleet.services import action_lifecycle as lifecycle
 from fleet.services import audit
 from fleet.services import jobs as job_services
-from fleet.services import nodes as node_services
+from fleet.services import steps as step_rules
 from fleet.services.errors import InvalidInput, NotAllowed, ServiceError
-from placement import model as pm
 from placement.validate import validate
 
 log = logging.getLogger(__name__)
 
+__all__ = ["StepFailed"]  # raised by adapters; importable from here as before
 
-class StepFailed(Exception):
-    """The executor could not carry out a step."""
+# Backoff of a step the cluster could not be reached for: 2, 4, 8 ... 60 s.
+RETRY_BASE_S = 2
+RETRY_MAX_S = 60
+RETRYING = "retrying"
 
 
 def fleet_version() -> int:
@@ -77,7 +64,7 @@ class Proposal:
 
     kind: str
     title: str
-    steps: list[dict]
+    steps: list[Step | dict]  # typed steps; stored dicts (tests, old callers) pass as they are
     jobs: list[int]
     engine_plan: dict | None = None
     cost_gpu_hours: float = 0.0
@@ -105,6 +92,7 @@ def propose_many(proposals: list[Proposal], *, actor=None, version: int | None =
     now = timezone.now()
     rows = []
     for p in proposals:
+        p.steps = [s.to_dict() if isinstance(s, Step) else s for s in p.steps]
         auto = modes[p.kind] == ApprovalMode.AUTO
         rows.append(
             Action(
@@ -122,7 +110,7 @@ def propose_many(proposals: list[Proposal], *, actor=None, version: int | None =
                 step_index=p.done_steps,
                 progress=p.done_steps / len(p.steps) if p.steps else 1.0,
                 started_at=now if p.done_steps else None,
-                log=[_log_entry(i, s, "done") for i, s in enumerate(p.steps[: p.done_steps])],
+                log=[_log_entry(i, Step.from_dict(s), "done") for i, s in enumerate(p.steps[: p.done_steps])],
             )
         )
     return lifecycle.create(rows, [p.jobs for p in proposals], actor)
@@ -203,67 +191,23 @@ def policies() -> dict[str, str]:
 
 
 def check_plan(action: Action, steps: list[dict] | None = None) -> list[str]:
-    """Replay the remaining steps on a fresh snapshot of the fleet and run the
-    engine's invariant checker on the jobs they touch. Returns the problems
-    (empty: the plan still holds)."""
+    """Replay the remaining steps on a fresh snapshot of the fleet (each by its
+    rule in :mod:`fleet.services.steps`) and run the engine's invariant checker
+    on the jobs they touch. Returns the problems (empty: the plan still holds)."""
     steps = action.steps[action.step_index:] if steps is None else steps
-    snap = engine.load_snapshot()
-    fleet = snap.fleet
-    jobs = {str(j.pk): j for j in Job.objects.select_related("tenant").filter(pk__in=[s["job"] for s in steps if "job" in s])}
-    problems: list[str] = []
-    touched: set[str] = set()
-    stopped: set[str] = set()
-    for step in steps:
-        op = step["op"]
-        if op == "drain":
-            state = Node.objects.filter(pk=step["node"]).values_list("state", flat=True).first()
-            if state not in (NodeState.HEALTHY, NodeState.SUSPECT):
-                problems.append(f"node {step['node']} is {state}, it can no longer be drained")
-            continue
-        jid = str(step["job"])
-        job = jobs.get(jid)
-        if job is None:
-            problems.append(f"job #{jid} no longer exists")
-            continue
-        touched.add(jid)
-        held = jid in fleet.allocations
-        if op == "allocate":
-            if job.state != JobState.PENDING and jid not in stopped:
-                problems.append(f"job #{jid} is {job.state}, no longer pending")
-                continue
-            try:
-                fleet.allocate(pm.Allocation(engine.job_request(job), {k: tuple(v) for k, v in step["nodes"].items()}, step.get("segments") or []))
-            except pm.CapacityError as exc:
-                problems.append(f"job #{jid}: {exc}")
-        elif op in ("stop", "preempt", "requeue"):
-            if not held:
-                problems.append(f"job #{jid} holds no GPUs any more")
-                continue
-            fleet.release(jid)
-            stopped.add(jid)
-        elif op == "swap":
-            if not held or job.state not in HOLDING_JOB_STATES:
-                problems.append(f"job #{jid} holds no GPUs any more")
-                continue
-            old = fleet.release(jid)
-            nodes: dict[str, tuple[int, ...]] = {}
-            for nid, gpus in old.nodes.items():
-                new = step["swaps"].get(nid, nid)
-                if new != nid:
-                    target = fleet.nodes.get(new)
-                    if target is None or target.free_gpus < len(gpus):
-                        problems.append(f"job #{jid}: replacement node {snap.hostnames.get(new, new)} is no longer free")
-                        break
-                    gpus = target.free_indices(len(gpus))
-                nodes[new] = gpus
-            else:
-                segments = [[step["swaps"].get(n, n) for n in seg] for seg in old.segments]
-                fleet.allocate(pm.Allocation(old.job, nodes, segments), restore=True)
-        elif op in ("start", "restart"):
-            if jid not in fleet.allocations:
-                problems.append(f"job #{jid} would start without GPUs")
+    try:
+        typed = [Step.from_dict(s) for s in steps]
+    except StepError as exc:
+        return [str(exc)]
+    ids = [s.job for s in typed if s.job is not None]
+    jobs = {str(j.pk): j for j in Job.objects.select_related("tenant").filter(pk__in=ids)}
+    ctx = step_rules.PlanCheck(engine.load_snapshot(), jobs)
+    for step in typed:
+        step_rules.check(ctx, step)
+    problems = ctx.problems
     if not problems:
-        scope = {j: fleet.allocations[j] for j in touched if j in fleet.allocations}
+        fleet = ctx.fleet
+        scope = {j: fleet.allocations[j] for j in ctx.touched if j in fleet.allocations}
         problems += [str(v) for v in validate(fleet, scope)]
     return problems
 
@@ -275,77 +219,60 @@ def check_plan(action: Action, steps: list[dict] | None = None) -> list[str]:
 class StepResult:
     more: bool
     message: str = ""
+    # Seconds after which the caller should run the action again (the cluster
+    # was unreachable); None: nothing to schedule.
+    retry_in: float | None = None
 
 
-def _log_entry(index: int, step: dict, status: str, message: str = "") -> dict:
+def _log_entry(index: int, step: Step, status: str, message: str = "") -> dict:
     return {
         "at": timezone.now().isoformat(),
         "step": index,
-        "op": step["op"],
+        "op": step.op,
         "status": status,
-        "message": message or describe_step(step),
+        "message": message or step.describe(),
     }
 
 
 def describe_step(step: dict) -> str:
-    op = step["op"]
-    if op == "drain":
-        return f"drain node {step.get('hostname', step['node'])}"
-    target = f"job #{step['job']}"
-    if op == "allocate":
-        return f"allocate {target} on {', '.join(step.get('hostnames', [])) or 'its nodes'}"
-    if op == "swap":
-        pairs = step.get("hostname_swaps") or step["swaps"]
-        return f"swap {target}: " + ", ".join(f"{a} -> {b}" for a, b in pairs.items())
-    return f"{op} {target}"
+    """A stored step in words. A step reduced for a reader who may not see it
+    (``fleet.redact``) may not parse; it is named by op and job."""
+    try:
+        return Step.from_dict(step).describe()
+    except StepError:
+        return f"{step.get('op')} job #{step.get('job')}"
 
 
-def _apply_step(actor, action: Action, step: dict) -> None:
-    """The database side of one step (see the module docstring)."""
-    op = step["op"]
-    why = f"action #{action.pk} ({action.kind})"
-    if op == "allocate":
-        job_services.apply_placement(
-            actor,
-            step["job"],
-            {int(k): v for k, v in step["nodes"].items()},
-            reason=step.get("reason") or why,
-            segments=step.get("segments"),
-            choices=step.get("choices"),
-        )
-    elif op in ("start", "restart"):
-        job_services.start_job(actor, step["job"])
-    elif op == "checkpoint":
-        pass
-    elif op == "stop":
-        job_services.requeue_job(actor, step["job"], reason=f"moving: {why}", action="job.stop")
-    elif op == "preempt":
-        job_services.requeue_job(actor, step["job"], reason=f"preempted by {why}", action="job.preempt")
-    elif op == "requeue":
-        job_services.requeue_job(actor, step["job"], reason=step.get("reason") or f"requeued by {why}")
-    elif op == "swap":
-        job_services.swap_job_nodes(
-            actor, step["job"], {int(k): int(v) for k, v in step["swaps"].items()}, reason=f"recovering: {why}"
-        )
-    elif op == "drain":
-        node_services.drain_node(actor, step["node"], step.get("reason") or why)
-    else:
-        raise StepFailed(f"unknown step op {op!r}")
+def retry_delay(retries: int) -> int:
+    """The wait before retry number ``retries`` (1, 2, ...): 2, 4, 8 ... capped."""
+    return min(RETRY_MAX_S, RETRY_BASE_S * 2 ** max(0, retries - 1))
 
 
-def execute_next_step(action_id: int, executor=None) -> StepResult:
+def retries_so_far(action: Action, index: int) -> int:
+    """How many times step ``index`` was put off because the cluster was
+    unavailable, from the action's log (its last entry, if it is such a retry)."""
+    last = action.log[-1] if action.log else None
+    if last and last.get("status") == RETRYING and last.get("step") == index:
+        return int(last.get("retries", 1))
+    return 0
+
+
+def execute_next_step(action_id: int, adapter: ClusterAdapter | None = None) -> StepResult:
     """Carry out the next step of an approved or executing action.
 
     1. An approved action is checked against the current fleet; a plan that no
        longer holds is marked expired (and a new decision is requested).
-    2. The executor does the step in the cluster (it may say: wait for a callback).
-    3. Under the action's row lock, the step's database change is applied and the
-       step counted, in one transaction; a second worker finds the step done.
+    2. The adapter does the step in the cluster (it may say: wait, for a
+       callback). A cluster that cannot be reached leaves the action executing
+       at this step, with a log entry, and the caller is told when to try again
+       (``retry_in``); a step the cluster refuses fails the action.
+    3. Under the action's row lock, the step's database change is applied (its
+       rule in :mod:`fleet.services.steps`), the job's id in the cluster stored
+       if the step gave it one, and the step counted, in one transaction; a
+       second worker finds the step done.
     Returns whether more steps remain for this call to make.
     """
-    from fleet.executors import WAITING, get_executor
-
-    executor = executor or get_executor()
+    adapter = adapter or get_adapter()
     action = Action.objects.filter(pk=action_id).first()
     if action is None:
         return StepResult(False, "gone")
@@ -365,43 +292,72 @@ def execute_next_step(action_id: int, executor=None) -> StepResult:
     if index >= len(steps):
         _finish(action.pk)
         return StepResult(False, "succeeded")
-    step = steps[index]
     try:
-        outcome = executor.perform(action, index, step)
-    except StepFailed as exc:
-        _fail(action.pk, index, step, str(exc))
+        step = Step.from_dict(steps[index])
+    except StepError as exc:
+        _fail(action.pk, index, steps[index].get("op", "?") if isinstance(steps[index], dict) else "?", str(exc))
         return StepResult(False, "failed")
-    if outcome == WAITING:
-        return StepResult(False, "waiting for the executor's callback")
+    try:
+        outcome = adapter.perform(action, index, step)
+    except StepFailed as exc:
+        _fail(action.pk, index, step.op, str(exc))
+        return StepResult(False, "failed")
+    except ClusterUnavailable as exc:
+        return _put_off(action.pk, index, step, str(exc))
+    if outcome.status == WAITING:
+        return StepResult(False, outcome.message or "waiting for the cluster")
     try:
         with transaction.atomic():
             locked = Action.objects.select_for_update().get(pk=action.pk)
             if locked.state != ActionState.EXECUTING or locked.step_index != index:
                 return StepResult(False, "step done elsewhere")
-            _apply_step(None, locked, step)
+            step_rules.apply(None, locked, step)
+            if outcome.external_id and step.job is not None:
+                job_services.set_external_id(step.job, outcome.external_id)
             locked.step_index = index + 1
             locked.progress = (index + 1) / len(steps)
             locked.step_started_at = None
             locked.log = [*locked.log, _log_entry(index, step, "done")]
             locked.save(update_fields=["step_index", "progress", "step_started_at", "log", "updated_at"])
-            audit.record(None, "action.step", locked, after={"step": index, "op": step["op"]}, message=describe_step(step))
+            audit.record(None, "action.step", locked, after={"step": index, "op": step.op}, message=step.describe())
             events.actions_changed([locked.pk])
     except ServiceError as exc:
-        _fail(action.pk, index, step, str(exc))
+        _fail(action.pk, index, step.op, str(exc))
         return StepResult(False, "failed")
-    executor.after_step(action, index, step)
+    adapter.after_step(action, index, step)
     if index + 1 >= len(steps):
         _finish(action.pk)
         return StepResult(False, "succeeded")
     return StepResult(True)
 
 
+def _put_off(action_id: int, index: int, step: Step, error: str) -> StepResult:
+    """The cluster could not be reached for step ``index``: the action stays
+    executing at that step, and its log says when it is tried again. Repeated
+    retries of one step update one log entry (a long outage does not grow the
+    log by an entry a minute), counting them for the backoff."""
+    with transaction.atomic():
+        action = Action.objects.select_for_update().filter(pk=action_id).first()
+        if action is None or action.state != ActionState.EXECUTING or action.step_index != index:
+            return StepResult(False, "step done elsewhere")
+        retries = retries_so_far(action, index) + 1
+        delay = retry_delay(retries)
+        entry = _log_entry(index, step, RETRYING, f"cluster unavailable, retrying in {delay} s: {error}"[:1000])
+        entry["retries"] = retries
+        kept = action.log[:-1] if retries > 1 else action.log
+        action.log = [*kept, entry]
+        action.save(update_fields=["log", "updated_at"])
+        events.actions_changed([action.pk])
+    log.warning("action #%s step %s: cluster unavailable, retrying in %s s: %s", action_id, index, delay, error)
+    return StepResult(False, f"cluster unavailable, retrying in {delay} s", retry_in=delay)
+
+
 def _finish(action_id: int) -> None:
     lifecycle.transition(None, action_id, ActionState.SUCCEEDED, fields={"progress": 1.0}, quiet=True)
 
 
-def _fail(action_id: int, index: int, step: dict, error: str) -> None:
-    message = f"step {index + 1} ({step['op']}) failed: {error}"
+def _fail(action_id: int, index: int, op: str, error: str) -> None:
+    message = f"step {index + 1} ({op}) failed: {error}"
     with transaction.atomic():
         action = Action.objects.select_for_update().get(pk=action_id)
         failed = lifecycle.transition(
@@ -409,11 +365,15 @@ def _fail(action_id: int, index: int, step: dict, error: str) -> None:
             action_id,
             ActionState.FAILED,
             message=message,
-            fields={"error": message, "log": [*action.log, _log_entry(index, step, "failed", error)]},
+            fields={"error": message, "log": [*action.log, _failed_entry(index, op, error)]},
             quiet=True,
         )
     if failed is not None:
         log.warning("action #%s failed: %s", action_id, error)
+
+
+def _failed_entry(index: int, op: str, error: str) -> dict:
+    return {"at": timezone.now().isoformat(), "step": index, "op": op, "status": "failed", "message": error}
 
 
 def expire(

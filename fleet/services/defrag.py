@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from fleet import engine
 from fleet.choices import ActionKind, ActionState, JobState, Locality
+from fleet.cluster.steps import Allocate, Checkpoint, Start, Step, Stop
 from fleet.models import Action, Job, Rack
 from fleet.services import actions as action_services
 from fleet.services import audit
@@ -155,21 +156,20 @@ def plan_defrag(
     plan_dict = plan.to_dict()
     if not plan.moves:
         return DefragOutcome(None, plan.reason or "nothing to move", plan_dict)
-    steps: list[dict] = []
+    steps: list[Step] = []
     for move in plan.moves:
         job_id = int(move.job_id)
         steps += [
-            {"op": "checkpoint", "job": job_id},
-            {"op": "stop", "job": job_id},
-            {
-                "op": "allocate",
-                "job": job_id,
-                "nodes": {k: list(v) for k, v in move.to_nodes.items()},
-                "segments": move.to_segments,
-                "hostnames": snap.describe_nodes(move.to_nodes),
-                "reason": move.reason,
-            },
-            {"op": "start", "job": job_id},
+            Checkpoint(job=job_id),
+            Stop(job=job_id),
+            Allocate(
+                job=job_id,
+                nodes={k: list(v) for k, v in move.to_nodes.items()},
+                segments=move.to_segments,
+                hostnames=snap.describe_nodes(move.to_nodes),
+                reason=move.reason,
+            ),
+            Start(job=job_id),
         ]
     touched_racks = sorted(
         {snap.rack_names[snap.fleet.nodes[n].rack] for m in plan.moves for n in [*m.from_nodes, *m.to_nodes]}

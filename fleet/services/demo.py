@@ -1,5 +1,5 @@
 """Demo mode: a workload generator and a failure model, so the console shows a
-living fleet. Jobs complete through the simulated executor; this adds the rest:
+living fleet. Jobs complete through the simulated cluster (fleet.cluster.simulated); this adds the rest:
 a stream of submissions, a node failing now and then, and repairs."""
 
 from __future__ import annotations

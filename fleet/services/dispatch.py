@@ -13,11 +13,11 @@ from django.db import transaction
 log = logging.getLogger(__name__)
 
 
-def _send(name: str, args: tuple) -> None:
+def _send(name: str, args: tuple, countdown: float | None = None) -> None:
     from rackwise.celery import app
 
     try:
-        app.send_task(name, args=args)
+        app.send_task(name, args=args, countdown=countdown)
     except Exception:  # broker down: reconcile will pick the work up
         log.warning("could not enqueue %s%s; reconcile will retry", name, args, exc_info=True)
 
@@ -43,3 +43,9 @@ def execute_soon(action_id: int) -> None:
 def recheck_proposals_soon(rack_ids: list[int]) -> None:
     """Re-check the proposals waiting on these racks (a node of theirs changed)."""
     after_commit("fleet.tasks.recheck_proposals", list(rack_ids))
+
+
+def sync_cluster_in(seconds: float) -> None:
+    """Ask the cluster what it did in ``seconds`` (after commit): the simulated
+    cluster asks for this when a job it runs is due to end."""
+    transaction.on_commit(lambda: _send("fleet.tasks.sync_cluster", (), countdown=max(0.0, seconds)), robust=True)

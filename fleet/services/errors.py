@@ -1,4 +1,5 @@
-"""Errors raised by services. The API maps them to HTTP statuses (400, 403, 409);
+"""Errors raised by services. The API maps them to HTTP statuses (400, 403, 409,
+503 for ClusterDown);
 commands print them as one line."""
 
 from __future__ import annotations
@@ -27,3 +28,12 @@ class Conflict(ServiceError):
 
 class NotAllowed(ServiceError):
     """The actor's role does not allow this (HTTP 403)."""
+
+
+class ClusterDown(ServiceError):
+    """The cluster Rackwise drives did not answer, so a change that must be
+    mirrored there was refused and nothing changed (HTTP 503 with Retry-After)."""
+
+    def __init__(self, message: str, retry_after_s: int = 5) -> None:
+        self.retry_after_s = retry_after_s
+        super().__init__(message)

@@ -33,7 +33,7 @@ from django.utils import timezone
 from fleet.choices import OPEN_ACTION_STATES, ActionKind, GpuHealth, NodeState
 from fleet.models import GPU, AgentToken, Node
 from fleet.services import audit
-from fleet.services.errors import InvalidInput
+from fleet.services.errors import ClusterDown, InvalidInput
 from fleet.services.nodes import mark_node_failed, return_node_to_service
 from fleet.services.racks import bump_versions
 
@@ -387,12 +387,18 @@ def _resume_after_refused_report(node_id: int, refused: InvalidInput) -> None:
         if node.state != NodeState.SUSPECT or GPU.objects.filter(node=node).exclude(health=GpuHealth.OK).exists():
             return
         agent = AgentPrincipal(node_id=node.pk, hostname=node.hostname)
-        return_node_to_service(agent, node.pk, reason="heartbeat resumed (its GPU report was refused: a 400)")
+        try:
+            return_node_to_service(agent, node.pk, reason="heartbeat resumed (its GPU report was refused: a 400)")
+        except ClusterDown as exc:
+            # The refused report is the answer (400); the node stays suspect
+            # until a heartbeat finds the cluster answering.
+            log.warning("node %s stays suspect: %s", node_id, exc)
 
 
 def _propose_drain(node: Node, degraded: list[dict[str, Any]]) -> None:
     """A GPU that degrades without failing is a warning: propose draining the node
     (its jobs finish, no new work lands), once, for an operator to decide."""
+    from fleet.cluster.steps import Drain
     from fleet.models import Action
     from fleet.services.actions import propose
 
@@ -402,7 +408,7 @@ def _propose_drain(node: Node, degraded: list[dict[str, Any]]) -> None:
     propose(
         kind=ActionKind.DRAIN,
         title=f"drain {node.hostname}: {why}"[:300],
-        steps=[{"op": "drain", "node": node.pk, "hostname": node.hostname, "reason": f"degraded GPU ({why})"[:250]}],
+        steps=[Drain(node=node.pk, hostname=node.hostname, reason=f"degraded GPU ({why})"[:250])],
         jobs=[],
         benefit={"reason": "jobs on the node finish in place; no new work lands on a degrading GPU"},
     )
@@ -436,7 +442,17 @@ def _mark_suspect(node_id: int, reason_before: str, cutoff: datetime, now: datet
 
 def _fail_silent(node_id: int, cutoff: datetime, suspect_since: datetime) -> bool:
     """suspect -> failed, if the node is still suspect and still silent once locked
-    (a heartbeat may have returned it to service since it was selected)."""
+    (a heartbeat may have returned it to service since it was selected). A
+    cluster that cannot be told leaves the node suspect; the next pass tries
+    again."""
+    try:
+        return _fail_silent_now(node_id, cutoff, suspect_since)
+    except ClusterDown as exc:
+        log.warning("node %s stays suspect: %s", node_id, exc)
+        return False
+
+
+def _fail_silent_now(node_id: int, cutoff: datetime, suspect_since: datetime) -> bool:
     with transaction.atomic():
         node = Node.objects.select_for_update().filter(
             id=node_id,

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from datetime import datetime
 
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
@@ -28,6 +30,8 @@ from fleet.services.errors import Conflict, InvalidInput, NotAllowed
 from fleet.services.nodes import idle_draining_nodes
 from fleet.services.racks import bump_versions
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class JobSpec:
@@ -48,6 +52,8 @@ class JobSpec:
     # The client's key for this submission: a retry with the same key (in the same
     # tenant) returns the job the first one created instead of a second job.
     idempotency_key: str | None = None
+    # How Slurm runs it (script or command, partition, account, time_limit_min, env).
+    slurm: dict | None = None
 
 
 def _request_digest(spec: JobSpec, tenant: Tenant) -> str:
@@ -140,6 +146,7 @@ def _create(actor, spec: JobSpec, tenant: Tenant, shape, key: str | None, digest
             preemptible=spec.preemptible,
             checkpoint_interval_s=spec.checkpoint_interval_s,
             expected_duration_s=spec.expected_duration_s,
+            cluster_spec={"slurm": dict(spec.slurm)} if spec.slurm else {},
         )
         audit.record(actor, "job.submit", job, after=job_snapshot(job) | {"num_gpus": job.num_gpus})
         events.jobs_changed([job.pk])
@@ -184,7 +191,14 @@ def release_leaked_allocations() -> list[int]:
     return released
 
 
-def cancel_job(actor, job_id: int) -> Job:
+def cancel_job(
+    actor, job_id: int, *, reason: str = "", tell_cluster: bool = True, expect_attempt: int | None = None
+) -> Job:
+    """End a job that has not finished; its GPUs return to the pool. Once
+    committed, the cluster is told to end it too (best effort: a failure is
+    logged; the sync reports the job again while it runs there).
+    ``tell_cluster=False`` when the cluster itself reported the cancel;
+    ``expect_attempt``: refuse (Conflict) if the job was restarted since."""
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job_id)
         if job.state in FINISHED_JOB_STATES:
@@ -192,10 +206,11 @@ def cancel_job(actor, job_id: int) -> Job:
                 f"job #{job.pk} is already {job.state}; only pending, placed, running "
                 "or recovering jobs can be cancelled"
             )
+        _check_attempt(job, expect_attempt)
         before = job_snapshot(job)
         racks = _release(job)
         job.state = JobState.CANCELLED
-        job.state_reason = f"cancelled by {audit.actor_name(actor)}"
+        job.state_reason = reason or f"cancelled by {audit.actor_name(actor)}"
         job.finished_at = timezone.now()
         job.save(update_fields=["state", "state_reason", "finished_at"])
         audit.record(actor, "job.cancel", job, before=before, after=job_snapshot(job))
@@ -203,7 +218,29 @@ def cancel_job(actor, job_id: int) -> Job:
         bump_versions(racks)
         if racks:
             dispatch.schedule_soon()
+        if tell_cluster:
+            transaction.on_commit(lambda: _cancel_in_cluster(job))
     return job
+
+
+def _cancel_in_cluster(job: Job) -> None:
+    from fleet.cluster.base import get_adapter
+
+    try:
+        get_adapter().cancel(job)
+    except Exception:  # best effort: the job is cancelled in Rackwise whatever the cluster says
+        log.warning("job #%s: the cluster could not be told of the cancel", job.pk, exc_info=True)
+
+
+def _check_attempt(job: Job, expect_attempt: int | None) -> None:
+    if expect_attempt is not None and job.attempt != expect_attempt:
+        raise Conflict(f"job #{job.pk} is at attempt {job.attempt}, not {expect_attempt}; the report is stale")
+
+
+def set_external_id(job_id: int, external_id: str) -> None:
+    """Record the job's id in the cluster (given by the step that created it
+    there). Called inside the transaction of that step's database change."""
+    Job.objects.filter(pk=job_id).exclude(external_id=external_id).update(external_id=external_id[:64])
 
 
 @dataclass(frozen=True)
@@ -422,17 +459,28 @@ def requeue_job(actor, job_id: int, *, reason: str, action: str = "job.requeue")
     return job
 
 
-def finish_job(actor, job_id: int, *, succeeded: bool, reason: str = "") -> Job:
-    """A running (or recovering) job ended; its GPUs return to the pool."""
+def finish_job(
+    actor,
+    job_id: int,
+    *,
+    succeeded: bool,
+    reason: str = "",
+    expect_attempt: int | None = None,
+    finished_at: datetime | None = None,
+) -> Job:
+    """A running (or recovering) job ended; its GPUs return to the pool.
+    ``expect_attempt``: refuse (Conflict) if the job was restarted since the
+    end was seen; ``finished_at``: when it ended (the cluster's accounting)."""
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job_id)
         if job.state not in HOLDING_JOB_STATES:
             raise Conflict(f"job #{job.pk} is {job.state}; it holds no GPUs to finish with")
+        _check_attempt(job, expect_attempt)
         before = job_snapshot(job)
         racks = _release(job)
         job.state = JobState.COMPLETED if succeeded else JobState.FAILED
         job.state_reason = reason
-        job.finished_at = timezone.now()
+        job.finished_at = finished_at or timezone.now()
         job.save(update_fields=["state", "state_reason", "finished_at"])
         audit.record(actor, "job.finish", job, before=before, after=job_snapshot(job), message=reason)
         events.jobs_changed([job.pk])

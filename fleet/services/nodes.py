@@ -6,6 +6,13 @@ Allowed transitions::
     draining|drained  --undrain-->        healthy
     any but failed/in_repair --fail-->    failed   (jobs on it go to recovering)
     failed|in_repair|suspect --return-->  healthy  (GPU health reset to ok)
+
+Each change is mirrored to the cluster (``ClusterAdapter.set_node_state``)
+with the node row locked, before the transaction commits: if the cluster
+cannot take it, the change is refused (:class:`ClusterDown`, a 503) and nothing
+changes, so Rackwise and the cluster never disagree for long. ``mirror=False``
+is for changes the cluster already has: a node step an adapter just carried
+out, or a state the cluster itself reported.
 """
 
 from __future__ import annotations
@@ -18,9 +25,17 @@ from django.utils import timezone
 
 from fleet import events
 from fleet.choices import HOLDING_JOB_STATES, GpuHealth, JobState, NodeState
+from fleet.cluster.base import (
+    NODE_DRAINING,
+    NODE_FAILED,
+    NODE_HEALTHY,
+    ClusterUnavailable,
+    StepFailed,
+    get_adapter,
+)
 from fleet.models import GPU, Allocation, Job, Node
 from fleet.services import audit, dispatch, webhooks
-from fleet.services.errors import Conflict
+from fleet.services.errors import ClusterDown, Conflict
 from fleet.services.racks import bump_versions
 
 
@@ -37,8 +52,10 @@ def _transition(
     to_state: str | Callable[[Node], str],
     reason: str,
     refusal: str,
+    cluster_state: str | None = None,
 ) -> Node:
-    """Lock the node, check the transition is allowed, apply it, and audit it.
+    """Lock the node, check the transition is allowed, mirror it to the cluster
+    (``cluster_state``, a ``NODE_*``; None: not mirrored), apply it, and audit it.
     ``to_state`` may depend on the locked node (a drain ends draining or drained).
     Must be called inside a transaction; the caller bumps the rack version last
     (rack rows are always locked last, so services never wait on each other in a
@@ -46,6 +63,8 @@ def _transition(
     node = Node.objects.select_for_update().get(pk=node_id)
     if node.state not in allowed_from:
         raise Conflict(f"node {node.hostname} is {node.state}; {refusal}")
+    if cluster_state is not None:
+        mirror_node_state(node.hostname, cluster_state, reason)
     before = _snapshot(node)
     node.state = to_state(node) if callable(to_state) else to_state
     node.state_reason = reason
@@ -55,11 +74,22 @@ def _transition(
     return node
 
 
+def mirror_node_state(hostname: str, state: str, reason: str) -> None:
+    """Tell the cluster of a node change Rackwise is about to commit. Raises
+    ClusterDown (the cluster did not answer) or Conflict (it refused)."""
+    try:
+        get_adapter().set_node_state(hostname, state, reason)
+    except ClusterUnavailable as exc:
+        raise ClusterDown(f"the cluster is unavailable, node {hostname} was not changed: {exc}") from exc
+    except StepFailed as exc:
+        raise Conflict(f"the cluster refused the change of node {hostname}: {exc}") from exc
+
+
 def _has_active_allocations(node: Node) -> bool:
     return Allocation.objects.filter(gpu__node=node, released_at__isnull=True).exists()
 
 
-def drain_node(actor, node_id: int, reason: str = "") -> Node:
+def drain_node(actor, node_id: int, reason: str = "", *, mirror: bool = True) -> Node:
     """Stop new work landing on the node; running jobs finish where they are."""
     with transaction.atomic():
         node = _transition(
@@ -70,6 +100,7 @@ def drain_node(actor, node_id: int, reason: str = "") -> Node:
             to_state=lambda n: NodeState.DRAINING if _has_active_allocations(n) else NodeState.DRAINED,
             reason=reason or "drained by operator",
             refusal="only a healthy or suspect node can be drained",
+            cluster_state=NODE_DRAINING if mirror else None,
         )
         bump_versions([node.rack_id])
     return node
@@ -102,7 +133,7 @@ def settle_drained_nodes() -> list[int]:
     return settled
 
 
-def undrain_node(actor, node_id: int, reason: str = "") -> Node:
+def undrain_node(actor, node_id: int, reason: str = "", *, mirror: bool = True) -> Node:
     with transaction.atomic():
         node = _transition(
             actor,
@@ -112,13 +143,14 @@ def undrain_node(actor, node_id: int, reason: str = "") -> Node:
             to_state=NodeState.HEALTHY,
             reason=reason,
             refusal="only a draining or drained node can be undrained",
+            cluster_state=NODE_HEALTHY if mirror else None,
         )
         bump_versions([node.rack_id])
         dispatch.schedule_soon()
     return node
 
 
-def mark_node_failed(actor, node_id: int, reason: str = "") -> Node:
+def mark_node_failed(actor, node_id: int, reason: str = "", *, mirror: bool = True) -> Node:
     """Take a node out of service. Jobs holding GPUs on it are interrupted and
     move to ``recovering``; the control loop swaps in a spare."""
     with transaction.atomic():
@@ -135,6 +167,7 @@ def mark_node_failed(actor, node_id: int, reason: str = "") -> Node:
             to_state=NodeState.FAILED,
             reason=reason or "marked failed by operator",
             refusal="it is already out of service",
+            cluster_state=NODE_FAILED if mirror else None,
         )
         job_ids = Allocation.objects.filter(
             gpu__node=node, released_at__isnull=True
@@ -160,7 +193,7 @@ def mark_node_failed(actor, node_id: int, reason: str = "") -> Node:
     return node
 
 
-def return_node_to_service(actor, node_id: int, reason: str = "") -> Node:
+def return_node_to_service(actor, node_id: int, reason: str = "", *, mirror: bool = True) -> Node:
     """A repaired node comes back healthy, with its GPUs' health reset."""
     with transaction.atomic():
         node = _transition(
@@ -172,6 +205,7 @@ def return_node_to_service(actor, node_id: int, reason: str = "") -> Node:
             reason=reason or "returned to service",
             refusal="only a failed, in-repair or suspect node can be returned to service "
             "(use undrain for a drained node)",
+            cluster_state=NODE_HEALTHY if mirror else None,
         )
         GPU.objects.filter(node=node).exclude(health=GpuHealth.OK).update(
             health=GpuHealth.OK, last_error="", health_changed_at=timezone.now()

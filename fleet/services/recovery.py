@@ -6,6 +6,7 @@ import logging
 
 from fleet import engine
 from fleet.choices import ActionKind, JobState
+from fleet.cluster.steps import Allocate, Preempt, Requeue, Restart, Start, Step, Stop, Swap
 from fleet.models import Action, Job
 from fleet.services import actions as action_services
 from fleet.services import jobs as job_services
@@ -69,7 +70,7 @@ def recovery_proposal(job: Job) -> action_services.Proposal | None:
         return action_services.Proposal(
             kind=ActionKind.REQUEUE,
             title=f"requeue job #{job.pk} {job.name}: it holds no GPUs",
-            steps=[{"op": "requeue", "job": job.pk, "reason": "recovering without GPUs"}],
+            steps=[Requeue(job=job.pk, reason="recovering without GPUs")],
             jobs=[job.pk],
         )
     failed = [nid for nid in alloc.nodes if fleet.nodes[nid].health == pm.FAILED]
@@ -78,7 +79,7 @@ def recovery_proposal(job: Job) -> action_services.Proposal | None:
         return action_services.Proposal(
             kind=ActionKind.RECOVERY,
             title=f"restart job #{job.pk} {job.name} in place: its nodes are healthy again",
-            steps=[{"op": "restart", "job": job.pk}],
+            steps=[Restart(job=job.pk)],
             jobs=[job.pk],
             cost_gpu_hours=restart_cost_gpu_hours(alloc.job, alloc.gpus),
         )
@@ -89,43 +90,41 @@ def recovery_proposal(job: Job) -> action_services.Proposal | None:
     if problems:
         log.error("recovery plan for job %s violates invariants: %s", job.pk, problems)
         raise InvalidPlan("; ".join(str(p) for p in problems))
-    steps: list[dict] = []
+    steps: list[Step] = []
     jobs = [job.pk]
     cost = restart_cost_gpu_hours(alloc.job, alloc.gpus)
     for victim in plan.preempted:
         victim_alloc = fleet.allocations[victim]
         cost += restart_cost_gpu_hours(victim_alloc.job, victim_alloc.gpus)
-        steps.append({"op": "preempt", "job": int(victim)})
+        steps.append(Preempt(job=int(victim)))
         jobs.append(int(victim))
     if plan.action in ("swap", "preempt_swap"):
         steps.append(
-            {
-                "op": "swap",
-                "job": job.pk,
-                "swaps": dict(plan.swaps),
-                "hostname_swaps": {snap.hostnames[a]: snap.hostnames[b] for a, b in plan.swaps.items()},
-            }
+            Swap(
+                job=job.pk,
+                swaps=dict(plan.swaps),
+                hostname_swaps={snap.hostnames[a]: snap.hostnames[b] for a, b in plan.swaps.items()},
+            )
         )
-        steps.append({"op": "restart", "job": job.pk})
+        steps.append(Restart(job=job.pk))
         title = f"recover job #{job.pk} {job.name} in place: " + ", ".join(
             f"{snap.hostnames[a]} -> {snap.hostnames[b]}" for a, b in plan.swaps.items()
         )
     elif plan.action == "move":
         steps += [
-            {"op": "stop", "job": job.pk},
-            {
-                "op": "allocate",
-                "job": job.pk,
-                "nodes": {k: list(v) for k, v in plan.new_nodes.items()},
-                "segments": plan.new_segments,
-                "hostnames": snap.describe_nodes(plan.new_nodes),
-                "reason": plan.reason,
-            },
-            {"op": "start", "job": job.pk},
+            Stop(job=job.pk),
+            Allocate(
+                job=job.pk,
+                nodes={k: list(v) for k, v in plan.new_nodes.items()},
+                segments=plan.new_segments,
+                hostnames=snap.describe_nodes(plan.new_nodes),
+                reason=plan.reason,
+            ),
+            Start(job=job.pk),
         ]
         title = f"move job #{job.pk} {job.name} to {', '.join(sorted({snap.rack_names[fleet.nodes[n].rack] for n in plan.new_nodes}))}"
     else:
-        steps.append({"op": "requeue", "job": job.pk, "reason": plan.reason})
+        steps.append(Requeue(job=job.pk, reason=plan.reason))
         title = f"requeue job #{job.pk} {job.name}: {plan.reason}"
     return action_services.Proposal(
         kind=KIND_BY_ENGINE_ACTION[plan.action],

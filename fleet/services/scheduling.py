@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from fleet import engine
 from fleet.choices import ActionKind, ActionState, ApprovalMode, JobState, Locality
+from fleet.cluster.steps import Allocate, Start
 from fleet.models import Action, ApprovalPolicy, Job
 from fleet.services import actions as action_services
 from fleet.services import jobs as job_services
@@ -72,7 +73,7 @@ def schedule_pass(checkpoint: Checkpoint = _no_checkpoint) -> PassResult:
     3. For each placement, re-check it with the invariant checker against the
        fleet as the earlier placements of this pass left it.
     4. A placement that keeps locality is allocated right away (auto policy) and
-       its start handed to the executor; one that spreads a preferred job over
+       its start handed to the cluster adapter; one that spreads a preferred job over
        more racks than needed waits for an operator (manual policy).
     5. Jobs that wait get their reason in words.
     Each commit is preceded by ``checkpoint()`` (see the module docstring).
@@ -131,16 +132,15 @@ def schedule_pass(checkpoint: Checkpoint = _no_checkpoint) -> PassResult:
             kind=kind,
             title=f"place job #{job.pk} {job.name}: {_describe(placement_plan, snap)}",
             steps=[
-                {
-                    "op": "allocate",
-                    "job": job.pk,
-                    "nodes": {k: list(v) for k, v in placement_plan.nodes.items()},
-                    "segments": placement_plan.segments,
-                    "hostnames": snap.describe_nodes(placement_plan.nodes),
-                    "reason": placement_plan.reason,
-                    "choices": placement_plan.choices,
-                },
-                {"op": "start", "job": job.pk},
+                Allocate(
+                    job=job.pk,
+                    nodes={k: list(v) for k, v in placement_plan.nodes.items()},
+                    segments=placement_plan.segments,
+                    hostnames=snap.describe_nodes(placement_plan.nodes),
+                    reason=placement_plan.reason,
+                    choices=placement_plan.choices,
+                ),
+                Start(job=job.pk),
             ],
             jobs=[job.pk],
             engine_plan=placement_plan.to_dict(),

@@ -24,9 +24,9 @@ A name that does not resolve at registration is accepted (its DNS may not exist
 yet); each delivery resolves it again, and a failed lookup is retried like an
 unreachable receiver.
 
-The webhook *executor* (``RACKWISE_WEBHOOK_URL``) is not held to these rules: it
+The webhook *cluster adapter* (``RACKWISE_WEBHOOK_URL``) is not held to these rules: it
 is operator configuration from the environment, not input over the API, and an
-executor inside the cluster network is the normal case.
+receiver inside the cluster network is the normal case.
 """
 
 from __future__ import annotations

@@ -8,15 +8,29 @@ import { api, startLive } from "./live.js";
 const live = startLive();
 const plans = JSON.parse(document.getElementById("plans").textContent);
 const touched = {}; // action id -> [rack ids], fixed at first paint
+// op -> what a step of that kind does to the racks' picture, from the server's
+// list of step kinds (GET /api/step-kinds/): allocate, swap, release, drain,
+// undrain or none. Filled before the first paint.
+let effects = new Map();
 
-/** The racks after the plan's steps, simulated on copies of the live racks. */
-export function simulate(racks, steps) {
+/** The step kinds the server knows, as op -> effect. */
+export async function loadStepKinds() {
+  const kinds = await api("/api/step-kinds/");
+  effects = new Map(kinds.map((k) => [k.op, k.effect]));
+  return effects;
+}
+
+/** The racks after the plan's steps, simulated on copies of the live racks;
+ * ``kinds`` maps a step's op to its effect (default: the server's list). */
+export function simulate(racks, steps, kinds = effects) {
   const copy = new Map([...racks].map(([id, r]) => [id, structuredClone(r)]));
   const nodeRack = new Map();
   for (const r of copy.values()) for (const n of r.nodes) nodeRack.set(String(n[0]), r);
   const clear = (job) => { for (const r of copy.values()) for (const n of r.nodes) for (const g of n[4]) if (g[1] === job) g[1] = null; };
+  const nodeOf = (id) => { const r = nodeRack.get(String(id)); return r && r.nodes.find((x) => String(x[0]) === String(id)); };
   for (const step of steps) {
-    if (step.op === "allocate") {
+    const effect = kinds.get(step.op) || "none";
+    if (effect === "allocate") {
       clear(step.job);
       for (const [node, gpus] of Object.entries(step.nodes || {})) {
         const r = nodeRack.get(node); if (!r) continue;
@@ -24,20 +38,22 @@ export function simulate(racks, steps) {
         for (const i of gpus) n[4][i][1] = step.job;
         r.jobs[String(step.job)] = r.jobs[String(step.job)] || { name: null, tenant: null, state: "placed" };
       }
-    } else if (step.op === "swap") {
+    } else if (effect === "swap") {
       for (const [from, to] of Object.entries(step.swaps || {})) {
         const rf = nodeRack.get(String(from)), rt = nodeRack.get(String(to));
         if (!rf || !rt) continue;
         const nf = rf.nodes.find((x) => String(x[0]) === String(from)), nt = rt.nodes.find((x) => String(x[0]) === String(to));
         nf[4].forEach((g, i) => { if (g[1] === step.job) { g[1] = null; nt[4][i][1] = step.job; } });
       }
-    } else if (["preempt", "requeue"].includes(step.op)) {
+    } else if (effect === "release") {
       clear(step.job);
-    } else if (step.op === "drain") {
+    } else if (effect === "drain") {
       // As the service does it: draining while jobs still run there, else drained.
-      const r = nodeRack.get(String(step.node));
-      const n = r && r.nodes.find((x) => String(x[0]) === String(step.node));
+      const n = nodeOf(step.node);
       if (n) n[3] = n[4].some((g) => g[1] !== null) ? "draining" : "drained";
+    } else if (effect === "undrain") {
+      const n = nodeOf(step.node);
+      if (n) n[3] = "healthy";
     }
   }
   return copy;
@@ -136,4 +152,4 @@ attachTooltip(main, (node, gpu) => {
 });
 attachClicks(main, (node) => live.nodeRack.get(node));
 
-live.start().then(() => { paintAll(); document.body.dataset.ready = "1"; });
+Promise.all([live.start(), loadStepKinds()]).then(() => { paintAll(); document.body.dataset.ready = "1"; });

@@ -1,0 +1,124 @@
+"""The simulated cluster (``RACKWISE_CLUSTER=simulated``, the default): each
+step takes a realistic time, with progress reports for the console, and may
+fail by injection (``RACKWISE_SIM_FAILURE_RATE``). A job ends in this cluster
+once its expected duration (times ``RACKWISE_SIM_TIME_SCALE``) has passed since
+it started: :meth:`SimulatedAdapter.job_states` reports it completed, and the
+sync service (:mod:`fleet.services.cluster_sync`) finishes it in Rackwise, as
+it would a job a real cluster reports ended.
+
+So that demo jobs end on time without a fast beat, the start of a job asks for
+a sync at the moment it is due to end (:func:`fleet.services.dispatch.sync_cluster_in`,
+a task sent by name: this module never imports ``fleet.tasks``). The periodic
+sync (``RACKWISE_CLUSTER_SYNC_S``) catches an end whose message was lost.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from datetime import timedelta
+
+from django.conf import settings
+from django.utils import timezone
+
+from fleet import events
+from fleet.choices import JobState
+from fleet.cluster.base import (
+    DONE,
+    JOB_COMPLETED,
+    JOB_PENDING,
+    JOB_RUNNING,
+    JobReport,
+    NodeReport,
+    Outcome,
+    StepFailed,
+)
+from fleet.cluster.steps import Allocate, Restart, Start, Step
+from fleet.models import Action, Job
+from fleet.services import dispatch
+
+# Relative duration of each op (times RACKWISE_SIM_STEP_SECONDS).
+SIM_DURATIONS = {
+    "checkpoint": 2.0,
+    "stop": 1.0,
+    "preempt": 1.5,
+    "requeue": 0.5,
+    "swap": 0.5,
+    "allocate": 0.0,
+    "start": 1.0,
+    "restart": 1.5,
+    "drain": 0.2,
+    "undrain": 0.2,
+}
+
+
+class SimulatedAdapter:
+    name = "simulated"
+
+    def __init__(self, step_seconds: float, failure_rate: float, time_scale: float, seed: int | None = None) -> None:
+        self.step_seconds = step_seconds
+        self.failure_rate = failure_rate
+        self.time_scale = time_scale
+        self.rng = random.Random(seed)
+
+    @classmethod
+    def from_settings(cls) -> SimulatedAdapter:
+        return cls(settings.RACKWISE_SIM_STEP_SECONDS, settings.RACKWISE_SIM_FAILURE_RATE, settings.RACKWISE_SIM_TIME_SCALE)
+
+    def perform(self, action: Action, index: int, step: Step) -> Outcome:
+        duration = SIM_DURATIONS.get(step.op, 0.5) * self.step_seconds
+        total = max(1, len(action.steps))
+        deadline = time.monotonic() + duration
+        # Report progress within the step a few times a second, for the console.
+        while (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(0.25, left))
+            done = 1 - max(0.0, deadline - time.monotonic()) / duration
+            Action.objects.filter(pk=action.pk, step_index=index).update(
+                progress=(index + done) / total, step_started_at=timezone.now()
+            )
+            events.actions_changed([action.pk])
+        if self.failure_rate and self.rng.random() < self.failure_rate:
+            raise StepFailed(f"simulated failure injected in {step.op}")
+        if isinstance(step, Allocate):
+            # The simulated cluster names its jobs too, as a real one does.
+            return Outcome(DONE, external_id=f"sim-{step.job}")
+        return Outcome(DONE)
+
+    def after_step(self, action: Action, index: int, step: Step) -> None:
+        if not isinstance(step, Start | Restart):
+            return
+        job = Job.objects.filter(pk=step.job).values("expected_duration_s", "started_at").first()
+        if job and job["expected_duration_s"] and job["started_at"]:
+            end = self._end(job["started_at"], job["expected_duration_s"])
+            # A little after the end, so the sync finds it passed.
+            dispatch.sync_cluster_in((end - timezone.now()).total_seconds() + 0.05)
+
+    def _end(self, started_at, expected_duration_s: int):
+        return started_at + timedelta(seconds=expected_duration_s * self.time_scale)
+
+    def cancel(self, job: Job) -> None:
+        return None  # nothing runs anywhere
+
+    def set_node_state(self, hostname: str, state: str, reason: str) -> None:
+        return None  # Rackwise's node rows are the whole simulated cluster
+
+    def node_states(self) -> dict[str, NodeReport] | None:
+        return None  # heartbeats (or nothing) are the source of node health
+
+    def job_states(self, jobs: list[Job]) -> dict[int, JobReport]:
+        """Running jobs past their expected duration are completed; other
+        running jobs run; placed and recovering jobs wait."""
+        now = timezone.now()
+        reports: dict[int, JobReport] = {}
+        for job in jobs:
+            external = job.external_id or f"sim-{job.pk}"
+            if job.state == JobState.RUNNING and job.started_at is not None:
+                end = self._end(job.started_at, job.expected_duration_s) if job.expected_duration_s else None
+                if end is not None and end <= now:
+                    reports[job.pk] = JobReport(external, JOB_COMPLETED, started_at=job.started_at, ended_at=end,
+                                                reason="completed (simulated)")
+                else:
+                    reports[job.pk] = JobReport(external, JOB_RUNNING, started_at=job.started_at)
+            elif job.state in (JobState.PLACED, JobState.RECOVERING):
+                reports[job.pk] = JobReport(external, JOB_PENDING)
+        return reports

@@ -1,0 +1,212 @@
+"""The rules of each step kind, in one table: how a step is checked against the
+fleet as it is now (before an approved plan runs, and while a proposal waits),
+and what it does to the database once the cluster has done its part.
+
+=========== ===================================================== ==========================
+op          check (on a fresh snapshot, replaying earlier steps)  apply (after the cluster)
+=========== ===================================================== ==========================
+allocate    the job is pending (or stopped by an earlier step)    bind the job to the GPUs
+            and the GPUs are free
+start       the job holds GPUs                                    placed|recovering -> running
+restart     the job holds GPUs                                    same, after a swap
+checkpoint  --                                                    nothing (the cluster saves)
+stop        the job holds GPUs                                    release them; the action holds the job
+preempt     the job holds GPUs                                    release them; back to the queue
+requeue     the job holds GPUs                                    release them; back to the queue
+swap        the job holds GPUs and the spares are free            move it off failed nodes
+drain       the node is healthy or suspect                        drain the node
+undrain     the node is draining or drained                       undrain the node
+=========== ===================================================== ==========================
+
+The cluster side of each step is the adapter's (:mod:`fleet.cluster`); the
+node services are told not to mirror a node step's change to the cluster again
+(``mirror=False``): the adapter just did it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from fleet import engine
+from fleet.choices import HOLDING_JOB_STATES, JobState, NodeState
+from fleet.cluster import steps as st
+from fleet.models import Action, Job, Node
+from fleet.services import jobs as job_services
+from fleet.services import nodes as node_services
+from placement import model as pm
+
+
+@dataclass
+class PlanCheck:
+    """The state a plan's steps are replayed on: a snapshot of the fleet, the
+    jobs they name, and what has been found so far."""
+
+    snap: engine.Snapshot
+    jobs: dict[str, Job]
+    problems: list[str] = field(default_factory=list)
+    touched: set[str] = field(default_factory=set)
+    stopped: set[str] = field(default_factory=set)
+
+    @property
+    def fleet(self) -> pm.Fleet:
+        return self.snap.fleet
+
+
+Check = Callable[[PlanCheck, st.Step], None]
+Apply = Callable[[object, Action, st.Step], None]
+
+
+def _why(action: Action) -> str:
+    return f"action #{action.pk} ({action.kind})"
+
+
+# --- checks ---------------------------------------------------------------------------
+
+
+def _check_allocate(ctx: PlanCheck, step: st.Allocate) -> None:
+    jid = str(step.job)
+    job = ctx.jobs[jid]
+    if job.state != JobState.PENDING and jid not in ctx.stopped:
+        ctx.problems.append(f"job #{jid} is {job.state}, no longer pending")
+        return
+    try:
+        ctx.fleet.allocate(
+            pm.Allocation(engine.job_request(job), {str(k): tuple(v) for k, v in step.nodes.items()}, step.segments or [])
+        )
+    except pm.CapacityError as exc:
+        ctx.problems.append(f"job #{jid}: {exc}")
+
+
+def _check_release(ctx: PlanCheck, step: st.Step) -> None:
+    jid = str(step.job)
+    if jid not in ctx.fleet.allocations:
+        ctx.problems.append(f"job #{jid} holds no GPUs any more")
+        return
+    ctx.fleet.release(jid)
+    ctx.stopped.add(jid)
+
+
+def _check_swap(ctx: PlanCheck, step: st.Swap) -> None:
+    jid = str(step.job)
+    fleet = ctx.fleet
+    if jid not in fleet.allocations or ctx.jobs[jid].state not in HOLDING_JOB_STATES:
+        ctx.problems.append(f"job #{jid} holds no GPUs any more")
+        return
+    old = fleet.release(jid)
+    # Steps name nodes by database id; the placement model by id as a string.
+    swaps = {str(a): str(b) for a, b in step.swaps.items()}
+    nodes: dict[str, tuple[int, ...]] = {}
+    for nid, gpus in old.nodes.items():
+        new = swaps.get(nid, nid)
+        if new != nid:
+            target = fleet.nodes.get(new)
+            if target is None or target.free_gpus < len(gpus):
+                ctx.problems.append(f"job #{jid}: replacement node {ctx.snap.hostnames.get(new, new)} is no longer free")
+                return
+            gpus = target.free_indices(len(gpus))
+        nodes[new] = gpus
+    segments = [[swaps.get(n, n) for n in seg] for seg in old.segments]
+    fleet.allocate(pm.Allocation(old.job, nodes, segments), restore=True)
+
+
+def _check_start(ctx: PlanCheck, step: st.Step) -> None:
+    if str(step.job) not in ctx.fleet.allocations:
+        ctx.problems.append(f"job #{step.job} would start without GPUs")
+
+
+def _check_nothing(ctx: PlanCheck, step: st.Step) -> None:
+    return None
+
+
+def _node_state(node_id: int) -> str | None:
+    return Node.objects.filter(pk=node_id).values_list("state", flat=True).first()
+
+
+def _check_drain(ctx: PlanCheck, step: st.Drain) -> None:
+    state = _node_state(step.node)
+    if state not in (NodeState.HEALTHY, NodeState.SUSPECT):
+        ctx.problems.append(f"node {step.node} is {state}, it can no longer be drained")
+
+
+def _check_undrain(ctx: PlanCheck, step: st.Undrain) -> None:
+    state = _node_state(step.node)
+    if state not in (NodeState.DRAINING, NodeState.DRAINED):
+        ctx.problems.append(f"node {step.node} is {state}, it can no longer be undrained")
+
+
+# --- database side ----------------------------------------------------------------------
+
+
+def _apply_allocate(actor, action: Action, step: st.Allocate) -> None:
+    job_services.apply_placement(
+        actor,
+        step.job,
+        {int(k): list(v) for k, v in step.nodes.items()},
+        reason=step.reason or _why(action),
+        segments=step.segments,
+        choices=step.choices,
+    )
+
+
+def _apply_start(actor, action: Action, step: st.Step) -> None:
+    job_services.start_job(actor, step.job)
+
+
+def _apply_stop(actor, action: Action, step: st.Stop) -> None:
+    job_services.requeue_job(actor, step.job, reason=f"moving: {_why(action)}", action="job.stop")
+
+
+def _apply_preempt(actor, action: Action, step: st.Preempt) -> None:
+    job_services.requeue_job(actor, step.job, reason=f"preempted by {_why(action)}", action="job.preempt")
+
+
+def _apply_requeue(actor, action: Action, step: st.Requeue) -> None:
+    job_services.requeue_job(actor, step.job, reason=step.reason or f"requeued by {_why(action)}")
+
+
+def _apply_swap(actor, action: Action, step: st.Swap) -> None:
+    job_services.swap_job_nodes(actor, step.job, dict(step.swaps), reason=f"recovering: {_why(action)}")
+
+
+def _apply_nothing(actor, action: Action, step: st.Step) -> None:
+    return None
+
+
+def _apply_drain(actor, action: Action, step: st.Drain) -> None:
+    node_services.drain_node(actor, step.node, step.reason or _why(action), mirror=False)
+
+
+def _apply_undrain(actor, action: Action, step: st.Undrain) -> None:
+    node_services.undrain_node(actor, step.node, step.reason or _why(action), mirror=False)
+
+
+RULES: dict[str, tuple[Check, Apply]] = {
+    st.Allocate.op: (_check_allocate, _apply_allocate),
+    st.Start.op: (_check_start, _apply_start),
+    st.Restart.op: (_check_start, _apply_start),
+    st.Checkpoint.op: (_check_nothing, _apply_nothing),
+    st.Stop.op: (_check_release, _apply_stop),
+    st.Preempt.op: (_check_release, _apply_preempt),
+    st.Requeue.op: (_check_release, _apply_requeue),
+    st.Swap.op: (_check_swap, _apply_swap),
+    st.Drain.op: (_check_drain, _apply_drain),
+    st.Undrain.op: (_check_undrain, _apply_undrain),
+}
+assert set(RULES) == set(st.KINDS), "every step kind needs its rules"
+
+
+def check(ctx: PlanCheck, step: st.Step) -> None:
+    """Check one step against the replayed fleet (problems go to ``ctx``)."""
+    if step.job is not None:
+        jid = str(step.job)
+        if jid not in ctx.jobs:
+            ctx.problems.append(f"job #{jid} no longer exists")
+            return
+        ctx.touched.add(jid)
+    RULES[step.op][0](ctx, step)
+
+
+def apply(actor, action: Action, step: st.Step) -> None:
+    """The database side of one step, inside the caller's transaction."""
+    RULES[step.op][1](actor, action, step)
