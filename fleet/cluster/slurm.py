@@ -318,7 +318,11 @@ class SlurmAdapter:
             args.append(f"--gres=gpu:{job.num_gpus}")
         if spec.get("account"):
             args.append(f"--account={spec['account']}")
-        if spec.get("time_limit"):
+        # The API's section gives minutes (time_limit_min); sbatch --time takes
+        # plain minutes too, or any of its own formats (time_limit).
+        if spec.get("time_limit_min"):
+            args.append(f"--time={int(spec['time_limit_min'])}")
+        elif spec.get("time_limit"):
             args.append(f"--time={spec['time_limit']}")
         env = spec.get("env") or {}
         if env:
