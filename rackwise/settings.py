@@ -238,6 +238,33 @@ RACKWISE_K8S_RACK_LABEL = env_str("RACKWISE_K8S_RACK_LABEL", "") or "nvidia.com/
 RACKWISE_METRICS_TOKEN = env_str("RACKWISE_METRICS_TOKEN", "") or ""
 RACKWISE_METRICS_ALLOW = env_cidrs("RACKWISE_METRICS_ALLOW", ["127.0.0.0/8", "::1/128"])
 
+# --- Slurm (issue #11): the Slurm adapter (fleet.cluster.slurm) and its sync ---------
+# Directory of Slurm's clients (sbatch, scontrol, squeue, scancel); empty: PATH.
+# `scripts/slurm-cluster start` prints the wrapper directory of its chroot.
+RACKWISE_SLURM_BIN = env_str("RACKWISE_SLURM_BIN", "") or ""
+# The partition Rackwise manages: its jobs go there, and held jobs submitted
+# there directly (`sbatch --hold`) are adopted as Rackwise jobs.
+RACKWISE_SLURM_PARTITION = env_str("RACKWISE_SLURM_PARTITION", "") or "gpu"
+# Seconds between two syncs of Slurm's nodes and jobs into Rackwise.
+RACKWISE_SLURM_SYNC_S = env_int("RACKWISE_SLURM_SYNC_S", 15, minimum=1)
+# The tenant adopted Slurm jobs belong to (created when first needed).
+RACKWISE_SLURM_TENANT = env_str("RACKWISE_SLURM_TENANT", "") or "slurm"
+# Where the adapter writes job scripts and Slurm writes their output, as this
+# process sees it, and as Slurm's nodes see it (they differ for a chroot or a
+# shared file system mounted elsewhere; empty: the same path).
+RACKWISE_SLURM_JOBS_DIR = env_str("RACKWISE_SLURM_JOBS_DIR", "") or ""
+RACKWISE_SLURM_JOBS_DIR_IN_CLUSTER = env_str("RACKWISE_SLURM_JOBS_DIR_IN_CLUSTER", "") or ""
+# A checkpoint step sends this signal to the job's batch script
+# (`scancel --signal=SIG --batch`) and then waits this many seconds for it to save.
+RACKWISE_SLURM_CHECKPOINT_SIGNAL = env_str("RACKWISE_SLURM_CHECKPOINT_SIGNAL", "") or "USR1"
+RACKWISE_SLURM_CHECKPOINT_GRACE_S = env_float("RACKWISE_SLURM_CHECKPOINT_GRACE_S", 5.0, minimum=0.0)
+# Longest a Slurm command may take before slurmctld counts as unreachable (the
+# step is then retried with backoff).
+RACKWISE_SLURM_TIMEOUT_S = env_float("RACKWISE_SLURM_TIMEOUT_S", 20.0, minimum=1.0)
+# Longest a step waits for a Slurm job to reach a state (pending after a
+# requeuehold, running after a release) before it reports "not yet".
+RACKWISE_SLURM_WAIT_S = env_float("RACKWISE_SLURM_WAIT_S", 10.0, minimum=0.5)
+
 # --- Decisions: proposal recheck and the decision lock (issue #10, items 2-3) --------
 # A proposal waiting for an operator is re-checked against the fleet when a node of
 # its racks changes, and at least this often: if the fleet made it obsolete (its

@@ -13,13 +13,14 @@ from fleet.topology import Topology, TopologyError, slurm
 from fleet.topology import kubernetes as k8s
 from fleet.topology.model import read_text
 
-SOURCES = ("kubernetes", "kubernetes-api", "slurm")
+SOURCES = ("kubernetes", "kubernetes-api", "slurm", "slurm-live")
 
 
 class Command(BaseCommand):
     help = (
         "Import racks (NVLink domains), nodes, GPU counts and node states from Kubernetes "
-        "(`kubectl get nodes -o json` output, or the API) or from a Slurm topology.conf (topology/block). "
+        "(`kubectl get nodes -o json` output, or the API), from a Slurm topology.conf (topology/block), "
+        "or from the running Slurm (slurm-live: `scontrol show topology` and `scontrol show nodes --json`). "
         "Prints what changed; --dry-run only prints it."
     )
 
@@ -86,6 +87,10 @@ class Command(BaseCommand):
             return k8s.parse_nodes(
                 doc, rack_label=options["rack_label"], source="kubernetes-api", max_gpus=max_gpus
             )
+        if source == "slurm-live":
+            if path:
+                raise CommandError("--from slurm-live reads the running Slurm (RACKWISE_SLURM_BIN); give no file")
+            return _slurm_live(max_gpus)
         if not path:
             raise CommandError(f"--from {source} needs a FILE")
         if source == "kubernetes":
@@ -99,3 +104,14 @@ class Command(BaseCommand):
                 k8s.load_json(options["nodes"]), options["nodes"], max_gpus=max_gpus
             )
         return slurm.to_topology(conf, scontrol, nodes_place=options["nodes"] or "")
+
+
+def _slurm_live(max_gpus: int) -> Topology:
+    """Blocks and nodes from the running Slurm, through the adapter's CLI."""
+    from fleet.cluster.base import ClusterUnavailable, StepFailed
+    from fleet.cluster.slurm import SlurmAdapter
+
+    try:
+        return SlurmAdapter.from_settings().topology(max_gpus=max_gpus)
+    except (ClusterUnavailable, StepFailed) as exc:
+        raise CommandError(f"slurm-live: {exc}") from exc
