@@ -14,9 +14,13 @@ DEFAULT_SCHEDULES: dict[str, tuple[str, int]] = {
     # than RACKWISE_PROPOSAL_RECHECK_S (rack changes recheck sooner).
     "proposal recheck": ("fleet.tasks.recheck_proposals", max(1, settings.RACKWISE_PROPOSAL_RECHECK_S // 2)),
     "detect failed nodes": ("fleet.tasks.detect_failures", 15),
-    # What the cluster did (jobs ended there); the simulated cluster also asks
-    # for a sync when a job is due to end.
-    "cluster sync": ("fleet.tasks.sync_cluster", settings.RACKWISE_CLUSTER_SYNC_S),
+    # What the cluster did (jobs ended there; for Slurm also nodes, blocks and
+    # held jobs to adopt); the simulated cluster also asks for a sync when a job
+    # is due to end.
+    "cluster sync": (
+        "fleet.tasks.sync_cluster",
+        settings.RACKWISE_SLURM_SYNC_S if settings.RACKWISE_CLUSTER == "slurm" else settings.RACKWISE_CLUSTER_SYNC_S,
+    ),
     "defrag plan (hourly)": ("fleet.tasks.plan_defrag", 3600),
     "defrag thresholds": ("fleet.tasks.defrag_watch", 60),
     "fleet sample (console chart)": ("fleet.tasks.sample_fleet", 60),

@@ -25,6 +25,7 @@ from fleet.cluster.base import (
     DONE,
     JOB_CANCELLED,
     JOB_COMPLETED,
+    JOB_FAILED,
     JOB_PENDING,
     JOB_RUNNING,
     ClusterUnavailable,
@@ -445,3 +446,39 @@ def test_rackwise_executor_still_works_for_one_release_with_a_deprecation_warnin
     assert default.stdout.strip() == "simulated"
     refused = _cluster_setting(RACKWISE_CLUSTER="webhook")
     assert refused.returncode != 0 and "RACKWISE_CLUSTER=webhook needs RACKWISE_WEBHOOK_URL" in refused.stderr
+
+
+# --- a job the cluster holds for Rackwise ends there -----------------------------------
+
+
+class EndedAdapter(InstantAdapter):
+    """A cluster in which every job Rackwise asks about has failed, and which
+    refuses to start a job again (as the Slurm adapter refuses to resubmit)."""
+
+    def perform(self, action, index, step):
+        raise StepFailed(f"job #{step.job} already ended in the cluster")
+
+    def job_states(self, jobs):
+        return {job.pk: JobReport(job.external_id or "", JOB_FAILED, reason="NODE_FAIL") for job in jobs}
+
+
+def test_a_pending_job_whose_cluster_job_ended_is_ended_by_the_failed_step_not_placed_again(fleet, submitter):
+    # Before: sync asked only about jobs holding GPUs, so a job held pending in
+    # the cluster (stopped for a move, or adopted) that ended there stayed
+    # pending, and each scheduling pass placed it again, and failed again.
+    nodes = list(fleet[0].nodes.order_by("slot")[:1])
+    job = job_services.submit_job(submitter, job_services.JobSpec(name="gone", num_gpus=4, tenant="llm"))
+    Job.objects.filter(pk=job.pk).update(external_id="77")
+    action = action_services.propose(
+        kind=ActionKind.PLACEMENT,
+        title="place",
+        steps=[st.Allocate(job=job.pk, nodes={nodes[0].pk: [0, 1, 2, 3]}), st.Start(job=job.pk)],
+        jobs=[job.pk],
+    )
+
+    result = action_services.execute_next_step(action.pk, adapter=EndedAdapter())
+
+    assert result.message == "failed"
+    job.refresh_from_db()
+    assert job.state == JobState.FAILED and job.state_reason == "NODE_FAIL"
+    assert cluster_sync.sync_jobs(EndedAdapter())["asked"] == 0

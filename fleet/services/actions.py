@@ -29,7 +29,7 @@ from fleet.cluster.steps import Step, StepError
 from fleet.models import Action, ApprovalPolicy, Job, Rack
 from fleet.permissions import has_role
 from fleet.services import action_lifecycle as lifecycle
-from fleet.services import audit
+from fleet.services import audit, cluster_sync
 from fleet.services import jobs as job_services
 from fleet.services import steps as step_rules
 from fleet.services.errors import InvalidInput, NotAllowed, ServiceError
@@ -301,6 +301,10 @@ def execute_next_step(action_id: int, adapter: ClusterAdapter | None = None) -> 
         outcome = adapter.perform(action, index, step)
     except StepFailed as exc:
         _fail(action.pk, index, step.op, str(exc))
+        if step.job is not None:
+            # The cluster may say why (the job ended there): apply it now, so
+            # the scheduler does not place an ended job again before the next sync.
+            cluster_sync.sync_jobs(adapter, job_ids=[step.job])
         return StepResult(False, "failed")
     except ClusterUnavailable as exc:
         return _put_off(action.pk, index, step, str(exc))

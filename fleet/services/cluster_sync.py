@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import logging
 
-from fleet.choices import HOLDING_JOB_STATES
+from django.db.models import Q
+
+from fleet.choices import HOLDING_JOB_STATES, JobState
 from fleet.cluster.base import (
     JOB_CANCELLED,
     JOB_COMPLETED,
@@ -28,9 +30,10 @@ from fleet.services.errors import Conflict
 
 log = logging.getLogger(__name__)
 
-# The jobs whose end the cluster may report: those that hold GPUs
-# (placed, running, recovering).
-SYNCED_JOB_STATES = HOLDING_JOB_STATES
+# The jobs whose end the cluster may report: those that hold GPUs (placed,
+# running, recovering), and pending jobs that have a job in the cluster (held
+# there while Rackwise places them: adopted, or stopped for a move).
+SYNCED_JOBS = Q(state__in=HOLDING_JOB_STATES) | Q(state=JobState.PENDING, external_id__isnull=False)
 
 
 def apply_job_report(job_id: int, report: JobReport, *, attempt: int | None = None) -> str:
@@ -48,10 +51,10 @@ def apply_job_report(job_id: int, report: JobReport, *, attempt: int | None = No
     """
     if report.state not in JOB_ENDED:
         return "running"
-    job = Job.objects.filter(pk=job_id).only("state").first()
+    job = Job.objects.filter(pk=job_id).only("state", "external_id").first()
     if job is None:
         return "gone"
-    if job.state not in HOLDING_JOB_STATES:
+    if not Job.objects.filter(SYNCED_JOBS, pk=job_id).exists():
         return f"already {job.state}"
     why = report.reason or f"{report.state} in the cluster"
     try:
@@ -70,13 +73,15 @@ def apply_job_report(job_id: int, report: JobReport, *, attempt: int | None = No
         return "stale" if "stale" in str(exc) else f"skipped: {exc}"
 
 
-def sync_jobs(adapter: ClusterAdapter | None = None) -> dict:
-    """Ask the cluster about Rackwise's placed, running and recovering jobs and
-    apply what it says. Returns ``{"asked": n, "completed": [ids], "failed":
+def sync_jobs(adapter: ClusterAdapter | None = None, job_ids: list[int] | None = None) -> dict:
+    """Ask the cluster about Rackwise's placed, running and recovering jobs (and
+    pending ones it holds) and apply what it says. Returns ``{"asked": n, "completed": [ids], "failed":
     [...], "cancelled": [...], "stale": [...]}``, or ``{"error": ...}`` when the
-    cluster could not be reached (nothing changes; the next sync tries again)."""
+    cluster could not be reached (nothing changes; the next sync tries again).
+    ``job_ids``: only these jobs."""
     adapter = adapter or get_adapter()
-    jobs = list(Job.objects.filter(state__in=SYNCED_JOB_STATES).order_by("pk"))
+    jobs = Job.objects.filter(SYNCED_JOBS).order_by("pk")
+    jobs = list(jobs if job_ids is None else jobs.filter(pk__in=job_ids))
     result: dict = {"asked": len(jobs), "completed": [], "failed": [], "cancelled": [], "stale": []}
     if not jobs:
         return result
@@ -99,4 +104,12 @@ def sync(adapter: ClusterAdapter | None = None) -> dict:
     """One sync with the cluster: what it says of jobs (and, where the cluster
     reports them, of nodes and of jobs to adopt). Returns one entry per part."""
     adapter = adapter or get_adapter()
-    return {"jobs": sync_jobs(adapter)}
+    out: dict = {}
+    if getattr(adapter, "name", "") == "slurm":
+        # Topology, node states, adoption and reconcile first, so the jobs'
+        # reports meet nodes as Slurm has them now.
+        from fleet.services import slurm_sync
+
+        out["slurm"] = slurm_sync.sync(adapter)
+    out["jobs"] = sync_jobs(adapter)
+    return out

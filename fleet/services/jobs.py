@@ -468,12 +468,14 @@ def finish_job(
     expect_attempt: int | None = None,
     finished_at: datetime | None = None,
 ) -> Job:
-    """A running (or recovering) job ended; its GPUs return to the pool.
+    """A running (or recovering) job ended; its GPUs return to the pool. A
+    pending job that has a job in the cluster (held there while Rackwise places
+    it, e.g. after a stop) may end too, when the cluster says that job ended.
     ``expect_attempt``: refuse (Conflict) if the job was restarted since the
     end was seen; ``finished_at``: when it ended (the cluster's accounting)."""
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job_id)
-        if job.state not in HOLDING_JOB_STATES:
+        if job.state not in HOLDING_JOB_STATES and not (job.state == JobState.PENDING and job.external_id):
             raise Conflict(f"job #{job.pk} is {job.state}; it holds no GPUs to finish with")
         _check_attempt(job, expect_attempt)
         before = job_snapshot(job)

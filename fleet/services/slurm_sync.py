@@ -109,7 +109,8 @@ def sync_nodes(adapter) -> dict[str, list[str]]:
         else:
             reason = f"Slurm {report.state}: {report.reason}" if report.reason else f"{report.state} in Slurm"
         try:
-            services[change](None, node.pk, reason[:250])
+            # mirror=False: Slurm already has this state.
+            services[change](None, node.pk, reason[:250], mirror=False)
         except ServiceError as exc:  # changed meanwhile (a Conflict): the next sync sees it
             log.info("slurm sync: %s %s skipped: %s", change, node.hostname, exc)
             continue
