@@ -1,12 +1,15 @@
-"""In-place swap on a real Slurm 24.11: time from the swap step starting to the
+"""In-place swap on a real Slurm 24.11: time from an operator's approval to the
 job RUNNING again on its new nodes, median over 10 swaps.
 
 Each round: an 8-node job runs in rack01; one of its nodes is set DOWN in Slurm
 (Slurm kills and requeues the job itself); the Slurm sync fails the node in
-Rackwise (the job goes recovering); then, timed, the adapter's swap step
-(``requeuehold``/``hold``, ``update NodeList=.. StartTime=now``), the swap's
-database side, and the restart step (``release``, wait for RUNNING). The node
-is then resumed in Slurm and synced back for the next round.
+Rackwise (the job goes recovering) and recovery proposes a swap for a spare in
+the rack (recovery is set to need approval here). Timed: the approval, then the
+action's steps as a worker runs them (``execute_next_step`` in this process,
+so Celery's hand-off of a few milliseconds is left out): the swap
+(``requeuehold``/``hold``, ``update NodeList=.. StartTime=now``) and the restart
+(``release``, wait for RUNNING). The node is then resumed in Slurm and synced
+back for the next round.
 
     .venv/bin/python benchmarks/bench_slurm_swap.py [--rounds 10]
 
@@ -70,11 +73,13 @@ def main() -> None:
     old_name = connection.settings_dict["NAME"]
     connection.creation.create_test_db(verbosity=0, autoclobber=True)
     try:
+        from fleet.choices import ActionKind, ActionState, ApprovalMode
         from fleet.cluster import steps as st
         from fleet.cluster.slurm import SlurmAdapter
-        from fleet.models import Job, Node, Tenant
+        from fleet.models import Allocation, Job, Node, Tenant
+        from fleet.services import actions as action_services
         from fleet.services import jobs as job_services
-        from fleet.services import slurm_sync
+        from fleet.services import recovery, slurm_sync
         from fleet.services.users import ensure_user
 
         adapter = SlurmAdapter.from_settings()
@@ -87,7 +92,6 @@ def main() -> None:
         user, _ = ensure_user(None, "bench", role="operator", issue_token=False)
         nodes = {n.hostname: n for n in Node.objects.all()}
         hosts = [f"r01n{i:02d}" for i in range(1, 9)]
-        spares = [f"r01n{i:02d}" for i in range(9, 19)]
 
         job = job_services.submit_job(user, job_services.JobSpec(name="bench", tenant="bench", num_nodes=8, gpus_per_node=4))
         Job.objects.filter(pk=job.pk).update(
@@ -100,25 +104,35 @@ def main() -> None:
         job_services.start_job(None, job.pk)
         sid = out.external_id
 
+        action_services.set_policy(user, ActionKind.RECOVERY, ApprovalMode.MANUAL)
         times: list[float] = []
         for n in range(args.rounds):
-            failed, spare = hosts[n % len(hosts)], spares[n % len(spares)]
+            failed = hosts[n % len(hosts)]
             cli.run("scontrol", "update", f"NodeName={failed}", "State=DOWN", "Reason=bench: fell off the bus")
             slurm_sync.sync_nodes(adapter)
             assert Job.objects.get(pk=job.pk).state == "recovering"
+            action = recovery.plan_recovery(job.pk)
+            assert action is not None and action.kind == ActionKind.RECOVERY, action
             t0 = time.monotonic()
-            swap = st.Swap(job=job.pk, swaps={nodes[failed].pk: nodes[spare].pk}, hostname_swaps={failed: spare})
-            adapter.perform(None, 0, swap)
-            job_services.swap_job_nodes(None, job.pk, swap.swaps, reason="bench swap")
-            outcome = adapter.perform(None, 1, st.Restart(job=job.pk))
+            action_services.approve(user, action.pk)
+            while action_services.execute_next_step(action.pk, adapter=adapter).more:
+                pass
             took = time.monotonic() - t0
-            job_services.start_job(None, job.pk)
+            action.refresh_from_db()
             running = cli.job(sid)
-            hosts = sorted((set(hosts) - {failed}) | {spare})
-            spares = sorted((set(spares) - {spare}) | {failed})
-            ok = outcome.status == "done" and sorted(cli.run("scontrol", "show", "hostnames", running["nodes"]).split()) == hosts
+            new_hosts = sorted(
+                set(Allocation.objects.filter(job=job, released_at__isnull=True).values_list("gpu__node__hostname", flat=True))
+            )
+            (spare,) = set(new_hosts) - set(hosts)
+            ok = (
+                action.state == ActionState.SUCCEEDED
+                and running["job_state"] == ["RUNNING"]
+                and sorted(cli.run("scontrol", "show", "hostnames", running["nodes"]).split()) == new_hosts
+            )
+            hosts = new_hosts
             times.append(took)
-            print(f"swap {n + 1:2d}: {failed} -> {spare}  {took:5.2f} s  {'RUNNING on the new nodes' if ok else 'NOT as planned'}")
+            verdict = "RUNNING on the new nodes" if ok else f"NOT as planned: {action.state}, {running['job_state']}, {running['nodes']}"
+            print(f"swap {n + 1:2d}: {failed} -> {spare}  {took:5.2f} s  {verdict}")
             cli.run("scontrol", "update", f"NodeName={failed}", "State=RESUME")
             deadline = time.monotonic() + 10
             while not slurm_sync.sync_nodes(adapter)["return"] and time.monotonic() < deadline:
@@ -126,7 +140,7 @@ def main() -> None:
         cli.run("scancel", sid)
         print(
             f"\n{len(times)} swaps on an 8-node job: median {statistics.median(times):.2f} s, "
-            f"min {min(times):.2f} s, max {max(times):.2f} s (swap step start -> RUNNING on the new nodes)"
+            f"min {min(times):.2f} s, max {max(times):.2f} s (approval -> RUNNING on the new nodes)"
         )
     finally:
         connection.creation.destroy_test_db(old_name, verbosity=0)

@@ -121,7 +121,7 @@ def test_a_submitted_job_runs_on_the_chosen_nodes_in_one_block_and_its_end_frees
     assert consistent_violations() == []
 
 
-def test_a_job_held_in_slurm_is_adopted_placed_rack_locally_and_released(slurm_fleet):
+def test_a_job_held_in_slurm_is_adopted_placed_rack_locally_released_and_its_scancel_ends_it(slurm_fleet):
     cluster = slurm_fleet
     out = cluster.run(
         "sbatch", "--parsable", "--hold", "-p", cluster.partition, "-N", "8", "--gres=gpu:4", "--exclusive",
@@ -135,6 +135,10 @@ def test_a_job_held_in_slurm_is_adopted_placed_rack_locally_and_released(slurm_f
         chosen = rackwise_hostnames(job.pk)
         assert len(chosen) == 8 and len(racks_of(chosen)) == 1
         assert slurm_nodes(cluster, slurm_id) == chosen
+        # Its user cancels it in Slurm: the Rackwise job is cancelled and its GPUs freed.
+        cluster.run("scancel", slurm_id)
+        sync_until(lambda: Job.objects.get(pk=job.pk).state == JobState.CANCELLED, 20, "the scancel to reach Rackwise")
+    assert rackwise_hostnames(job.pk) == set()
     assert consistent_violations() == []
 
 
