@@ -46,6 +46,14 @@ def test_seed_demo_creates_the_demo_fleet_and_says_how_to_log_in(db):
         assert any(line.split()[:2] == [username, role] for line in output.splitlines()), username
 
 
+def test_seed_demo_users_only_makes_no_racks(db):
+    output = run("seed_demo", "--users-only")
+
+    assert Rack.objects.count() == 0
+    assert "0 racks (0 new)" in output
+    assert get_user_model().objects.filter(username__in=list(DEMO_USERS)).count() == len(DEMO_USERS)
+
+
 def test_seed_demo_gives_each_demo_user_their_role_tenants_and_password(db):
     run("seed_demo")
 

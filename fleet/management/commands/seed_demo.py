@@ -21,9 +21,14 @@ DEMO_RACKS = 8
 class Command(BaseCommand):
     help = "Create a demo fleet (8 NVL72 racks) and a demo user for each role."
 
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--users-only", action="store_true", help="only the demo users (the racks come from a real cluster)"
+        )
+
     def handle(self, *args, **options):
         created = 0
-        for i in range(DEMO_RACKS):
+        for i in range(0 if options["users_only"] else DEMO_RACKS):
             name = f"rack-{i + 1:02d}"
             if Rack.objects.filter(name=name).exists():
                 continue
@@ -41,7 +46,7 @@ class Command(BaseCommand):
         for username, role, tenants in DEMO_USERS:
             if not User.objects.filter(username=username).exists():
                 ensure_user(None, username, role=role, tenants=tenants, password=DEMO_PASSWORD, issue_token=False)
-        self.stdout.write(f"Demo fleet: {Rack.objects.count()} racks ({created} new).")
+        self.stdout.write(f"Fleet: {Rack.objects.count()} racks ({created} new).")
         self.stdout.write("Log in at http://127.0.0.1:8000/ with one of these users,")
         self.stdout.write(f"password {DEMO_PASSWORD!r}:")
         for username, role, tenants in DEMO_USERS:
