@@ -30,6 +30,30 @@ POLICY_NAMES = ("rackwise", "first-fit", "random", "slurm-block", "kueue-tas")
 # Event kinds, in the order they are handled at one instant: free first, then harm,
 # then new work.
 COMPLETE, REPAIR, FAIL, ARRIVE = 0, 1, 2, 3
+# A requeued job back in the queue after its relaunch delay (handled like an arrival).
+RELAUNCH = 4
+
+# Bounded slowdown's floor on run time (Feitelson, "Metrics for parallel job
+# scheduling and their convergence", JSSPP 2001: tau = 10 minutes).
+BSLD_TAU_S = 600.0
+# Size classes of the per-size wait figures, in order (see size_class()).
+SIZE_CLASSES = ("1gpu", "1node", "2-8nodes", "9-18nodes", "multirack")
+# Causes of lost GPU-hours (gpu_hours_lost).
+LOSS_CAUSES = ("span_slowdown", "failures", "migrations")
+
+
+def size_class(job: JobRequest, gpus_per_node: int, nodes_per_rack: int) -> str:
+    """The job's size class: ``1gpu`` (one GPU), ``1node`` (2 GPUs up to one node's),
+    ``2-8nodes``, ``9-18nodes`` (9 nodes up to one rack's), ``multirack`` (more nodes
+    than a rack has). Nodes are ``ceil(num_gpus / gpus_per_node)``."""
+    if job.total_gpus == 1 and job.num_nodes is None:
+        return "1gpu"
+    if job.is_small(gpus_per_node):
+        return "1node"
+    n = job.nodes_needed(gpus_per_node)
+    if n > nodes_per_rack:
+        return "multirack"
+    return "2-8nodes" if n <= 8 else "9-18nodes"
 
 
 @dataclass
@@ -52,6 +76,11 @@ class SimConfig:
     defrag_after_s: float | None = None
     defrag_budget_gpu_hours: float = 200.0
     check_invariants: bool = False  # validate the fleet after every instant (tests)
+    # A requeued job (failure under Slurm-like recovery, or a preempted victim) may
+    # start again only this long after it was stopped: the scheduler has to notice,
+    # the job goes back to pending, then it is relaunched (an in-place swap pays only
+    # the restart).
+    requeue_delay_s: float = 120.0
 
 
 @dataclass
@@ -73,6 +102,8 @@ class JobState:
     always_local: bool = True
     excess: int = 0
     ran: bool = False
+    need: int = 1  # fewest racks the gang could run on (segments kept whole)
+    restart_cause: str = "failures"  # what the next restart penalty is charged to
 
 
 @dataclass
@@ -119,6 +150,8 @@ class Simulation:
         self.counts = {"failures": 0, "in_place_recoveries": 0, "requeues": 0,
                        "migrations": 0, "rejected": 0}
         self.migration_gpu_s = 0.0
+        self.lost_gpu_s = dict.fromkeys(LOSS_CAUSES, 0.0)
+        self.relaunches_pending = 0
         self.series: list[tuple[float, float, int, float]] = []
         self.held_now = 0
         self.done = 0
@@ -165,6 +198,9 @@ class Simulation:
                     self._fail(t)
                     if self.unfinished > 0:
                         self.push(t + self.fail_rng.expovariate(1 / fail_gap), FAIL, "")
+                elif kind == RELAUNCH:
+                    self.relaunches_pending -= 1
+                    self._enqueue(self.jobs[key])
                 elif kind == REPAIR:
                     self.fleet.set_health(key, HEALTHY)
                     self.repairs_pending -= 1
@@ -176,7 +212,7 @@ class Simulation:
                 self._check(t)
             last_t = max(last_t, t)
             if (self.queued and not self.running and not self.arrivals_left
-                    and not self.repairs_pending):
+                    and not self.repairs_pending and not self.relaunches_pending):
                 self._reject_stuck()
             if t >= next_sample:
                 frag = fragmentation(self.fleet, shapes_seen or None).fraction
@@ -291,7 +327,7 @@ class Simulation:
             return
         for move in plan.moves:
             mst = self.jobs[move.job_id]
-            lost = self._interrupt(now, mst)
+            lost = self._interrupt(now, mst, cause="migrations")
             self.fleet.release(move.job_id)
             alloc = Allocation(mst.job, dict(move.to_nodes), [list(x) for x in move.to_segments])
             self.fleet.allocate(alloc)
@@ -351,9 +387,12 @@ class Simulation:
         if not job.is_small(gpn):
             n = job.nodes_needed(gpn)
             st.nodes = n
-            need = min_racks(n, cfg.nodes_per_rack, None)
+            # Segments stay whole, so a segmented gang may need more racks than
+            # ceil(nodes / rack) (36 nodes in segments of 16: 3 racks, not 2).
+            need = max(1, min_racks(n, cfg.nodes_per_rack, job.segment_nodes))
+            st.need = need
             st.excess = max(st.excess, racks_used - need)
-            if n <= cfg.nodes_per_rack and racks_used > 1:
+            if need == 1 and racks_used > 1:
                 st.always_local = False
             st.speed = 1.0 - cfg.cross_rack_slowdown if racks_used > need else 1.0
         else:
@@ -373,6 +412,7 @@ class Simulation:
         if int(version) != st.version or jid not in self.running:
             return  # superseded by an interruption
         self.held_gpu_s += st.gpus * (t - st.run_start)
+        self._charge(st, t - st.run_start, None)
         self.useful_gpu_s += st.job.total_gpus * st.duration
         self.held_now -= st.gpus
         self.running.discard(jid)
@@ -383,7 +423,23 @@ class Simulation:
         self.done += 1
         self._freed()
 
-    def _interrupt(self, t: float, st: JobState) -> float:
+    def _charge(self, st: JobState, elapsed: float, saved: float | None,
+                cause: str = "failures") -> None:
+        """Split a run's held GPU-seconds into losses: the restart penalty goes to what
+        caused the restart, work since the last checkpoint (``saved`` of the
+        productive time kept; None: all of it, the job completed) to ``cause``, and
+        the kept work's share lost to running slowed over extra racks to
+        ``span_slowdown``."""
+        g = st.gpus
+        pen = min(elapsed, st.penalty)
+        productive = max(0.0, elapsed - st.penalty)
+        kept = productive if saved is None else saved
+        lost = self.lost_gpu_s
+        lost[st.restart_cause] += g * pen
+        lost[cause] += g * (productive - kept)
+        lost["span_slowdown"] += g * kept * (1.0 - st.speed)
+
+    def _interrupt(self, t: float, st: JobState, cause: str = "failures") -> float:
         """Stop the current run: bank the work up to the last checkpoint.
 
         Returns the GPU-seconds lost (work since the checkpoint plus restart time)."""
@@ -392,6 +448,8 @@ class Simulation:
         productive = max(0.0, elapsed - st.penalty)
         saved = math.floor(productive / ckpt) * ckpt if ckpt > 0 else productive
         st.remaining = max(0.0, st.remaining - saved * st.speed)
+        self._charge(st, elapsed, saved, cause)
+        st.restart_cause = cause
         self.held_gpu_s += st.gpus * elapsed
         self.held_now -= st.gpus
         self.running.discard(st.job.id)
@@ -403,7 +461,13 @@ class Simulation:
         self._interrupt(t, st)
         self.fleet.release(st.job.id)
         self.counts["requeues"] += 1
-        self._enqueue(st)
+        # Back in the queue at its old place (order keeps its submit time), but
+        # only after the relaunch delay.
+        if self.cfg.requeue_delay_s > 0:
+            self.relaunches_pending += 1
+            self.push(t + self.cfg.requeue_delay_s, RELAUNCH, st.job.id)
+        else:
+            self._enqueue(st)
         self._freed()
 
     def _fail(self, t: float) -> None:
@@ -461,12 +525,29 @@ class Simulation:
         makespan -= first_submit
         waits = sorted(s.first_start - s.submit for s in started if s.first_start is not None)
         multi = [s for s in started if s.nodes > 0]
-        local_pool = [s for s in multi if s.nodes <= self.cfg.nodes_per_rack]
+        local_pool = [s for s in multi if s.need == 1]
+        cfg = self.cfg
 
-        def pct(p: float) -> float:
-            if not waits:
+        def pct(p: float, xs: list[float] | None = None) -> float:
+            xs = waits if xs is None else xs
+            if not xs:
                 return 0.0
-            return waits[min(len(waits) - 1, max(0, math.ceil(p * len(waits)) - 1))]
+            return xs[min(len(xs) - 1, max(0, math.ceil(p * len(xs)) - 1))]
+
+        # Wait weighted by the GPU-hours each started job asked for (GPUs x duration).
+        weight = sum(s.job.total_gpus * s.duration for s in started)
+        weighted_wait = (sum((s.first_start - s.submit) * s.job.total_gpus * s.duration
+                             for s in started if s.first_start is not None) / weight
+                         if weight else 0.0)
+        bsld = [max(1.0, (s.end - s.submit) / max(s.duration, BSLD_TAU_S))
+                for s in done if s.end is not None]
+        by_size: dict[str, list[float]] = {c: [] for c in SIZE_CLASSES}
+        for s in started:
+            if s.first_start is not None:
+                c = size_class(s.job, cfg.gpus_per_node, cfg.nodes_per_rack)
+                by_size[c].append(s.first_start - s.submit)
+        for xs in by_size.values():
+            xs.sort()
 
         return {
             "policy": self.policy,
@@ -490,6 +571,13 @@ class Simulation:
             "requeues": self.counts["requeues"],
             "migrations": self.counts["migrations"],
             "migration_gpu_hours": _r(self.migration_gpu_s / 3600),
+            "gpu_hour_weighted_wait_s": _r(weighted_wait),
+            "bounded_slowdown_mean": _r(sum(bsld) / len(bsld) if bsld else 0.0),
+            "p95_wait_s_by_size": {c: _r(pct(0.95, xs)) for c, xs in by_size.items()},
+            "max_wait_s_by_size": {c: _r(xs[-1] if xs else 0.0) for c, xs in by_size.items()},
+            "gpu_hours_lost": {c: _r(self.lost_gpu_s[c] / 3600) for c in LOSS_CAUSES},
+            "useful_utilization": _r(self.useful_gpu_s / (self.total_gpus * makespan)
+                                     if makespan > 0 else 0.0),
             "wall_s": round(wall, 3),
         }
 

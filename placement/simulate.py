@@ -19,7 +19,9 @@ JSON_KEYS = (
     "policy", "jobs", "completed", "rejected", "gpu_utilization", "rack_local_fraction",
     "excess_racks_mean", "mean_wait_s", "p50_wait_s", "p95_wait_s", "mean_jct_s",
     "makespan_s", "goodput", "failures", "in_place_recoveries", "requeues", "migrations",
-    "migration_gpu_hours", "wall_s",
+    "migration_gpu_hours", "gpu_hour_weighted_wait_s", "bounded_slowdown_mean",
+    "p95_wait_s_by_size", "max_wait_s_by_size", "gpu_hours_lost", "useful_utilization",
+    "wall_s",
 )
 
 
@@ -37,6 +39,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--repair-hours", type=float, default=24.0)
     ap.add_argument("--checkpoint-minutes", type=float, default=60.0)
     ap.add_argument("--restart-minutes", type=float, default=10.0)
+    ap.add_argument("--requeue-delay-s", type=float, default=120.0,
+                    help="a requeued job may start again this long after it stopped")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ap.add_argument("--plot", metavar="FILE.png",
@@ -52,7 +56,8 @@ def _check(ap: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
             ap.error(f"--{name.replace('_', '-')} must be at least 1")
     if not 0 <= args.cross_rack_slowdown < 1:
         ap.error("--cross-rack-slowdown must be in [0, 1)")
-    for name in ("node_mtbf_hours", "repair_hours", "checkpoint_minutes", "restart_minutes"):
+    for name in ("node_mtbf_hours", "repair_hours", "checkpoint_minutes", "restart_minutes",
+                 "requeue_delay_s"):
         if getattr(args, name) < 0:
             ap.error(f"--{name.replace('_', '-')} must not be negative")
     return list(POLICY_NAMES) if args.policy == "all" else [args.policy]
@@ -83,16 +88,31 @@ class ProgressBar:
         self.index += 1
 
 
+def worst_p95(row: dict[str, Any]) -> tuple[float, str]:
+    """The highest per-size-class p95 wait and its class."""
+    by = row["p95_wait_s_by_size"]
+    cls = max(by, key=lambda c: by[c])  # the first class on ties
+    return by[cls], cls if by[cls] > 0 else "-"
+
+
 def table(rows: list[dict[str, Any]]) -> str:
+    """The headline set first (JCT, GPU-hour-weighted wait, bounded slowdown, worst p95
+    by size class, rack-local, useful utilization), then the context."""
     cols = [("policy", "policy", "{}"), ("completed", "done", "{}"), ("rejected", "rej", "{}"),
-            ("gpu_utilization", "util", "{:.3f}"), ("goodput", "goodput", "{:.3f}"),
+            ("mean_jct_s", "JCT s", "{:.0f}"),
+            ("gpu_hour_weighted_wait_s", "GPU-h wait s", "{:.0f}"),
+            ("bounded_slowdown_mean", "bsld", "{:.2f}"),
+            ("worst_p95", "worst p95 s (class)", "{}"),
             ("rack_local_fraction", "rack-local", "{:.3f}"),
-            ("excess_racks_mean", "excess", "{:.3f}"), ("mean_wait_s", "wait mean s", "{:.0f}"),
-            ("p95_wait_s", "wait p95 s", "{:.0f}"), ("mean_jct_s", "JCT s", "{:.0f}"),
-            ("failures", "fail", "{}"), ("in_place_recoveries", "in-place", "{}"),
-            ("requeues", "requeue", "{}"), ("migrations", "migr", "{}"),
-            ("wall_s", "wall s", "{:.1f}")]
-    cells = [[h for _, h, _ in cols]] + [[f.format(r[k]) for k, _, f in cols] for r in rows]
+            ("useful_utilization", "useful util", "{:.3f}"),
+            ("goodput", "goodput", "{:.3f}"), ("mean_wait_s", "wait mean s", "{:.0f}"),
+            ("failures", "fail", "{}"), ("requeues", "requeue", "{}"),
+            ("migrations", "migr", "{}"), ("wall_s", "wall s", "{:.1f}")]
+    shown = []
+    for r in rows:
+        w, cls = worst_p95(r)
+        shown.append({**r, "worst_p95": f"{w:.0f} ({cls})"})
+    cells = [[h for _, h, _ in cols]] + [[f.format(r[k]) for k, _, f in cols] for r in shown]
     widths = [max(len(c[i]) for c in cells) for i in range(len(cols))]
     lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in
                        enumerate(zip(row, widths, strict=True))) for row in cells]
@@ -145,7 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     cross_rack_slowdown=args.cross_rack_slowdown,
                     node_mtbf_hours=args.node_mtbf_hours, repair_hours=args.repair_hours,
                     checkpoint_minutes=args.checkpoint_minutes,
-                    restart_minutes=args.restart_minutes, seed=args.seed,
+                    restart_minutes=args.restart_minutes,
+                    requeue_delay_s=args.requeue_delay_s, seed=args.seed,
                     samples=400 if args.plot else 0)
     bar = ProgressBar(len(policies))
     results: list[SimResult] = []

@@ -9,6 +9,12 @@
 4. Multi-node jobs get a locality (mostly preferred, some required, a few none); gangs
    bigger than a rack half the time ask for 16-node segments; a fifth of the jobs are
    not preemptible and a tenth have a higher priority.
+
+``--mix itp`` follows the Microsoft ITP traces instead (see ITP below): their size
+mix, log-normal durations fitted to them, and their bursty arrivals (batches of
+jobs submitted at the same second, long-tailed gaps); rows carry no locality,
+priority, preemptibility or tenant, like the real traces, so the simulator's
+defaults apply.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import math
 import random
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from placement.trace import COLUMNS, write_trace
 
@@ -25,6 +32,39 @@ from placement.trace import COLUMNS, write_trace
 SIZE_MIX: dict[int, float] = {
     1: 0.16, 2: 0.08, 4: 0.12, 8: 0.12, 16: 0.12, 32: 0.12, 64: 0.14, 128: 0.09, 256: 0.05,
 }
+
+
+@dataclass(frozen=True)
+class Preset:
+    mix: dict[int, float]
+    median_minutes: float
+    sigma: float
+    # Arrivals: with probability ``same_instant`` a job is submitted at the same second
+    # as the one before; otherwise the gap is gamma-distributed with coefficient of
+    # variation ``gap_cv`` (1.0: the exponential gaps of a Poisson process).
+    same_instant: float = 0.0
+    gap_cv: float = 1.0
+    bare: bool = False  # rows carry only the four required columns' information
+
+
+# Summary numbers of the seven ITP traces in ../shared/traces/itp (itp01, 02, 05, 07,
+# 08, 09, 10; 48,142 jobs), computed once with a short script over the CSVs; the
+# traces are not read here.
+# * mix: the share of jobs of each num_gpus, computed per trace, then averaged over the
+#   seven traces (each cluster weighs the same, so itp07-09's 37k jobs do not drown
+#   the others). The traces hold only these seven sizes.
+# * durations: log-normal; median 9,744 s (= 162.4 min, the geometric mean of the
+#   seven per-trace medians, 6,182-17,761 s) and sigma 1.22 (the mean of the
+#   per-trace standard deviations of ln(duration), 0.81-1.78).
+# * arrivals: 14.8% of the inter-arrival gaps are zero (the mean over the traces of
+#   the share of zero gaps, 0-54%: jobs submitted in batches); the non-zero gaps have
+#   a coefficient of variation of 4.80 (the median over the traces, 4.30-11.92),
+#   against 1.0 for a Poisson process.
+ITP = Preset(
+    mix={1: 0.8928, 2: 0.0453, 4: 0.0320, 8: 0.0227, 16: 0.0025, 32: 0.0020, 64: 0.0027},
+    median_minutes=9744 / 60, sigma=1.22, same_instant=0.148, gap_cv=4.80, bare=True,
+)
+PRESETS = {"default": Preset(SIZE_MIX, 60.0, 1.3), "itp": ITP}
 
 
 def generate(
@@ -38,10 +78,17 @@ def generate(
     median_minutes: float = 60.0,
     sigma: float = 1.3,
     mix: dict[int, float] | None = None,
+    preset: str | Preset | None = None,
 ) -> list[dict[str, object]]:
-    """Rows of a trace (dicts with the trace columns), sorted by submit time."""
+    """Rows of a trace (dicts with the trace columns), sorted by submit time.
+
+    ``preset`` (``"itp"`` or a Preset) sets the size mix, the durations and the
+    arrival process together; ``median_minutes`` and ``sigma`` then come from it."""
     if jobs < 1 or load <= 0:
         raise ValueError("jobs must be >= 1 and load > 0")
+    pre = PRESETS[preset] if isinstance(preset, str) else preset
+    if pre is not None:
+        mix, median_minutes, sigma = mix or pre.mix, pre.median_minutes, pre.sigma
     rng = random.Random(seed)
     mix = mix or SIZE_MIX
     total_gpus = racks * nodes_per_rack * gpus_per_node
@@ -57,6 +104,11 @@ def generate(
     t = 0.0
     rows: list[dict[str, object]] = []
     for i, (g, d) in enumerate(zip(sizes, durations, strict=True)):
+        if pre is not None and pre.bare:
+            t += _gap(rng, pre, span / jobs)
+            rows.append({"job_id": f"j{i:06d}", "submit_time": round(t, 3),
+                         "duration": round(d, 3), "num_gpus": g})
+            continue
         t += rng.expovariate(jobs / span)
         nodes = math.ceil(g / gpus_per_node)
         if g <= gpus_per_node:
@@ -82,6 +134,16 @@ def generate(
     return rows
 
 
+def _gap(rng: random.Random, pre: Preset, mean: float) -> float:
+    """One inter-arrival gap of mean ``mean``: zero with probability ``same_instant``,
+    else gamma with the preset's coefficient of variation (scaled so the overall mean
+    stays ``mean`` and the offered load is the one asked for)."""
+    if rng.random() < pre.same_instant:
+        return 0.0
+    shape = 1.0 / (pre.gap_cv ** 2)
+    return rng.gammavariate(shape, mean / (1.0 - pre.same_instant) / shape)
+
+
 LOADS = {"moderate": 0.6, "high": 0.85}
 
 
@@ -94,7 +156,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--racks", type=int, default=64)
     ap.add_argument("--nodes-per-rack", type=int, default=18)
     ap.add_argument("--gpus-per-node", type=int, default=4)
-    ap.add_argument("--median-minutes", type=float, default=60.0)
+    ap.add_argument("--median-minutes", type=float, default=None,
+                    help="median duration (default 60; with --mix itp, the ITP figure)")
+    ap.add_argument("--mix", choices=sorted(PRESETS), default="default",
+                    help="default (single GPUs to multi-rack gangs) or itp (the ITP traces)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("-o", "--out", default="-", help="output CSV (default stdout)")
     args = ap.parse_args(argv)
@@ -102,9 +167,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         load = LOADS[args.load] if args.load in LOADS else float(args.load)
     except ValueError:
         ap.error(f"--load must be a number or one of {', '.join(LOADS)}")
+    pre = PRESETS[args.mix]
+    if args.median_minutes is not None:
+        pre = Preset(pre.mix, args.median_minutes, pre.sigma, pre.same_instant, pre.gap_cv,
+                     pre.bare)
+    if args.mix == "default" and args.median_minutes is None:
+        pre = None  # exactly the old generator (and its random sequence)
     rows = generate(args.jobs, load, racks=args.racks, nodes_per_rack=args.nodes_per_rack,
-                    gpus_per_node=args.gpus_per_node, seed=args.seed,
-                    median_minutes=args.median_minutes)
+                    gpus_per_node=args.gpus_per_node, seed=args.seed, preset=pre)
     if args.out == "-":
         import csv
 

@@ -1,0 +1,237 @@
+"""Replay the real ITP traces under every policy; rackwise against the best baseline.
+
+    python benchmarks/bench_real_traces.py [--traces ../shared/traces/itp] [--quick]
+
+Cells: each trace (``*.csv`` in ``--traces``; read in place, never copied) x GPU counts
+x1 and x4 (every ``num_gpus`` times 4: the same arrivals with rack-scale gangs) x two
+loads x node MTBF 12,700 h and 2,000 h x seeds 0-2. A load L sizes the fleet at
+``ceil(mean demand / L / 72)`` NVL72 racks (18 nodes x 4 GPUs), L = 0.65 (moderate)
+and 0.9 (high), at least 2 racks and at least the racks the largest job needs (so no
+job is rejected); mean demand = GPU-seconds of work / submission span, as the traces'
+README defines it. The traces carry no locality: every job gets ``--locality``
+(default ``required``, how NVL72 training jobs are submitted).
+
+Each cell is replayed with every policy in ``POLICY_NAMES``. For each metric the
+best baseline is the best of the ``--baselines`` policies (default the faithful ones,
+slurm-block and kueue-tas) in that cell; the ratio is rackwise / best (lower-better
+metrics; waits get a 60 s floor on both sides so near-empty queues do not give 0/0)
+or best / rackwise for rack-local and useful utilization, so below 1 always means
+rackwise is better. Goodput is a difference in percentage points. Per-cell ratios and
+their geometric means are printed as Markdown.
+
+``--quick``: seed 0, MTBF 2,000 h, the first 1,500 jobs of each trace (about two
+minutes on 2 cores). Cells run in parallel (``--workers``, default 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import multiprocessing
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from placement.sim import POLICY_NAMES, SIZE_CLASSES, SimConfig, simulate
+from placement.trace import TraceJob, read_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_TRACES = ROOT / ".." / "shared" / "traces" / "itp"
+NODES, GPN = 18, 4
+LOADS = (("moderate", 0.65), ("high", 0.9))
+SCALES = (1, 4)
+MTBFS = (12700.0, 2000.0)
+WAIT_FLOOR_S = 60.0
+
+# (key, header, lower is better, floor)
+RATIOS = (
+    ("mean_jct_s", "JCT", True, 0.0),
+    ("gpu_hour_weighted_wait_s", "GPU-h wait", True, WAIT_FLOOR_S),
+    ("bounded_slowdown_mean", "bsld", True, 0.0),
+    ("worst_p95", "worst p95", True, WAIT_FLOOR_S),
+    ("mean_wait_s", "mean wait", True, WAIT_FLOOR_S),
+    ("rack_local_fraction", "rack-local", False, 0.0),
+    ("useful_utilization", "useful util", False, 0.0),
+)
+
+_CACHE: dict[tuple[str, int, int | None, str], list[TraceJob]] = {}
+
+
+def load(path: str, scale: int, max_jobs: int | None, locality: str) -> list[TraceJob]:
+    key = (path, scale, max_jobs, locality)
+    if key not in _CACHE:
+        trace = read_trace(path, gpus_per_node=GPN)[:max_jobs]
+        out = []
+        for tj in trace:
+            job = dataclasses.replace(tj.job, num_gpus=tj.job.num_gpus * scale,
+                                      locality=locality)
+            out.append(TraceJob(job, tj.submit, tj.duration, tj.line))
+        _CACHE[key] = out
+    return _CACHE[key]
+
+
+def racks_for(trace: list[TraceJob], load_level: float) -> int:
+    span = max(t.submit for t in trace) - min(t.submit for t in trace)
+    work = sum(t.job.total_gpus * t.duration for t in trace)
+    demand = work / span if span > 0 else work
+    biggest = math.ceil(max(t.job.total_gpus for t in trace) / GPN / NODES)
+    return max(2, biggest, math.ceil(demand / load_level / (NODES * GPN)))
+
+
+def worst_p95(m: dict[str, Any]) -> float:
+    return max(m["p95_wait_s_by_size"].values())
+
+
+def run_task(task: dict[str, Any]) -> dict[str, Any]:
+    trace = load(task["path"], task["scale"], task["max_jobs"], task["locality"])
+    cfg = SimConfig(racks=task["racks"], nodes_per_rack=NODES, gpus_per_node=GPN,
+                    node_mtbf_hours=task["mtbf"], seed=task["seed"])
+    t0 = time.perf_counter()
+    m = simulate(trace, task["policy"], cfg).metrics
+    m = dict(m, worst_p95=worst_p95(m))
+    return {**task, "metrics": m, "wall": time.perf_counter() - t0}
+
+
+def ratio(a: float, b: float, lower: bool, floor: float) -> float:
+    a, b = a + floor, b + floor
+    if lower:
+        return a / b if b > 0 else (1.0 if a <= 0 else math.inf)
+    return b / a if a > 0 else (1.0 if b <= 0 else math.inf)
+
+
+def gmean(xs: list[float]) -> float:
+    xs = [x for x in xs if x > 0 and math.isfinite(x)]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--traces", default=str(DEFAULT_TRACES), help="folder of trace CSVs")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default 3)")
+    ap.add_argument("--max-jobs", type=int, default=None,
+                    help="replay only each trace's first N jobs")
+    ap.add_argument("--only", default="", help="comma-separated trace names (itp01,...)")
+    ap.add_argument("--baselines", default="slurm-block,kueue-tas")
+    ap.add_argument("--locality", default="required", choices=("required", "preferred", "none"))
+    ap.add_argument("--workers", type=int, default=2)
+    args = ap.parse_args(argv)
+    baselines = [b for b in args.baselines.split(",") if b]
+    bad = [b for b in baselines if b not in POLICY_NAMES or b == "rackwise"]
+    if bad or not baselines:
+        ap.error(f"--baselines: unknown or invalid {bad}; choose from {POLICY_NAMES}")
+    seeds = list(range(args.seeds if args.seeds is not None else (1 if args.quick else 3)))
+    mtbfs = (2000.0,) if args.quick else MTBFS
+    max_jobs = args.max_jobs if args.max_jobs is not None else (1500 if args.quick else None)
+    paths = sorted(Path(args.traces).glob("*.csv"))
+    if args.only:
+        names = set(args.only.split(","))
+        paths = [p for p in paths if p.stem in names]
+    if not paths:
+        print(f"no traces in {args.traces}", file=sys.stderr)
+        return 2
+
+    wall0 = time.perf_counter()
+    cells: list[dict[str, Any]] = []
+    for p in paths:
+        for scale in SCALES:
+            trace = load(str(p), scale, max_jobs, args.locality)
+            for load_name, level in LOADS:
+                racks = racks_for(trace, level)
+                for mtbf in mtbfs:
+                    for seed in seeds:
+                        cells.append({"trace": p.stem, "path": str(p), "scale": scale,
+                                      "load": load_name, "racks": racks, "mtbf": mtbf,
+                                      "seed": seed, "max_jobs": max_jobs,
+                                      "locality": args.locality, "jobs": len(trace)})
+    tasks = [dict(c, policy=pol) for c in cells for pol in POLICY_NAMES]
+    # Biggest first, so the pool does not end waiting on one long replay.
+    tasks.sort(key=lambda t: (-t["jobs"] * (t["scale"] + 1), t["trace"], t["policy"]))
+    if args.workers > 1:
+        with multiprocessing.get_context("fork").Pool(args.workers) as pool:
+            results = pool.map(run_task, tasks, chunksize=1)
+    else:
+        results = [run_task(t) for t in tasks]
+    wall = time.perf_counter() - wall0
+
+    def ckey(c: dict[str, Any]) -> tuple[Any, ...]:
+        return (c["trace"], c["scale"], c["load"], c["mtbf"], c["seed"])
+
+    by_cell: dict[tuple[Any, ...], dict[str, dict[str, Any]]] = {}
+    for r in results:
+        by_cell.setdefault(ckey(r), {})[r["policy"]] = r["metrics"]
+
+    heads = [h for _, h, _, _ in RATIOS]
+    print(f"# Real-trace replay: rackwise / best of {', '.join(baselines)} (below 1: "
+          f"rackwise better)\n")
+    print(f"{len(paths)} traces, {len(cells)} cells x {len(POLICY_NAMES)} policies, "
+          f"seeds {seeds}, MTBF {', '.join(f'{m:,.0f}' for m in mtbfs)} h, locality "
+          f"{args.locality}, {'first ' + str(max_jobs) + ' jobs' if max_jobs else 'whole traces'}; "
+          f"{wall:.0f} s wall on {args.workers} workers\n")
+    print("| trace | GPUs | load | racks | MTBF h | seed | " + " | ".join(heads)
+          + " | worst class p95 | goodput pp |")
+    print("|---" * (len(heads) + 8) + "|")
+    per_metric: dict[str, list[float]] = {h: [] for h in heads}
+    class_worst: list[float] = []
+    gp_diff: list[float] = []
+    for c in cells:
+        ms = by_cell[ckey(c)]
+        rw = ms["rackwise"]
+        row = []
+        for key, head, lower, floor in RATIOS:
+            vals = [ms[b][key] for b in baselines]
+            best = min(vals) if lower else max(vals)
+            x = ratio(rw[key], best, lower, floor)
+            per_metric[head].append(x)
+            row.append(f"{x:.2f}")
+        worst = 0.0
+        for cls in SIZE_CLASSES:
+            n_rw = rw["p95_wait_s_by_size"][cls]
+            best = min(ms[b]["p95_wait_s_by_size"][cls] for b in baselines)
+            worst = max(worst, ratio(n_rw, best, True, WAIT_FLOOR_S))
+        class_worst.append(worst)
+        gp = 100 * (rw["goodput"] - max(ms[b]["goodput"] for b in baselines))
+        gp_diff.append(gp)
+        print(f"| {c['trace']} | x{c['scale']} | {c['load']} | {c['racks']} | "
+              f"{c['mtbf']:,.0f} | {c['seed']} | " + " | ".join(row)
+              + f" | {worst:.2f} | {gp:+.2f} |")
+
+    print(f"\n## Geometric means over {len(cells)} cells\n")
+    print("| metric (rackwise / best baseline) | geo mean | min | max |")
+    print("|---|---|---|---|")
+    for head in heads:
+        xs = per_metric[head]
+        print(f"| {head} | {gmean(xs):.3f} | {min(xs):.2f} | {max(xs):.2f} |")
+    print(f"| worst size-class p95 | {gmean(class_worst):.3f} | {min(class_worst):.2f} | "
+          f"{max(class_worst):.2f} |")
+    print(f"| goodput (pp, rackwise - best) | {sum(gp_diff) / len(gp_diff):+.3f} (mean) | "
+          f"{min(gp_diff):+.2f} | {max(gp_diff):+.2f} |")
+
+    print("\n## Each policy, geometric mean over the cells\n")
+    keys = [("mean_jct_s", "JCT s"), ("gpu_hour_weighted_wait_s", "GPU-h wait s"),
+            ("bounded_slowdown_mean", "bsld"), ("worst_p95", "worst p95 s"),
+            ("rack_local_fraction", "rack-local"), ("useful_utilization", "useful util"),
+            ("goodput", "goodput")]
+    print("| policy | " + " | ".join(h for _, h in keys) + " |")
+    print("|---" * (len(keys) + 1) + "|")
+    for pol in POLICY_NAMES:
+        vals = []
+        for k, _ in keys:
+            xs = [by_cell[ckey(c)][pol][k] for c in cells]
+            floor = WAIT_FLOOR_S if "wait" in k or "p95" in k else 0.0
+            g = gmean([x + floor for x in xs]) - floor
+            vals.append(f"{g:,.0f}" if k.endswith("_s") or k == "worst_p95" else f"{g:.3f}")
+        print(f"| {pol} | " + " | ".join(vals) + " |")
+    slow = sorted(results, key=lambda r: -r["wall"])[:3]
+    print("\nslowest replays: " + ", ".join(
+        f"{r['trace']} x{r['scale']} {r['load']} {r['policy']} {r['wall']:.1f} s" for r in slow))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
