@@ -114,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--traces", default=str(DEFAULT_TRACES), help="folder of trace CSVs")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default 3)")
+    ap.add_argument("--mtbfs", default="", help="comma-separated node MTBFs in hours "
+                    "(default 12700,2000; --quick: 2000)")
     ap.add_argument("--max-jobs", type=int, default=None,
                     help="replay only each trace's first N jobs")
     ap.add_argument("--only", default="", help="comma-separated trace names (itp01,...)")
@@ -126,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     if bad or not baselines:
         ap.error(f"--baselines: unknown or invalid {bad}; choose from {POLICY_NAMES}")
     seeds = list(range(args.seeds if args.seeds is not None else (1 if args.quick else 3)))
-    mtbfs = (2000.0,) if args.quick else MTBFS
+    mtbfs = (tuple(float(x) for x in args.mtbfs.split(",")) if args.mtbfs
+             else (2000.0,) if args.quick else MTBFS)
     max_jobs = args.max_jobs if args.max_jobs is not None else (1500 if args.quick else None)
     paths = sorted(Path(args.traces).glob("*.csv"))
     if args.only:

@@ -48,9 +48,9 @@ def size_class(job: JobRequest, gpus_per_node: int, nodes_per_rack: int) -> str:
     than a rack has). Nodes are ``ceil(num_gpus / gpus_per_node)``."""
     if job.total_gpus == 1 and job.num_nodes is None:
         return "1gpu"
-    if job.is_small(gpus_per_node):
-        return "1node"
     n = job.nodes_needed(gpus_per_node)
+    if job.is_small(gpus_per_node) or n <= 1:
+        return "1node"
     if n > nodes_per_rack:
         return "multirack"
     return "2-8nodes" if n <= 8 else "9-18nodes"
