@@ -19,8 +19,9 @@ or best / rackwise for rack-local and useful utilization, so below 1 always mean
 rackwise is better. Goodput is a difference in percentage points. Per-cell ratios and
 their geometric means are printed as Markdown.
 
-``--quick``: seed 0, MTBF 2,000 h, the first 1,500 jobs of each trace (about two
-minutes on 2 cores). Cells run in parallel (``--workers``, default 2).
+``--quick``: seed 0 and MTBF 2,000 h only, whole traces (a sixth of the full run:
+82 s on the shared 2-core machine, load average 4.7; the full run is about six
+times that). Cells run in parallel (``--workers``, default 2).
 """
 
 from __future__ import annotations
@@ -41,6 +42,21 @@ from placement.trace import TraceJob, read_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TRACES = ROOT / ".." / "shared" / "traces" / "itp"
+
+
+def default_traces() -> Path:
+    """../shared/traces/itp next to the repository; from a git worktree, next to the
+    main checkout (``.git`` is then a file naming ``<main>/.git/worktrees/<name>``)."""
+    if DEFAULT_TRACES.is_dir():
+        return DEFAULT_TRACES
+    dotgit = ROOT / ".git"
+    if dotgit.is_file():
+        gitdir = Path(dotgit.read_text().split("gitdir:", 1)[-1].strip())
+        if len(gitdir.parents) > 2:
+            main = gitdir.parents[2]
+            if (main / ".." / "shared" / "traces" / "itp").is_dir():
+                return main / ".." / "shared" / "traces" / "itp"
+    return DEFAULT_TRACES
 NODES, GPN = 18, 4
 LOADS = (("moderate", 0.65), ("high", 0.9))
 SCALES = (1, 4)
@@ -111,13 +127,14 @@ def gmean(xs: list[float]) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--traces", default=str(DEFAULT_TRACES), help="folder of trace CSVs")
+    ap.add_argument("--traces", default=str(default_traces()),
+                    help="folder of trace CSVs (default ../shared/traces/itp)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default 3)")
     ap.add_argument("--mtbfs", default="", help="comma-separated node MTBFs in hours "
                     "(default 12700,2000; --quick: 2000)")
     ap.add_argument("--max-jobs", type=int, default=None,
-                    help="replay only each trace's first N jobs")
+                    help="replay only each trace's first N jobs (default all)")
     ap.add_argument("--only", default="", help="comma-separated trace names (itp01,...)")
     ap.add_argument("--baselines", default="slurm-block,kueue-tas")
     ap.add_argument("--locality", default="required", choices=("required", "preferred", "none"))
@@ -130,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     seeds = list(range(args.seeds if args.seeds is not None else (1 if args.quick else 3)))
     mtbfs = (tuple(float(x) for x in args.mtbfs.split(",")) if args.mtbfs
              else (2000.0,) if args.quick else MTBFS)
-    max_jobs = args.max_jobs if args.max_jobs is not None else (1500 if args.quick else None)
+    max_jobs = args.max_jobs
     paths = sorted(Path(args.traces).glob("*.csv"))
     if args.only:
         names = set(args.only.split(","))
