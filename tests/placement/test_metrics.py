@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,6 +12,8 @@ from placement.model import JobRequest
 from placement.sim import SIZE_CLASSES, SimConfig, Simulation, simulate, size_class
 from placement.simulate import JSON_KEYS, table
 from placement.trace import TraceJob
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _trace(*rows: tuple[str, float, float, int, dict[str, Any]]) -> list[TraceJob]:
@@ -143,3 +147,24 @@ def test_the_table_shows_the_headline_set() -> None:
     for head in ("JCT s", "GPU-h wait s", "bsld", "worst p95 s", "rack-local", "useful util"):
         assert head in out
     assert "1000 (1gpu)" in out
+
+
+def test_the_real_trace_benchmark_runs_on_small_traces(tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    spec = importlib.util.spec_from_file_location(
+        "bench_real_traces", ROOT / "benchmarks" / "bench_real_traces.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    for name, rows in (("a", [(0, 3600, 8), (10, 600, 1), (2592000, 7200, 64)]),
+                       ("b", [(0, 100, 1), (5, 100, 2), (9, 100, 4)])):
+        (tmp_path / f"{name}.csv").write_text(
+            "job_id,submit_time,duration,num_gpus\n"
+            + "".join(f"{name}{i},{s},{d},{g}\n" for i, (s, d, g) in enumerate(rows)))
+    assert bench.main(["--traces", str(tmp_path), "--workers", "1", "--seeds", "1",
+                       "--mtbfs", "2000"]) == 0
+    out = capsys.readouterr().out
+    assert "## Geometric means over 8 cells" in out  # 2 traces x 2 scales x 2 loads
+    assert out.count("\n| a | x") == 4 and out.count("\n| b | x") == 4
+    # a x4: a 256-GPU job needs 4 racks, more than its demand would size.
+    assert "| a | x4 | moderate | 4 |" in out
