@@ -157,14 +157,15 @@ def test_the_real_trace_benchmark_runs_on_small_traces(tmp_path: Path,
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     for name, rows in (("a", [(0, 3600, 8), (10, 600, 1), (2592000, 7200, 64)]),
-                       ("b", [(0, 100, 1), (5, 100, 2), (9, 100, 4)])):
+                       ("b", [(0, 100, 1), (5, 100, 2), (86400, 100, 4)])):
         (tmp_path / f"{name}.csv").write_text(
             "job_id,submit_time,duration,num_gpus\n"
             + "".join(f"{name}{i},{s},{d},{g}\n" for i, (s, d, g) in enumerate(rows)))
     assert bench.main(["--traces", str(tmp_path), "--workers", "1", "--seeds", "1",
                        "--mtbfs", "2000"]) == 0
     out = capsys.readouterr().out
-    assert "## Geometric means over 8 cells" in out  # 2 traces x 2 scales x 2 loads
-    assert out.count("\n| a | x") == 4 and out.count("\n| b | x") == 4
-    # a x4: a 256-GPU job needs 4 racks, more than its demand would size.
-    assert "| a | x4 | moderate | 4 |" in out
+    # 2 traces x 2 scales x 2 loads, but at this tiny demand both loads give the
+    # 2-rack floor (a x4: the 4 racks its 256-GPU job needs): one cell each.
+    assert "## Geometric means over 4 cells" in out
+    assert out.count("\n| a | x") == 2 and out.count("\n| b | x") == 2
+    assert "| a | x4 | moderate | 4 |" in out and "a x4 high = moderate (4 racks)" in out
