@@ -7,8 +7,12 @@ from the job's size against the base block size; if no block of that level has
 the nodes available, selection fails and the job stays pending).
 
 1. Each rack is a base block. Aggregated blocks at level k are 2**k consecutive base
-   blocks (the default ``BlockSizes`` are the powers of two of the base block count).
-2. The job is given the smallest block level whose block size holds it.
+   blocks (the default ``BlockSizes`` are the powers of two of the base block count),
+   and the top level is one block covering every base block present, so a fleet
+   whose rack count is not a power of two still has a level that holds the fleet.
+2. The job is given the smallest block level whose blocks can hold it (counting, with
+   ``--segment``, only the nodes that form whole segments in each base block: 36
+   nodes in segments of 12 need three 18-node racks, so the top level on 3 racks).
 3. Among the blocks of that level with room, it takes the one with the fewest free
    nodes (best fit). If no block of that level has room, the job waits: it never
    spills to a larger level.
@@ -45,15 +49,20 @@ def slurm_block(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) 
         seg = min(n, max(r.size for r in racks))
     if seg and seg > max(r.size for r in racks):
         return not_placed(job, NAME, f"segment of {seg} nodes is larger than any block")
-    # 1-2. Smallest level whose aggregated block size holds the job.
+    # 1-2. Smallest level whose aggregated blocks can hold the job; the last level
+    #      is the top block (all racks), also when the count is not a power of two.
+    def capacity(block: list[Rack]) -> int:
+        return sum((r.size // seg) * seg if seg else r.size for r in block)
+
     level = 1
     while True:
         blocks = [racks[i:i + level] for i in range(0, len(racks), level)]
-        if max(sum(r.size for r in b) for b in blocks) >= n:
+        if max(capacity(b) for b in blocks) >= n:
             break
         if level >= len(racks):
-            return not_placed(job, NAME, f"no block holds {n} nodes")
-        level *= 2
+            return not_placed(job, NAME, f"no block holds {n} nodes"
+                                         f"{' in whole segments' if seg else ''}")
+        level = min(level * 2, len(racks))
     # 3. Best fit among blocks of that level that have room right now.
     best: tuple[int, int] | None = None
     for bi, block in enumerate(blocks):

@@ -1,0 +1,203 @@
+"""Queue disciplines for the baselines: Slurm's backfill with reservations.
+
+``sched/backfill`` (Slurm's default scheduler; ``src/plugins/sched/backfill/backfill.c``,
+slurm.conf(5) ``SchedulerParameters``), as the simulator models it:
+
+1. Pending jobs are visited in priority order (the caller's order: priority, then
+   submit time, then trace order; see placement/README.md).
+2. A job starts now if the block plugin can place it on nodes that no reservation
+   holds during ``[now, now + expected run)``: a job that ends before a reservation
+   begins may use the reserved nodes (that is what backfill means).
+3. A gang that cannot start, once it has been pending ``bf_min_age_reserve`` (default
+   0), gets a reservation: the earliest time within ``bf_window`` (default 1440 min)
+   at which the block plugin could place it, given the running jobs' expected ends
+   and the reservations made before it in this cycle, and the nodes it would get
+   then. Those nodes are held for ``[start, start + expected run)``.
+4. Reservations are recomputed from scratch on every cycle (Slurm's backfill does the
+   same: each cycle starts from the running jobs and plans the queue again).
+
+Simplifications, stated: expected runs are the trace's real durations (Slurm uses
+time limits, which are longer); single-node jobs are backfilled but never reserved
+(any node will do for them); at most ``max_reservations`` jobs are reserved per
+cycle (Slurm bounds a cycle by ``bf_max_job_test``, default 500, and by time).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from placement.model import HEALTHY, Fleet, JobRequest, Node, Rack
+from placement.plans import PlacementPlan, not_placed
+from placement.policies.common import Context
+
+# slurm.conf(5), SchedulerParameters: bf_window=1440 (minutes), bf_min_age_reserve=0 (s).
+BF_WINDOW_S = 1440 * 60.0
+BF_MIN_AGE_RESERVE_S = 0.0
+BF_MAX_RESERVATIONS = 16
+
+PolicyFn = Callable[[Fleet, JobRequest, list[Rack], Context], PlacementPlan]
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Nodes reserved for ``job_id`` from ``start`` to ``end``."""
+
+    job_id: str
+    start: float
+    end: float
+    nodes: frozenset[str]
+
+
+class _View:
+    """A rack as a placement policy sees it, with some nodes taken out (held, or busy
+    at the time being planned). Duck-types the parts of Rack the policies read."""
+
+    __slots__ = ("free", "gpus_per_node", "id", "lent_nodes", "nodes", "size", "spare_nodes")
+
+    def __init__(self, rack: Rack, free: set[int], nodes: list[Node]) -> None:
+        self.id = rack.id
+        self.size = rack.size
+        self.spare_nodes = rack.spare_nodes
+        self.lent_nodes = rack.lent_nodes
+        self.gpus_per_node = rack.gpus_per_node
+        self.free = free
+        self.nodes = nodes
+
+    @property
+    def free_count(self) -> int:
+        return len(self.free)
+
+
+def decide(fleet: Fleet, job: JobRequest, fn: PolicyFn, racks_by_gpn: dict[int, list[Any]],
+           ctx: Context, name: str) -> PlacementPlan:
+    """``fn`` over each rack shape (as :func:`placement.place.place` does); the plan
+    that needs the fewest racks wins."""
+    best: PlacementPlan | None = None
+    reasons: list[str] = []
+    for gpn, racks in racks_by_gpn.items():
+        if not job.is_small(gpn) and job.nodes_needed(gpn) == 0:
+            continue
+        plan = fn(fleet, job, racks, ctx)
+        if not plan.placed:
+            reasons.append(plan.reason)
+        elif best is None or (len(plan.racks), len(plan.nodes)) < (len(best.racks),
+                                                                   len(best.nodes)):
+            best = plan
+    return best or not_placed(job, name, "; ".join(reasons) or "no rack of a usable shape")
+
+
+class Backfill:
+    """One backfill cycle at ``now`` over ``fleet`` (see the module docstring)."""
+
+    def __init__(self, fleet: Fleet, now: float, fn: PolicyFn, name: str, *,
+                 window_s: float = BF_WINDOW_S,
+                 min_age_reserve_s: float = BF_MIN_AGE_RESERVE_S,
+                 max_reservations: int = BF_MAX_RESERVATIONS) -> None:
+        self.fleet = fleet
+        self.now = now
+        self.fn = fn
+        self.name = name
+        self.window_s = window_s
+        self.min_age_reserve_s = min_age_reserve_s
+        self.max_reservations = max_reservations
+        self.holds: list[Hold] = []
+        self.ctx = Context(now=now)
+        self._free_at: dict[str, float] | None = None
+        self._ends: list[float] = []
+        # (shape, duration) that found no start in the window, with the hold count then.
+        self._no_start: dict[tuple[object, ...], int] = {}
+
+    # -- now --------------------------------------------------------------------------
+
+    def held_during(self, start: float, end: float) -> set[str]:
+        out: set[str] = set()
+        for h in self.holds:
+            if h.start < end and h.end > start:
+                out |= h.nodes
+        return out
+
+    def try_start(self, job: JobRequest, duration: float) -> PlacementPlan:
+        """Where ``job`` may start now without delaying any reservation."""
+        held = self.held_during(self.now, self.now + duration)
+        groups = self.fleet.groups
+        if held:
+            groups = {gpn: [self._now_view(r, held) if any(n.id in held for n in r.nodes)
+                            else r for r in racks] for gpn, racks in groups.items()}
+        return decide(self.fleet, job, self.fn, groups, self.ctx, self.name)
+
+    @staticmethod
+    def _now_view(rack: Rack, held: set[str]) -> _View:
+        nodes = [n for n in rack.nodes if n.id not in held]
+        return _View(rack, {n.index for n in nodes if n.index in rack.free}, nodes)
+
+    def started(self, job_id: str) -> None:
+        """A job was allocated in this cycle: its nodes are busy until it ends."""
+        if self._free_at is None:
+            return
+        alloc = self.fleet.allocations[job_id]
+        end = math.inf if alloc.expected_end is None else alloc.expected_end
+        for nid in alloc.nodes:
+            self._free_at[nid] = max(self._free_at[nid], end)
+        self._ends = sorted(self._free_at.values())
+
+    # -- later ------------------------------------------------------------------------
+
+    def _ensure_free_at(self) -> dict[str, float]:
+        if self._free_at is None:
+            allocs = self.fleet.allocations
+            free_at: dict[str, float] = {}
+            for nid, node in self.fleet.nodes.items():
+                if node.health != HEALTHY:
+                    free_at[nid] = math.inf  # back from repair: not planned on
+                elif not node.used:
+                    free_at[nid] = self.now
+                else:
+                    ends = [allocs[j].expected_end for j in node.jobs]
+                    free_at[nid] = (math.inf if any(e is None for e in ends)
+                                    else max(e for e in ends if e is not None))
+            self._free_at = free_at
+            self._ends = sorted(free_at.values())
+        return self._free_at
+
+    def reserve(self, job: JobRequest, duration: float, submit: float,
+                key: tuple[object, ...] = ()) -> Hold | None:
+        """Reserve the earliest start of a gang that cannot start now (step 3)."""
+        if len(self.holds) >= self.max_reservations:
+            return None
+        if self.now - submit < self.min_age_reserve_s:
+            return None
+        if any(job.is_small(gpn) for gpn in self.fleet.groups):
+            return None
+        memo = (key, duration)
+        if self._no_start.get(memo) == len(self.holds):
+            return None
+        free_at = self._ensure_free_at()
+        need = min((job.nodes_needed(g) for g in self.fleet.groups if job.nodes_needed(g)),
+                   default=0)
+        horizon = self.now + self.window_s
+        times = sorted({t for t in self._ends if self.now < t <= horizon}
+                       | {h.end for h in self.holds if self.now < h.end <= horizon})
+        for t in times:
+            # Cheap bound first: enough nodes idle by then, before holds are counted.
+            if bisect.bisect_right(self._ends, t) < need:
+                continue
+            held = self.held_during(t, t + duration)
+            groups = {gpn: [self._later_view(r, free_at, t, held) for r in racks]
+                      for gpn, racks in self.fleet.groups.items()}
+            plan = decide(self.fleet, job, self.fn, groups, self.ctx, self.name)
+            if plan.placed:
+                hold = Hold(job.id, t, t + duration, frozenset(plan.nodes))
+                self.holds.append(hold)
+                return hold
+        self._no_start[memo] = len(self.holds)
+        return None
+
+    @staticmethod
+    def _later_view(rack: Rack, free_at: dict[str, float], t: float,
+                    held: set[str]) -> _View:
+        nodes = [n for n in rack.nodes if free_at[n.id] <= t and n.id not in held]
+        return _View(rack, {n.index for n in nodes}, nodes)
