@@ -337,7 +337,7 @@ class Simulation:
     def _spans(self, job: JobRequest, racks_used: int) -> bool:
         gpn = self.cfg.gpus_per_node
         return not job.is_small(gpn) and racks_used > min_racks(
-            job.nodes_needed(gpn), self.cfg.nodes_per_rack, None)
+            job.nodes_needed(gpn), self.cfg.nodes_per_rack, job.segment_nodes)
 
     def _pass_strict_fifo(self, now: float) -> None:
         """kueue-tas: Kueue's StrictFIFO ClusterQueue. Workloads go by priority, then
@@ -492,7 +492,7 @@ class Simulation:
         if not job.is_small(gpn):
             n = job.nodes_needed(gpn)
             st.nodes = n
-            need = min_racks(n, cfg.nodes_per_rack, None)
+            need = min_racks(n, cfg.nodes_per_rack, job.segment_nodes)
             st.excess = max(st.excess, racks_used - need)
             if n <= cfg.nodes_per_rack and racks_used > 1:
                 st.always_local = False
