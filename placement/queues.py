@@ -8,17 +8,17 @@ slurm.conf(5) ``SchedulerParameters``), as the simulator models it:
 2. A job starts now if the block plugin can place it on nodes that no reservation
    holds during ``[now, now + expected run)``: a job that ends before a reservation
    begins may use the reserved nodes (that is what backfill means).
-3. A gang that cannot start, once it has been pending ``bf_min_age_reserve`` (default
+3. A job that cannot start, once it has been pending ``bf_min_age_reserve`` (default
    0), gets a reservation: the earliest time within ``bf_window`` (default 1440 min)
    at which the block plugin could place it, given the running jobs' expected ends
    and the reservations made before it in this cycle, and the nodes it would get
-   then. Those nodes are held for ``[start, start + expected run)``.
+   then (a gang's nodes whole, a single-node job's GPUs on one node). They are held
+   for ``[start, start + expected run)``.
 4. Reservations are recomputed from scratch on every cycle (Slurm's backfill does the
    same: each cycle starts from the running jobs and plans the queue again).
 
 Simplifications, stated: expected runs are the trace's real durations (Slurm uses
-time limits, which are longer); single-node jobs are backfilled but never reserved
-(any node will do for them); at most ``max_reservations`` jobs are reserved per
+time limits, which are longer); at most ``max_reservations`` jobs are reserved per
 cycle (Slurm bounds a cycle by ``bf_max_job_test``, default 500, and by time).
 """
 
@@ -44,12 +44,17 @@ PolicyFn = Callable[[Fleet, JobRequest, list[Rack], Context], PlacementPlan]
 
 @dataclass(frozen=True)
 class Hold:
-    """Nodes reserved for ``job_id`` from ``start`` to ``end``."""
+    """GPUs reserved for ``job_id`` from ``start`` to ``end``: node id -> GPU count
+    (a gang holds its nodes whole, a single-node job its GPUs on one node)."""
 
     job_id: str
     start: float
     end: float
-    nodes: frozenset[str]
+    gpus: dict[str, int]
+
+    @property
+    def nodes(self) -> frozenset[str]:
+        return frozenset(self.gpus)
 
 
 class _View:
@@ -108,16 +113,22 @@ class Backfill:
         self.ctx = Context(now=now)
         self._free_at: dict[str, float] | None = None
         self._ends: list[float] = []
+        self._node_jobs: dict[str, list[tuple[float, int]]] = {}  # node -> (end, GPUs)
         # (shape, duration) that found no start in the window, with the hold count then.
         self._no_start: dict[tuple[object, ...], int] = {}
+        # shape -> (run, start) of its last reservation: a job of that shape that runs
+        # at least as long cannot start earlier (holds only grow during a cycle).
+        self._not_before: dict[tuple[object, ...], tuple[float, float]] = {}
 
     # -- now --------------------------------------------------------------------------
 
-    def held_during(self, start: float, end: float) -> set[str]:
-        out: set[str] = set()
+    def held_during(self, start: float, end: float) -> dict[str, int]:
+        """GPUs held per node by reservations that overlap ``[start, end)``."""
+        out: dict[str, int] = {}
         for h in self.holds:
             if h.start < end and h.end > start:
-                out |= h.nodes
+                for nid, g in h.gpus.items():
+                    out[nid] = out.get(nid, 0) + g
         return out
 
     def try_start(self, job: JobRequest, duration: float) -> PlacementPlan:
@@ -125,14 +136,20 @@ class Backfill:
         held = self.held_during(self.now, self.now + duration)
         groups = self.fleet.groups
         if held:
-            groups = {gpn: [self._now_view(r, held) if any(n.id in held for n in r.nodes)
-                            else r for r in racks] for gpn, racks in groups.items()}
+            groups = {gpn: [self._now_view(r, held, job.num_gpus if job.is_small(gpn)
+                                           else None)
+                            if any(n.id in held for n in r.nodes) else r for r in racks]
+                      for gpn, racks in groups.items()}
         return decide(self.fleet, job, self.fn, groups, self.ctx, self.name)
 
     @staticmethod
-    def _now_view(rack: Rack, held: set[str]) -> _View:
-        nodes = [n for n in rack.nodes if n.id not in held]
-        return _View(rack, {n.index for n in nodes if n.index in rack.free}, nodes)
+    def _now_view(rack: Rack, held: dict[str, int], small: int | None) -> _View:
+        # A gang may not use a node with any reservation on it; a single-node job may
+        # use the GPUs the reservations leave.
+        nodes = [n for n in rack.nodes if n.id not in held
+                 or (small is not None and n.free_gpus - held[n.id] >= small)]
+        return _View(rack, {n.index for n in nodes
+                            if n.index in rack.free and n.id not in held}, nodes)
 
     def started(self, job_id: str) -> None:
         """A job was allocated in this cycle: its nodes are busy until it ends."""
@@ -140,8 +157,9 @@ class Backfill:
             return
         alloc = self.fleet.allocations[job_id]
         end = math.inf if alloc.expected_end is None else alloc.expected_end
-        for nid in alloc.nodes:
+        for nid, gpus in alloc.nodes.items():
             self._free_at[nid] = max(self._free_at[nid], end)
+            self._node_jobs.setdefault(nid, []).append((end, len(gpus)))
         self._ends = sorted(self._free_at.values())
 
     # -- later ------------------------------------------------------------------------
@@ -156,42 +174,54 @@ class Backfill:
                 elif not node.used:
                     free_at[nid] = self.now
                 else:
-                    ends = [allocs[j].expected_end for j in node.jobs]
-                    free_at[nid] = (math.inf if any(e is None for e in ends)
-                                    else max(e for e in ends if e is not None))
+                    jobs = [(math.inf if allocs[j].expected_end is None
+                             else allocs[j].expected_end, len(allocs[j].nodes[nid]))
+                            for j in node.jobs]
+                    self._node_jobs[nid] = jobs  # type: ignore[assignment]
+                    free_at[nid] = max(e for e, _ in jobs)  # type: ignore[type-var]
             self._free_at = free_at
             self._ends = sorted(free_at.values())
         return self._free_at
 
     def reserve(self, job: JobRequest, duration: float, submit: float,
                 key: tuple[object, ...] = ()) -> Hold | None:
-        """Reserve the earliest start of a gang that cannot start now (step 3)."""
+        """Reserve the earliest start of a job that cannot start now (step 3)."""
         if len(self.holds) >= self.max_reservations:
             return None
         if self.now - submit < self.min_age_reserve_s:
             return None
-        if any(job.is_small(gpn) for gpn in self.fleet.groups):
-            return None
         memo = (key, duration)
+        if any(job.is_small(gpn) for gpn in self.fleet.groups):
+            return self._reserve_small(job, duration, key)
         if self._no_start.get(memo) == len(self.holds):
             return None
         free_at = self._ensure_free_at()
         need = min((job.nodes_needed(g) for g in self.fleet.groups if job.nodes_needed(g)),
                    default=0)
         horizon = self.now + self.window_s
-        times = sorted({t for t in self._ends if self.now < t <= horizon}
-                       | {h.end for h in self.holds if self.now < h.end <= horizon})
+        earliest = self.now
+        prev = self._not_before.get(key) if key else None
+        if prev is not None and duration >= prev[0]:
+            earliest = prev[1] - 1e-9
+        times = sorted({t for t in self._ends if earliest < t <= horizon}
+                       | {h.end for h in self.holds if earliest < h.end <= horizon})
         for t in times:
-            # Cheap bound first: enough nodes idle by then, before holds are counted.
+            # Cheap bound first: enough nodes idle by then and not held.
             if bisect.bisect_right(self._ends, t) < need:
                 continue
             held = self.held_during(t, t + duration)
+            if bisect.bisect_right(self._ends, t) - sum(
+                    1 for n in held if free_at[n] <= t) < need:
+                continue
             groups = {gpn: [self._later_view(r, free_at, t, held) for r in racks]
                       for gpn, racks in self.fleet.groups.items()}
             plan = decide(self.fleet, job, self.fn, groups, self.ctx, self.name)
             if plan.placed:
-                hold = Hold(job.id, t, t + duration, frozenset(plan.nodes))
+                hold = Hold(job.id, t, t + duration,
+                            {nid: len(g) for nid, g in plan.nodes.items()})
                 self.holds.append(hold)
+                if key:
+                    self._not_before[key] = (duration, t)
                 return hold
         self._no_start[memo] = len(self.holds)
         return None
@@ -201,3 +231,53 @@ class Backfill:
                     held: set[str]) -> _View:
         nodes = [n for n in rack.nodes if free_at[n.id] <= t and n.id not in held]
         return _View(rack, {n.index for n in nodes}, nodes)
+
+    def _reserve_small(self, job: JobRequest, duration: float,
+                       key: tuple[object, ...]) -> Hold | None:
+        """A single-node job's reservation: the node where its GPUs are free soonest
+        for ``duration`` (lowest-numbered node on a tie, as the block plugin picks)."""
+        self._ensure_free_at()
+        horizon = self.now + self.window_s
+        on_node: dict[str, list[tuple[float, float, int]]] = {}
+        for h in self.holds:
+            for nid, g in h.gpus.items():
+                on_node.setdefault(nid, []).append((h.start, h.end, g))
+        best: tuple[float, int, Node] | None = None
+        earliest = self.now
+        prev = self._not_before.get(key) if key else None
+        if prev is not None and duration >= prev[0]:
+            earliest = prev[1]  # the same shape, no shorter: not before its start
+        pos = 0
+        for gpn, racks in self.fleet.groups.items():
+            if not job.is_small(gpn):
+                continue
+            for rack in racks:
+                for node in rack.nodes:
+                    pos += 1
+                    if node.health != HEALTHY:
+                        continue
+                    jobs = self._node_jobs.get(node.id, []) if node.used else []
+                    holds = on_node.get(node.id, [])
+                    if (node.id not in on_node and self._free_at is not None
+                            and self._free_at[node.id] <= earliest):
+                        # Nothing held here, and its jobs are gone by then: it fits.
+                        if node.gpus >= job.num_gpus and (best is None or earliest < best[0]):
+                            best = (earliest, pos, node)
+                        continue
+                    cands = sorted({earliest} | {e for e, _ in jobs if earliest < e <= horizon}
+                                   | {e for _, e, _ in holds if earliest < e <= horizon})
+                    for t in cands:
+                        if best is not None and t >= best[0]:
+                            break
+                        used = (sum(g for e, g in jobs if e > t)
+                                + sum(g for s0, e, g in holds if s0 < t + duration and e > t))
+                        if node.gpus - used >= job.num_gpus:
+                            best = (t, pos, node)
+                            break
+        if best is None:
+            return None
+        hold = Hold(job.id, best[0], best[0] + duration, {best[2].id: job.num_gpus})
+        self.holds.append(hold)
+        if key:
+            self._not_before[key] = (duration, best[0])
+        return hold

@@ -156,3 +156,21 @@ def test_locality_fills_in_rows_that_have_none(tmp_path: Path) -> None:
                          text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "rows without locality: preferred" in res.stdout
+
+
+def test_a_single_node_job_is_reserved_too() -> None:
+    # A holds 17 nodes; P holds 2 GPUs of the last node until t=1000. S needs the
+    # node's 4 GPUs: its reservation starts at 1000. T would fit on the 2 free GPUs
+    # now but run past 1000, so it waits; U ends by then and backfills.
+    trace = [
+        _job("A", 17, 0, 5000),
+        _job("P", 1, 0, 1000, gpus=2),
+        _job("S", 1, 1, 100, gpus=4),
+        _job("T", 1, 2, 5000, gpus=2),
+        _job("U", 1, 3, 400, gpus=2),
+    ]
+    starts = _starts(_replay(trace, "slurm-block"))
+    assert starts["S"] == 1000
+    assert starts["U"] == 3
+    assert starts["T"] is not None and starts["T"] >= 1100
+    assert _starts(_replay(trace, "slurm-block-greedy"))["T"] == 2
