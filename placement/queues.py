@@ -40,6 +40,8 @@ BF_MIN_AGE_RESERVE_S = 0.0
 BF_MAX_RESERVATIONS = 16
 
 PolicyFn = Callable[[Fleet, JobRequest, list[Rack], Context], PlacementPlan]
+# (job, racks of one shape) -> test(idle nodes per rack id): could the policy place it?
+RoomFn = Callable[[JobRequest, list[Rack]], Callable[[dict[str, int]], bool]]
 
 
 @dataclass(frozen=True)
@@ -51,10 +53,10 @@ class Hold:
     start: float
     end: float
     gpus: dict[str, int]
+    nodes: frozenset[str] = frozenset()
 
-    @property
-    def nodes(self) -> frozenset[str]:
-        return frozenset(self.gpus)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nodes", frozenset(self.gpus))
 
 
 class _View:
@@ -101,7 +103,8 @@ class Backfill:
     def __init__(self, fleet: Fleet, now: float, fn: PolicyFn, name: str, *,
                  window_s: float = BF_WINDOW_S,
                  min_age_reserve_s: float = BF_MIN_AGE_RESERVE_S,
-                 max_reservations: int = BF_MAX_RESERVATIONS) -> None:
+                 max_reservations: int = BF_MAX_RESERVATIONS,
+                 room: RoomFn | None = None) -> None:
         self.fleet = fleet
         self.now = now
         self.fn = fn
@@ -109,6 +112,8 @@ class Backfill:
         self.window_s = window_s
         self.min_age_reserve_s = min_age_reserve_s
         self.max_reservations = max_reservations
+        self.room = room
+        self._rack_ends: dict[str, list[float]] = {}
         self.holds: list[Hold] = []
         self.ctx = Context(now=now)
         self._free_at: dict[str, float] | None = None
@@ -129,6 +134,14 @@ class Backfill:
             if h.start < end and h.end > start:
                 for nid, g in h.gpus.items():
                     out[nid] = out.get(nid, 0) + g
+        return out
+
+    def held_nodes(self, start: float, end: float) -> set[str]:
+        """Nodes with any reservation overlapping ``[start, end)``."""
+        out: set[str] = set()
+        for h in self.holds:
+            if h.start < end and h.end > start:
+                out |= h.nodes
         return out
 
     def try_start(self, job: JobRequest, duration: float) -> PlacementPlan:
@@ -161,6 +174,9 @@ class Backfill:
             self._free_at[nid] = max(self._free_at[nid], end)
             self._node_jobs.setdefault(nid, []).append((end, len(gpus)))
         self._ends = sorted(self._free_at.values())
+        for rid in {self.fleet.nodes[nid].rack for nid in alloc.nodes}:
+            self._rack_ends[rid] = sorted(self._free_at[n.id]
+                                          for n in self.fleet.rack_by_id[rid].nodes)
 
     # -- later ------------------------------------------------------------------------
 
@@ -181,6 +197,8 @@ class Backfill:
                     free_at[nid] = max(e for e, _ in jobs)  # type: ignore[type-var]
             self._free_at = free_at
             self._ends = sorted(free_at.values())
+            self._rack_ends = {r.id: sorted(free_at[n.id] for n in r.nodes)
+                               for r in self.fleet.racks}
         return self._free_at
 
     def reserve(self, job: JobRequest, duration: float, submit: float,
@@ -205,14 +223,26 @@ class Backfill:
             earliest = prev[1] - 1e-9
         times = sorted({t for t in self._ends if earliest < t <= horizon}
                        | {h.end for h in self.holds if earliest < h.end <= horizon})
+        tests = ([self.room(job, racks) for gpn, racks in self.fleet.groups.items()
+                  if not job.is_small(gpn) and job.nodes_needed(gpn)]
+                 if self.room is not None else [])
         for t in times:
-            # Cheap bound first: enough nodes idle by then and not held.
+            # Cheap bounds first: enough nodes idle by then (in one block of the job's
+            # level), then the same without the held ones.
             if bisect.bisect_right(self._ends, t) < need:
                 continue
-            held = self.held_during(t, t + duration)
-            if bisect.bisect_right(self._ends, t) - sum(
-                    1 for n in held if free_at[n] <= t) < need:
+            avail = {rid: bisect.bisect_right(ends, t) for rid, ends in self._rack_ends.items()}
+            if tests and not any(test(avail) for test in tests):
                 continue
+            held = self.held_nodes(t, t + duration)
+            busy = [nid for nid in held if free_at[nid] <= t]
+            if len(busy) and bisect.bisect_right(self._ends, t) - len(busy) < need:
+                continue
+            if tests and busy:
+                for nid in busy:
+                    avail[self.fleet.nodes[nid].rack] -= 1
+                if not any(test(avail) for test in tests):
+                    continue
             groups = {gpn: [self._later_view(r, free_at, t, held) for r in racks]
                       for gpn, racks in self.fleet.groups.items()}
             plan = decide(self.fleet, job, self.fn, groups, self.ctx, self.name)

@@ -23,6 +23,7 @@ from placement.model import FAILED, HEALTHY, Allocation, Fleet, JobRequest
 from placement.place import RESERVE_AFTER_S, can_ever_fit, place, reservation
 from placement.policies import POLICIES
 from placement.policies.common import min_racks
+from placement.policies.slurm_block import block_room
 from placement.queues import BF_MAX_RESERVATIONS, BF_MIN_AGE_RESERVE_S, BF_WINDOW_S, Backfill
 from placement.recover import apply_recovery, recover
 from placement.trace import TraceJob
@@ -296,7 +297,8 @@ class Simulation:
             self.bf = Backfill(self.fleet, now, POLICIES["slurm-block"], "slurm-block",
                                window_s=cfg.bf_window_s,
                                min_age_reserve_s=cfg.bf_min_age_reserve_s,
-                               max_reservations=cfg.bf_max_reservations)
+                               max_reservations=cfg.bf_max_reservations,
+                               room=block_room)
             todo = self._in_order(cfg.bf_max_job_test)
         bf = self.bf
         fleet = self.fleet
@@ -322,7 +324,7 @@ class Simulation:
                     # Spread over more racks than it needs, it runs slower: it must
                     # not run into a reservation at its real speed either.
                     slow = run / (1 - cfg.cross_rack_slowdown)
-                    if bf.held_during(now, now + slow) & set(plan.nodes):
+                    if bf.held_nodes(now, now + slow) & set(plan.nodes):
                         plan = None
                 if plan is not None and plan.placed:
                     self._take(st)

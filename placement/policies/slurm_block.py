@@ -27,6 +27,8 @@ block when the job is bigger than one).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from placement.model import REQUIRED, Fleet, JobRequest, Rack
 from placement.plans import PlacementPlan, not_placed
 from placement.policies.common import Context, min_racks, segment_sizes, small_plan, whole_node_plan
@@ -38,19 +40,19 @@ def _free(rack: Rack, ctx: Context) -> int:
     return 0 if rack.id in ctx.reserved else rack.free_count
 
 
-def slurm_block(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) -> PlacementPlan:
-    gpn = racks[0].gpus_per_node
-    if job.is_small(gpn):
-        return _small(job, racks, ctx)
-    n = job.nodes_needed(gpn)
+def job_segment(job: JobRequest, n: int, racks: list[Rack]) -> int | None:
+    """The segment a job is submitted with: its own, or for a ``required`` job one
+    equal to the job (or to a whole block), as Slurm users ask for it."""
     seg = job.segment_nodes
     if job.locality == REQUIRED and seg is None:
-        # How a Slurm user asks for it: --segment of the job (or of a whole block).
         seg = min(n, max(r.size for r in racks))
-    if seg and seg > max(r.size for r in racks):
-        return not_placed(job, NAME, f"segment of {seg} nodes is larger than any block")
-    # 1-2. Smallest level whose aggregated blocks can hold the job; the last level
-    #      is the top block (all racks), also when the count is not a power of two.
+    return seg
+
+
+def block_level(racks: list[Rack], n: int, seg: int | None) -> tuple[int, list[list[Rack]]] | None:
+    """Steps 1-2: the smallest level whose aggregated blocks can hold ``n`` nodes (in
+    whole segments), and its blocks; the last level is the top block (all racks), also
+    when the rack count is not a power of two. None: no block ever holds the job."""
     def capacity(block: list[Rack]) -> int:
         return sum((r.size // seg) * seg if seg else r.size for r in block)
 
@@ -58,11 +60,43 @@ def slurm_block(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) 
     while True:
         blocks = [racks[i:i + level] for i in range(0, len(racks), level)]
         if max(capacity(b) for b in blocks) >= n:
-            break
+            return level, blocks
         if level >= len(racks):
-            return not_placed(job, NAME, f"no block holds {n} nodes"
-                                         f"{' in whole segments' if seg else ''}")
+            return None
         level = min(level * 2, len(racks))
+
+
+def block_room(job: JobRequest, racks: list[Rack]) -> Callable[[dict[str, int]], bool]:
+    """A test: could a block of the job's level hold it if rack r had ``avail[r]``
+    idle nodes? (A necessary condition for :func:`slurm_block` to place a gang;
+    backfill uses it to skip future times cheaply.)"""
+    gpn = racks[0].gpus_per_node
+    n = job.nodes_needed(gpn)
+    seg = job_segment(job, n, racks)
+    found = block_level(racks, n, seg)
+    blocks = [[r.id for r in b] for b in found[1]] if found else []
+
+    def test(avail: dict[str, int]) -> bool:
+        return any(sum((avail[r] // seg) * seg if seg else avail[r] for r in b) >= n
+                   for b in blocks)
+    return test
+
+
+def slurm_block(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) -> PlacementPlan:
+    gpn = racks[0].gpus_per_node
+    if job.is_small(gpn):
+        return _small(job, racks, ctx)
+    n = job.nodes_needed(gpn)
+    seg = job_segment(job, n, racks)
+    if seg and seg > max(r.size for r in racks):
+        return not_placed(job, NAME, f"segment of {seg} nodes is larger than any block")
+    # 1-2. Smallest level whose aggregated blocks can hold the job; the last level
+    #      is the top block (all racks), also when the count is not a power of two.
+    found = block_level(racks, n, seg)
+    if found is None:
+        return not_placed(job, NAME, f"no block holds {n} nodes"
+                                     f"{' in whole segments' if seg else ''}")
+    level, blocks = found
     # 3. Best fit among blocks of that level that have room right now.
     best: tuple[int, int] | None = None
     for bi, block in enumerate(blocks):
