@@ -8,6 +8,7 @@ for every policy, so policies face identical faults while the run lasts.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 import random
@@ -20,12 +21,20 @@ from placement.defrag import defragment
 from placement.fragmentation import fragmentation
 from placement.model import FAILED, HEALTHY, Allocation, Fleet, JobRequest
 from placement.place import RESERVE_AFTER_S, can_ever_fit, place, reservation
+from placement.policies import POLICIES
 from placement.policies.common import min_racks
+from placement.policies.slurm_block import block_room
+from placement.queues import BF_MAX_RESERVATIONS, BF_MIN_AGE_RESERVE_S, BF_WINDOW_S, Backfill
 from placement.recover import apply_recovery, recover
 from placement.trace import TraceJob
 from placement.validate import validate, validate_indexes
 
-POLICY_NAMES = ("rackwise", "first-fit", "random", "slurm-block", "kueue-tas")
+POLICY_NAMES = ("rackwise", "first-fit", "random", "slurm-block", "slurm-block-greedy",
+                "kueue-tas")
+# Policies whose failed jobs are requeued whole (Slurm --requeue, and the blind ones).
+REQUEUE_ON_FAILURE = ("first-fit", "random", "slurm-block", "slurm-block-greedy")
+# slurm.conf(5) SchedulerParameters bf_max_job_test: jobs a backfill cycle looks at.
+BF_MAX_JOB_TEST = 500
 
 # Event kinds, in the order they are handled at one instant: free first, then harm,
 # then new work.
@@ -81,6 +90,14 @@ class SimConfig:
     # the job goes back to pending, then it is relaunched (an in-place swap pays only
     # the restart).
     requeue_delay_s: float = 120.0
+    # Locality given to trace rows that carry none (None: keep the trace's default,
+    # preferred). Real NVL72 training jobs are submitted as required.
+    locality: str | None = "required"
+    # slurm-block's sched/backfill (slurm.conf(5) SchedulerParameters defaults).
+    bf_window_s: float = BF_WINDOW_S
+    bf_min_age_reserve_s: float = BF_MIN_AGE_RESERVE_S
+    bf_max_reservations: int = BF_MAX_RESERVATIONS
+    bf_max_job_test: int = BF_MAX_JOB_TEST
 
 
 @dataclass
@@ -156,6 +173,11 @@ class Simulation:
         self.held_now = 0
         self.done = 0
         self.defrag_tried: dict[str, float] = {}
+        # Queue-discipline state, dropped whenever capacity comes back (_freed).
+        self.bf: Backfill | None = None  # slurm-block: this cycle's reservations
+        self.bf_last: tuple[float, float, int] | None = None  # last job it looked at
+        self.fresh: list[JobState] = []  # queued since the last pass
+        self.fifo_blocked: str | None = None  # kueue-tas: the head that does not fit
 
     # -- events -------------------------------------------------------------------------
 
@@ -168,7 +190,15 @@ class Simulation:
         cfg = self.cfg
         first_submit = min((t.submit for t in self.trace), default=0.0)
         for i, tj in enumerate(self.trace):
-            st = JobState(tj.job, tj.submit, tj.duration, (-tj.job.priority, tj.submit, i),
+            job = tj.job
+            if cfg.locality is not None and not tj.locality_given:
+                job = dataclasses.replace(job, locality=cfg.locality)
+            # Queue order: priority, then submit time, then trace order. This is
+            # Slurm's with priority/multifactor's default weights (slurm.conf(5):
+            # PriorityWeightAge and PriorityWeightJobSize default to 0, so only the
+            # trace's priority differs; ties go by submit time, then job id:
+            # priority_multifactor.html) and Kueue's (priority, then creation time).
+            st = JobState(job, tj.submit, tj.duration, (-job.priority, tj.submit, i),
                           remaining=tj.duration)
             self.jobs[tj.job.id] = st
             self.push(tj.submit, ARRIVE, tj.job.id)
@@ -245,6 +275,7 @@ class Simulation:
                 hi = mid
         group.insert(lo, st)
         self.queued += 1
+        self.fresh.append(st)
 
     def _freed(self) -> None:
         """Capacity came back: every shape may fit again; reservations are redone."""
@@ -252,8 +283,120 @@ class Simulation:
         self.reserved = frozenset()
         self.reserved_until = None
         self.reserved_for = None
+        self.bf = None
+        self.fifo_blocked = None
 
     def _pass(self, now: float) -> None:
+        if self.policy == "slurm-block":
+            self._pass_backfill(now)
+        elif self.policy == "kueue-tas":
+            self._pass_strict_fifo(now)
+        else:
+            self._pass_greedy(now)
+        self.fresh.clear()
+
+    def _in_order(self, limit: int) -> list[JobState]:
+        """The first ``limit`` queued jobs in queue order (groups are kept sorted)."""
+        out: list[JobState] = []
+        for st in heapq.merge(*(g for g in self.groups.values() if g),
+                              key=lambda s: s.order):
+            out.append(st)
+            if len(out) >= limit:
+                break
+        return out
+
+    def _take(self, st: JobState) -> None:
+        group = self.groups[self._key(st.job)]
+        group.remove(st)
+        self.queued -= 1
+
+    def _expected_run(self, st: JobState) -> float:
+        # What the scheduler expects this run to take (the simulator knows the
+        # remaining work; Slurm would use the job's time limit).
+        return st.remaining + (self.cfg.restart_minutes * 60 if st.restarts else 0.0)
+
+    def _pass_backfill(self, now: float) -> None:
+        """slurm-block: priority order with sched/backfill (placement/queues.py)."""
+        cfg = self.cfg
+        if (self.bf is not None and self.bf_last is not None
+                and not cfg.bf_min_age_reserve_s  # else ageing alone changes the plan
+                and all(st.order > self.bf_last for st in self.fresh)):
+            # Nothing came back since the last cycle: its reservations still hold and
+            # the jobs it looked at still cannot start; only new arrivals are new
+            # (and only while the cycle's bf_max_job_test bound would reach them).
+            todo = (sorted(self.fresh, key=lambda s: s.order)
+                    if self.queued - len(self.fresh) < cfg.bf_max_job_test else [])
+            self.bf.now = now
+            self.bf.ctx.now = now
+        else:
+            self.bf_last = None
+            self.bf = Backfill(self.fleet, now, POLICIES["slurm-block"], "slurm-block",
+                               window_s=cfg.bf_window_s,
+                               min_age_reserve_s=cfg.bf_min_age_reserve_s,
+                               max_reservations=cfg.bf_max_reservations,
+                               room=block_room)
+            todo = self._in_order(cfg.bf_max_job_test)
+        bf = self.bf
+        fleet = self.fleet
+        gpn = cfg.gpus_per_node
+        idle_total = sum(r.free_count for r in fleet.racks)
+        max_partial = max((f for f, s in fleet.partial.items() if s), default=0)
+        cannot: dict[tuple[Any, ...], float] = {}  # shape -> shortest run that failed
+        for st in todo:
+            if st.end is not None or st.job.id in self.running:
+                continue
+            self.bf_last = st.order if self.bf_last is None else max(self.bf_last, st.order)
+            job = st.job
+            key = self._key(job)
+            run = self._expected_run(st)
+            if run < cannot.get(key, math.inf):
+                # Cheap necessary conditions before a full placement decision.
+                if job.is_small(gpn):
+                    hopeless = not idle_total and max_partial < job.num_gpus
+                else:
+                    hopeless = job.nodes_needed(gpn) > idle_total
+                plan = None if hopeless else bf.try_start(job, run)
+                if plan is not None and plan.placed and self._spans(job, len(plan.racks)):
+                    # Spread over more racks than it needs, it runs slower: it must
+                    # not run into a reservation at its real speed either.
+                    slow = run / (1 - cfg.cross_rack_slowdown)
+                    if bf.held_nodes(now, now + slow) & set(plan.nodes):
+                        plan = None
+                if plan is not None and plan.placed:
+                    self._take(st)
+                    self._start(now, st, plan.allocation(job))
+                    bf.started(job.id)
+                    idle_total = sum(r.free_count for r in fleet.racks)
+                    max_partial = max((f for f, s in fleet.partial.items() if s), default=0)
+                    continue
+                cannot[key] = run
+            bf.reserve(job, run, st.submit, key)
+
+    def _spans(self, job: JobRequest, racks_used: int) -> bool:
+        gpn = self.cfg.gpus_per_node
+        return not job.is_small(gpn) and racks_used > min_racks(
+            job.nodes_needed(gpn), self.cfg.nodes_per_rack, job.segment_nodes)
+
+    def _pass_strict_fifo(self, now: float) -> None:
+        """kueue-tas: Kueue's StrictFIFO ClusterQueue. Workloads go by priority, then
+        creation time; a head that cannot be admitted blocks every workload behind
+        it, even ones that would fit (kueue.sigs.k8s.io, Cluster Queue, "Queueing
+        strategy")."""
+        while self.queued:
+            heads = [g[0] for g in self.groups.values() if g]
+            st = min(heads, key=lambda s: s.order)
+            if self.fifo_blocked == st.job.id:
+                return  # nothing came back since it last failed
+            plan = place(self.fleet, st.job, self.policy, rng=self.rng, now=now)
+            if not plan.placed:
+                self.fifo_blocked = st.job.id
+                return
+            self._take(st)
+            self._start(now, st, plan.allocation(st.job))
+
+    def _pass_greedy(self, now: float) -> None:
+        """Best-effort FIFO: any job that fits starts (first-fit, random,
+        slurm-block-greedy; rackwise adds its look-ahead reservation)."""
         heap = [(g[0].order, k) for k, g in self.groups.items() if g and k not in self.blocked]
         if not heap:
             return
@@ -292,7 +435,7 @@ class Simulation:
             if released:
                 # Shapes blocked only by the reservation may fit now: pass again.
                 self.blocked.clear()
-                self._pass(now)
+                self._pass_greedy(now)
                 return
             idle_total = sum(r.free_count for r in fleet.racks)
             max_partial = max((f for f, s in fleet.partial.items() if s), default=0)
@@ -478,6 +621,7 @@ class Simulation:
         self.counts["failures"] += 1
         hit = list(node.jobs)
         self.fleet.set_health(nid, FAILED)
+        self.bf = None  # a reservation may hold the node that just failed
         self.repairs_pending += 1
         self.push(t + self.cfg.repair_hours * 3600, REPAIR, nid)
         for jid in hit:
@@ -487,7 +631,7 @@ class Simulation:
 
     def _recover(self, t: float, st: JobState, nid: str) -> None:
         jid = st.job.id
-        if self.policy in ("first-fit", "random", "slurm-block"):
+        if self.policy in REQUEUE_ON_FAILURE:
             self._requeue(t, st)  # Slurm --requeue: the whole job goes back to the queue
             return
         if self.policy == "kueue-tas":

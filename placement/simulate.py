@@ -42,6 +42,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--requeue-delay-s", type=float, default=120.0,
                     help="a requeued job may start again this long after it stopped")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--locality", choices=("required", "preferred", "none"),
+                    default="required",
+                    help="locality of trace rows that carry none (default required: "
+                         "real NVL72 training jobs are submitted that way)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ap.add_argument("--plot", metavar="FILE.png",
                     help="draw utilization, queue length and fragmentation over time")
@@ -167,6 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     checkpoint_minutes=args.checkpoint_minutes,
                     restart_minutes=args.restart_minutes,
                     requeue_delay_s=args.requeue_delay_s, seed=args.seed,
+                    locality=args.locality,
                     samples=400 if args.plot else 0)
     bar = ProgressBar(len(policies))
     results: list[SimResult] = []
@@ -178,7 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(rows if args.policy == "all" else rows[0], indent=2))
     else:
         print(f"{len(trace)} jobs on {args.racks} racks x {args.nodes_per_rack} nodes x "
-              f"{args.gpus_per_node} GPUs, seed {args.seed}")
+              f"{args.gpus_per_node} GPUs, seed {args.seed}, rows without locality: "
+              f"{args.locality}")
         print(table(rows))
     if args.plot:
         plot(results, args.plot)

@@ -30,6 +30,9 @@ class TraceJob:
     submit: float
     duration: float
     line: int
+    # False when the row had no locality (the job then carries PREFERRED; the
+    # simulator's ``SimConfig.locality`` / ``--locality`` may set it instead).
+    locality_given: bool = True
 
 
 def _num(row: dict[str, str], col: str, line: int, *, integer: bool, minimum: float,
@@ -67,7 +70,8 @@ def parse_row(row: dict[str, str], line: int, *, gpus_per_node: int,
     gpn = int(_num(row, "gpus_per_node", line, integer=True, minimum=1,
                    default=gpus_per_node))
     seg = int(_num(row, "segment_nodes", line, integer=True, minimum=1, default=0))
-    locality = (row.get("locality") or "").strip().lower() or PREFERRED
+    given = (row.get("locality") or "").strip().lower()
+    locality = given or PREFERRED
     if locality not in LOCALITIES:
         raise TraceError(line, f"locality must be one of {', '.join(LOCALITIES)}: "
                                f"{row.get('locality')!r}")
@@ -86,7 +90,7 @@ def parse_row(row: dict[str, str], line: int, *, gpus_per_node: int,
         checkpoint_minutes=checkpoint_minutes, submit_time=submit,
         expected_duration=duration, tenant=(row.get("tenant") or "").strip(),
     )
-    return TraceJob(job, submit, duration, line)
+    return TraceJob(job, submit, duration, line, locality_given=bool(given))
 
 
 def read_trace(path: str | Path, *, gpus_per_node: int = 4,

@@ -19,6 +19,9 @@ POLICIES: dict[str, PolicyFn] = {
     "first-fit": first_fit,
     "random": random_fit,
     "slurm-block": slurm_block,
+    # The same block placement; the simulator gives it today's greedy queue (any job
+    # that fits starts) instead of sched/backfill.
+    "slurm-block-greedy": slurm_block,
     "kueue-tas": kueue_tas,
 }
 

@@ -7,8 +7,12 @@ from the job's size against the base block size; if no block of that level has
 the nodes available, selection fails and the job stays pending).
 
 1. Each rack is a base block. Aggregated blocks at level k are 2**k consecutive base
-   blocks (the default ``BlockSizes`` are the powers of two of the base block count).
-2. The job is given the smallest block level whose block size holds it.
+   blocks (the default ``BlockSizes`` are the powers of two of the base block count),
+   and the top level is one block covering every base block present, so a fleet
+   whose rack count is not a power of two still has a level that holds the fleet.
+2. The job is given the smallest block level whose blocks can hold it (counting, with
+   ``--segment``, only the nodes that form whole segments in each base block: 36
+   nodes in segments of 12 need three 18-node racks, so the top level on 3 racks).
 3. Among the blocks of that level with room, it takes the one with the fewest free
    nodes (best fit). If no block of that level has room, the job waits: it never
    spills to a larger level.
@@ -23,6 +27,8 @@ block when the job is bigger than one).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from placement.model import REQUIRED, Fleet, JobRequest, Rack
 from placement.plans import PlacementPlan, not_placed
 from placement.policies.common import Context, min_racks, segment_sizes, small_plan, whole_node_plan
@@ -34,26 +40,63 @@ def _free(rack: Rack, ctx: Context) -> int:
     return 0 if rack.id in ctx.reserved else rack.free_count
 
 
+def job_segment(job: JobRequest, n: int, racks: list[Rack]) -> int | None:
+    """The segment a job is submitted with: its own, or for a ``required`` job one
+    equal to the job (or to a whole block), as Slurm users ask for it."""
+    seg = job.segment_nodes
+    if job.locality == REQUIRED and seg is None:
+        seg = min(n, max(r.size for r in racks))
+    return seg
+
+
+def block_level(racks: list[Rack], n: int, seg: int | None) -> tuple[int, list[list[Rack]]] | None:
+    """Steps 1-2: the smallest level whose aggregated blocks can hold ``n`` nodes (in
+    whole segments), and its blocks; the last level is the top block (all racks), also
+    when the rack count is not a power of two. None: no block ever holds the job."""
+    def capacity(block: list[Rack]) -> int:
+        return sum((r.size // seg) * seg if seg else r.size for r in block)
+
+    level = 1
+    while True:
+        blocks = [racks[i:i + level] for i in range(0, len(racks), level)]
+        if max(capacity(b) for b in blocks) >= n:
+            return level, blocks
+        if level >= len(racks):
+            return None
+        level = min(level * 2, len(racks))
+
+
+def block_room(job: JobRequest, racks: list[Rack]) -> Callable[[dict[str, int]], bool]:
+    """A test: could a block of the job's level hold it if rack r had ``avail[r]``
+    idle nodes? (A necessary condition for :func:`slurm_block` to place a gang;
+    backfill uses it to skip future times cheaply.)"""
+    gpn = racks[0].gpus_per_node
+    n = job.nodes_needed(gpn)
+    seg = job_segment(job, n, racks)
+    found = block_level(racks, n, seg)
+    blocks = [[r.id for r in b] for b in found[1]] if found else []
+
+    def test(avail: dict[str, int]) -> bool:
+        return any(sum((avail[r] // seg) * seg if seg else avail[r] for r in b) >= n
+                   for b in blocks)
+    return test
+
+
 def slurm_block(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) -> PlacementPlan:
     gpn = racks[0].gpus_per_node
     if job.is_small(gpn):
         return _small(job, racks, ctx)
     n = job.nodes_needed(gpn)
-    seg = job.segment_nodes
-    if job.locality == REQUIRED and seg is None:
-        # How a Slurm user asks for it: --segment of the job (or of a whole block).
-        seg = min(n, max(r.size for r in racks))
+    seg = job_segment(job, n, racks)
     if seg and seg > max(r.size for r in racks):
         return not_placed(job, NAME, f"segment of {seg} nodes is larger than any block")
-    # 1-2. Smallest level whose aggregated block size holds the job.
-    level = 1
-    while True:
-        blocks = [racks[i:i + level] for i in range(0, len(racks), level)]
-        if max(sum(r.size for r in b) for b in blocks) >= n:
-            break
-        if level >= len(racks):
-            return not_placed(job, NAME, f"no block holds {n} nodes")
-        level *= 2
+    # 1-2. Smallest level whose aggregated blocks can hold the job; the last level
+    #      is the top block (all racks), also when the count is not a power of two.
+    found = block_level(racks, n, seg)
+    if found is None:
+        return not_placed(job, NAME, f"no block holds {n} nodes"
+                                     f"{' in whole segments' if seg else ''}")
+    level, blocks = found
     # 3. Best fit among blocks of that level that have room right now.
     best: tuple[int, int] | None = None
     for bi, block in enumerate(blocks):

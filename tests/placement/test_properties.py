@@ -14,6 +14,8 @@ from placement.fragmentation import fragmentation
 from placement.model import Allocation, Fleet, JobRequest
 from placement.place import place, schedule
 from placement.recover import apply_recovery, recover
+from placement.sim import SimConfig, Simulation
+from placement.trace import TraceJob
 from placement.validate import validate, validate_indexes
 
 # CI replays the same examples every run (a submission must not fail by luck);
@@ -65,7 +67,8 @@ def _fill(fleet: Fleet, jobs: list[JobRequest], policy: str, seed: int) -> None:
 
 @SETTINGS
 @given(fleets(), jobs_st, st.sampled_from(["rackwise", "first-fit", "random", "slurm-block",
-                                           "kueue-tas"]), st.integers(0, 100))
+                                           "slurm-block-greedy", "kueue-tas"]),
+       st.integers(0, 100))
 def test_every_policy_keeps_the_invariants(fleet: Fleet, spec: list, policy: str,  # type: ignore[type-arg]
                                             seed: int) -> None:
     _fill(fleet, _jobs(spec), policy, seed)
@@ -171,3 +174,39 @@ def test_the_fleet_indexes_stay_right_through_any_mutation(fleet: Fleet, spec: l
         else:
             fleet = fleet.copy()
         assert validate_indexes(fleet) == []
+
+
+trace_st = st.lists(
+    st.tuples(st.sampled_from([1, 2, 4, 8, 16, 24, 36, 48, 72, 96]), st.integers(0, 3000),
+              st.integers(1, 5000), st.sampled_from(["required", "preferred", "none"]),
+              st.sampled_from([None, None, 4, 8, 12]), st.integers(0, 2)),
+    min_size=1, max_size=20,
+)
+
+
+def _trace(spec: list[tuple[int, int, int, str, int | None, int]]) -> list[TraceJob]:
+    out = [TraceJob(JobRequest(f"j{i}", num_gpus=g, locality=loc, segment_nodes=seg,
+                               priority=p, submit_time=float(sub),
+                               expected_duration=float(dur)), float(sub), float(dur), i)
+           for i, (g, sub, dur, loc, seg, p) in enumerate(spec)]
+    return sorted(out, key=lambda t: (t.submit, t.line))
+
+
+@SETTINGS
+@given(trace_st, st.sampled_from(["slurm-block", "slurm-block-greedy", "kueue-tas", "rackwise"]),
+       st.integers(1, 3), st.sampled_from([0.0, 5.0]), st.integers(0, 5))
+def test_every_queue_discipline_keeps_the_invariants_through_a_replay(
+        spec: list, policy: str, racks: int, mtbf: float, seed: int) -> None:  # type: ignore[type-arg]
+    # check_invariants runs validate() and validate_indexes() after every instant.
+    sim = Simulation(_trace(spec), policy, SimConfig(
+        racks=racks, node_mtbf_hours=mtbf, repair_hours=0.5, seed=seed,
+        check_invariants=True))
+    m = sim.run().metrics
+    assert m["completed"] + m["rejected"] == m["jobs"]
+    if policy == "kueue-tas" and not mtbf:
+        # StrictFIFO: no job starts while a job ahead of it in the queue waits.
+        started = [s for s in sim.jobs.values() if s.first_start is not None]
+        for a in started:
+            for b in started:
+                if a.order < b.order and a.submit <= b.first_start:  # type: ignore[operator]
+                    assert a.first_start <= b.first_start, (a.job.id, b.job.id)  # type: ignore[operator]

@@ -44,7 +44,7 @@ def test_policy_all_gives_one_object_per_policy_and_a_table(tmp_path: Path) -> N
     res = _run(str(trace), "--racks", "4", "--policy", "all", "--json")
     data = json.loads(res.stdout)
     assert [d["policy"] for d in data] == ["rackwise", "first-fit", "random", "slurm-block",
-                                           "kueue-tas"]
+                                           "slurm-block-greedy", "kueue-tas"]
     table = _run(str(trace), "--racks", "4", "--policy", "all")
     assert table.returncode == 0 and "kueue-tas" in table.stdout
 
@@ -118,7 +118,8 @@ def test_every_policy_keeps_the_invariants_through_a_replay_with_failures(
     path = tmp_path / "t.csv"
     write_trace(path, generate(250, 0.9, racks=4, seed=6))
     trace = read_trace(path)
-    for policy in ("rackwise", "first-fit", "random", "slurm-block", "kueue-tas"):
+    for policy in ("rackwise", "first-fit", "random", "slurm-block", "slurm-block-greedy",
+                   "kueue-tas"):
         cfg = SimConfig(racks=4, node_mtbf_hours=100, repair_hours=2, seed=2,
                         check_invariants=True,
                         defrag_after_s=1800 if policy == "rackwise" else None)

@@ -40,7 +40,7 @@ def test_a_pinned_segmented_job_runs_on_exactly_its_nodes(cluster):
     chosen = ["r02n03", "r02n04", "r02n05", "r02n06"]
     job = submit(cluster, "pinned", "srun hostname\nsrun bash -c 'echo node=$SLURMD_NODENAME gpus=$CUDA_VISIBLE_DEVICES'",
                  f"--nodelist={','.join(chosen)}", "-N", "4", "--segment=4", "--gres=gpu:4", "--exclusive")
-    done = cluster.wait_job_state(job, "COMPLETED", "FAILED", timeout=20)
+    done = cluster.wait_job_state(job, "COMPLETED", "FAILED", timeout=20, exact=True)  # not COMPLETED+COMPLETING: the output may not be flushed yet
     assert done["job_state"] == ["COMPLETED"]
     assert nodelist(cluster, job) == chosen
     out = (cluster.jobs_dir / f"pinned-{job}.out").read_text().splitlines()

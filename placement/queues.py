@@ -1,0 +1,313 @@
+"""Queue disciplines for the baselines: Slurm's backfill with reservations.
+
+``sched/backfill`` (Slurm's default scheduler; ``src/plugins/sched/backfill/backfill.c``,
+slurm.conf(5) ``SchedulerParameters``), as the simulator models it:
+
+1. Pending jobs are visited in priority order (the caller's order: priority, then
+   submit time, then trace order; see placement/README.md).
+2. A job starts now if the block plugin can place it on nodes that no reservation
+   holds during ``[now, now + expected run)``: a job that ends before a reservation
+   begins may use the reserved nodes (that is what backfill means).
+3. A job that cannot start, once it has been pending ``bf_min_age_reserve`` (default
+   0), gets a reservation: the earliest time within ``bf_window`` (default 1440 min)
+   at which the block plugin could place it, given the running jobs' expected ends
+   and the reservations made before it in this cycle, and the nodes it would get
+   then (a gang's nodes whole, a single-node job's GPUs on one node). They are held
+   for ``[start, start + expected run)``.
+4. Reservations are recomputed from scratch on every cycle (Slurm's backfill does the
+   same: each cycle starts from the running jobs and plans the queue again).
+
+Simplifications, stated: expected runs are the trace's real durations (Slurm uses
+time limits, which are longer); at most ``max_reservations`` jobs are reserved per
+cycle (Slurm bounds a cycle by ``bf_max_job_test``, default 500, and by time).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from placement.model import HEALTHY, Fleet, JobRequest, Node, Rack
+from placement.plans import PlacementPlan, not_placed
+from placement.policies.common import Context
+
+# slurm.conf(5), SchedulerParameters: bf_window=1440 (minutes), bf_min_age_reserve=0 (s).
+BF_WINDOW_S = 1440 * 60.0
+BF_MIN_AGE_RESERVE_S = 0.0
+BF_MAX_RESERVATIONS = 16
+
+PolicyFn = Callable[[Fleet, JobRequest, list[Rack], Context], PlacementPlan]
+# (job, racks of one shape) -> test(idle nodes per rack id): could the policy place it?
+RoomFn = Callable[[JobRequest, list[Rack]], Callable[[dict[str, int]], bool]]
+
+
+@dataclass(frozen=True)
+class Hold:
+    """GPUs reserved for ``job_id`` from ``start`` to ``end``: node id -> GPU count
+    (a gang holds its nodes whole, a single-node job its GPUs on one node)."""
+
+    job_id: str
+    start: float
+    end: float
+    gpus: dict[str, int]
+    nodes: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nodes", frozenset(self.gpus))
+
+
+class _View:
+    """A rack as a placement policy sees it, with some nodes taken out (held, or busy
+    at the time being planned). Duck-types the parts of Rack the policies read."""
+
+    __slots__ = ("free", "gpus_per_node", "id", "lent_nodes", "nodes", "size", "spare_nodes")
+
+    def __init__(self, rack: Rack, free: set[int], nodes: list[Node]) -> None:
+        self.id = rack.id
+        self.size = rack.size
+        self.spare_nodes = rack.spare_nodes
+        self.lent_nodes = rack.lent_nodes
+        self.gpus_per_node = rack.gpus_per_node
+        self.free = free
+        self.nodes = nodes
+
+    @property
+    def free_count(self) -> int:
+        return len(self.free)
+
+
+def decide(fleet: Fleet, job: JobRequest, fn: PolicyFn, racks_by_gpn: dict[int, list[Any]],
+           ctx: Context, name: str) -> PlacementPlan:
+    """``fn`` over each rack shape (as :func:`placement.place.place` does); the plan
+    that needs the fewest racks wins."""
+    best: PlacementPlan | None = None
+    reasons: list[str] = []
+    for gpn, racks in racks_by_gpn.items():
+        if not job.is_small(gpn) and job.nodes_needed(gpn) == 0:
+            continue
+        plan = fn(fleet, job, racks, ctx)
+        if not plan.placed:
+            reasons.append(plan.reason)
+        elif best is None or (len(plan.racks), len(plan.nodes)) < (len(best.racks),
+                                                                   len(best.nodes)):
+            best = plan
+    return best or not_placed(job, name, "; ".join(reasons) or "no rack of a usable shape")
+
+
+class Backfill:
+    """One backfill cycle at ``now`` over ``fleet`` (see the module docstring)."""
+
+    def __init__(self, fleet: Fleet, now: float, fn: PolicyFn, name: str, *,
+                 window_s: float = BF_WINDOW_S,
+                 min_age_reserve_s: float = BF_MIN_AGE_RESERVE_S,
+                 max_reservations: int = BF_MAX_RESERVATIONS,
+                 room: RoomFn | None = None) -> None:
+        self.fleet = fleet
+        self.now = now
+        self.fn = fn
+        self.name = name
+        self.window_s = window_s
+        self.min_age_reserve_s = min_age_reserve_s
+        self.max_reservations = max_reservations
+        self.room = room
+        self._rack_ends: dict[str, list[float]] = {}
+        self.holds: list[Hold] = []
+        self.ctx = Context(now=now)
+        self._free_at: dict[str, float] | None = None
+        self._ends: list[float] = []
+        self._node_jobs: dict[str, list[tuple[float, int]]] = {}  # node -> (end, GPUs)
+        # (shape, duration) that found no start in the window, with the hold count then.
+        self._no_start: dict[tuple[object, ...], int] = {}
+        # shape -> (run, start) of its last reservation: a job of that shape that runs
+        # at least as long cannot start earlier (holds only grow during a cycle).
+        self._not_before: dict[tuple[object, ...], tuple[float, float]] = {}
+
+    # -- now --------------------------------------------------------------------------
+
+    def held_during(self, start: float, end: float) -> dict[str, int]:
+        """GPUs held per node by reservations that overlap ``[start, end)``."""
+        out: dict[str, int] = {}
+        for h in self.holds:
+            if h.start < end and h.end > start:
+                for nid, g in h.gpus.items():
+                    out[nid] = out.get(nid, 0) + g
+        return out
+
+    def held_nodes(self, start: float, end: float) -> set[str]:
+        """Nodes with any reservation overlapping ``[start, end)``."""
+        out: set[str] = set()
+        for h in self.holds:
+            if h.start < end and h.end > start:
+                out |= h.nodes
+        return out
+
+    def try_start(self, job: JobRequest, duration: float) -> PlacementPlan:
+        """Where ``job`` may start now without delaying any reservation."""
+        held = self.held_during(self.now, self.now + duration)
+        groups = self.fleet.groups
+        if held:
+            groups = {gpn: [self._now_view(r, held, job.num_gpus if job.is_small(gpn)
+                                           else None)
+                            if any(n.id in held for n in r.nodes) else r for r in racks]
+                      for gpn, racks in groups.items()}
+        return decide(self.fleet, job, self.fn, groups, self.ctx, self.name)
+
+    @staticmethod
+    def _now_view(rack: Rack, held: dict[str, int], small: int | None) -> _View:
+        # A gang may not use a node with any reservation on it; a single-node job may
+        # use the GPUs the reservations leave.
+        nodes = [n for n in rack.nodes if n.id not in held
+                 or (small is not None and n.free_gpus - held[n.id] >= small)]
+        return _View(rack, {n.index for n in nodes
+                            if n.index in rack.free and n.id not in held}, nodes)
+
+    def started(self, job_id: str) -> None:
+        """A job was allocated in this cycle: its nodes are busy until it ends."""
+        if self._free_at is None:
+            return
+        alloc = self.fleet.allocations[job_id]
+        end = math.inf if alloc.expected_end is None else alloc.expected_end
+        for nid, gpus in alloc.nodes.items():
+            self._free_at[nid] = max(self._free_at[nid], end)
+            self._node_jobs.setdefault(nid, []).append((end, len(gpus)))
+        self._ends = sorted(self._free_at.values())
+        for rid in {self.fleet.nodes[nid].rack for nid in alloc.nodes}:
+            self._rack_ends[rid] = sorted(self._free_at[n.id]
+                                          for n in self.fleet.rack_by_id[rid].nodes)
+
+    # -- later ------------------------------------------------------------------------
+
+    def _ensure_free_at(self) -> dict[str, float]:
+        if self._free_at is None:
+            allocs = self.fleet.allocations
+            free_at: dict[str, float] = {}
+            for nid, node in self.fleet.nodes.items():
+                if node.health != HEALTHY:
+                    free_at[nid] = math.inf  # back from repair: not planned on
+                elif not node.used:
+                    free_at[nid] = self.now
+                else:
+                    jobs = [(math.inf if allocs[j].expected_end is None
+                             else allocs[j].expected_end, len(allocs[j].nodes[nid]))
+                            for j in node.jobs]
+                    self._node_jobs[nid] = jobs  # type: ignore[assignment]
+                    free_at[nid] = max(e for e, _ in jobs)  # type: ignore[type-var]
+            self._free_at = free_at
+            self._ends = sorted(free_at.values())
+            self._rack_ends = {r.id: sorted(free_at[n.id] for n in r.nodes)
+                               for r in self.fleet.racks}
+        return self._free_at
+
+    def reserve(self, job: JobRequest, duration: float, submit: float,
+                key: tuple[object, ...] = ()) -> Hold | None:
+        """Reserve the earliest start of a job that cannot start now (step 3)."""
+        if len(self.holds) >= self.max_reservations:
+            return None
+        if self.now - submit < self.min_age_reserve_s:
+            return None
+        memo = (key, duration)
+        if any(job.is_small(gpn) for gpn in self.fleet.groups):
+            return self._reserve_small(job, duration, key)
+        if self._no_start.get(memo) == len(self.holds):
+            return None
+        free_at = self._ensure_free_at()
+        need = min((job.nodes_needed(g) for g in self.fleet.groups if job.nodes_needed(g)),
+                   default=0)
+        horizon = self.now + self.window_s
+        earliest = self.now
+        prev = self._not_before.get(key) if key else None
+        if prev is not None and duration >= prev[0]:
+            earliest = prev[1] - 1e-9
+        times = sorted({t for t in self._ends if earliest < t <= horizon}
+                       | {h.end for h in self.holds if earliest < h.end <= horizon})
+        tests = ([self.room(job, racks) for gpn, racks in self.fleet.groups.items()
+                  if not job.is_small(gpn) and job.nodes_needed(gpn)]
+                 if self.room is not None else [])
+        for t in times:
+            # Cheap bounds first: enough nodes idle by then (in one block of the job's
+            # level), then the same without the held ones.
+            if bisect.bisect_right(self._ends, t) < need:
+                continue
+            avail = {rid: bisect.bisect_right(ends, t) for rid, ends in self._rack_ends.items()}
+            if tests and not any(test(avail) for test in tests):
+                continue
+            held = self.held_nodes(t, t + duration)
+            busy = [nid for nid in held if free_at[nid] <= t]
+            if len(busy) and bisect.bisect_right(self._ends, t) - len(busy) < need:
+                continue
+            if tests and busy:
+                for nid in busy:
+                    avail[self.fleet.nodes[nid].rack] -= 1
+                if not any(test(avail) for test in tests):
+                    continue
+            groups = {gpn: [self._later_view(r, free_at, t, held) for r in racks]
+                      for gpn, racks in self.fleet.groups.items()}
+            plan = decide(self.fleet, job, self.fn, groups, self.ctx, self.name)
+            if plan.placed:
+                hold = Hold(job.id, t, t + duration,
+                            {nid: len(g) for nid, g in plan.nodes.items()})
+                self.holds.append(hold)
+                if key:
+                    self._not_before[key] = (duration, t)
+                return hold
+        self._no_start[memo] = len(self.holds)
+        return None
+
+    @staticmethod
+    def _later_view(rack: Rack, free_at: dict[str, float], t: float,
+                    held: set[str]) -> _View:
+        nodes = [n for n in rack.nodes if free_at[n.id] <= t and n.id not in held]
+        return _View(rack, {n.index for n in nodes}, nodes)
+
+    def _reserve_small(self, job: JobRequest, duration: float,
+                       key: tuple[object, ...]) -> Hold | None:
+        """A single-node job's reservation: the node where its GPUs are free soonest
+        for ``duration`` (lowest-numbered node on a tie, as the block plugin picks)."""
+        self._ensure_free_at()
+        horizon = self.now + self.window_s
+        on_node: dict[str, list[tuple[float, float, int]]] = {}
+        for h in self.holds:
+            for nid, g in h.gpus.items():
+                on_node.setdefault(nid, []).append((h.start, h.end, g))
+        best: tuple[float, int, Node] | None = None
+        earliest = self.now
+        prev = self._not_before.get(key) if key else None
+        if prev is not None and duration >= prev[0]:
+            earliest = prev[1]  # the same shape, no shorter: not before its start
+        pos = 0
+        for gpn, racks in self.fleet.groups.items():
+            if not job.is_small(gpn):
+                continue
+            for rack in racks:
+                for node in rack.nodes:
+                    pos += 1
+                    if node.health != HEALTHY:
+                        continue
+                    jobs = self._node_jobs.get(node.id, []) if node.used else []
+                    holds = on_node.get(node.id, [])
+                    if (node.id not in on_node and self._free_at is not None
+                            and self._free_at[node.id] <= earliest):
+                        # Nothing held here, and its jobs are gone by then: it fits.
+                        if node.gpus >= job.num_gpus and (best is None or earliest < best[0]):
+                            best = (earliest, pos, node)
+                        continue
+                    cands = sorted({earliest} | {e for e, _ in jobs if earliest < e <= horizon}
+                                   | {e for _, e, _ in holds if earliest < e <= horizon})
+                    for t in cands:
+                        if best is not None and t >= best[0]:
+                            break
+                        used = (sum(g for e, g in jobs if e > t)
+                                + sum(g for s0, e, g in holds if s0 < t + duration and e > t))
+                        if node.gpus - used >= job.num_gpus:
+                            best = (t, pos, node)
+                            break
+        if best is None:
+            return None
+        hold = Hold(job.id, best[0], best[0] + duration, {best[2].id: job.num_gpus})
+        self.holds.append(hold)
+        if key:
+            self._not_before[key] = (duration, best[0])
+        return hold
