@@ -2,14 +2,16 @@
 
 Everything the decisions read is here. The :class:`Fleet` keeps small indexes up to
 date on every mutation (per-rack set of idle healthy nodes, per-rack count of nodes
-lent to small jobs) so that a placement decision scans racks, never GPUs.
+lent to small jobs, partly used nodes by free GPUs, racks by idle-node count) so that
+a placement decision looks capacity up instead of scanning every rack or GPU.
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -241,6 +243,22 @@ class Fleet:
         self._slot: dict[str, dict[int, Node]] = {
             r.id: {n.index: n for n in r.nodes} for r in self.racks
         }
+        # Capacity by size: group_pos[rack] is the rack's position in its shape group;
+        # by_free[gpus_per_node] lists (idle nodes, group position) of the group's racks
+        # that have an idle node, sorted, so "racks with at least n idle nodes, fewest
+        # first" is a bisect; idle_total counts idle healthy nodes fleet-wide.
+        self.group_pos: dict[str, int] = {}
+        self.by_free: dict[int, list[tuple[int, int]]] = {}
+        for g, rs in self.groups.items():
+            for i, r in enumerate(rs):
+                self.group_pos[r.id] = i
+            self.by_free[g] = sorted((len(r.free), i) for i, r in enumerate(rs) if r.free)
+        self.idle_total = sum(len(r.free) for r in self.racks)
+        # The most spares a rack of the group keeps (spare_nodes is fixed for the life
+        # of a Fleet): an offer is at most this far below a rack's idle count.
+        self.max_spares: dict[int, int] = {g: max(r.spare_nodes for r in rs)
+                                           for g, rs in self.groups.items()}
+        self._group_nodes: dict[tuple[int, int], int] = {}
         for alloc in allocations:
             self.allocate(alloc)
 
@@ -323,12 +341,51 @@ class Fleet:
                 self.partial.setdefault(key, set()).add(node.id)
         rack = self.rack_by_id[node.rack]
         now_idle = node.idle
-        if was_idle and not now_idle:
-            rack.free.discard(node.index)
-        elif now_idle and not was_idle:
-            rack.free.add(node.index)
+        if was_idle != now_idle:
+            old = len(rack.free)
+            if was_idle:
+                rack.free.discard(node.index)
+            else:
+                rack.free.add(node.index)
+            new = len(rack.free)
+            if new != old:
+                self.idle_total += new - old
+                self._reindex(rack, old, new)
         now_lent = self._is_lent_node(node)
         rack.lent_nodes += int(now_lent) - int(was_small)
+
+    def _reindex(self, rack: Rack, old: int, new: int) -> None:
+        """Move the rack from the ``old`` to the ``new`` idle-count bucket."""
+        pos = self.group_pos[rack.id]
+        index = self.by_free[rack.gpus_per_node]
+        if old:
+            del index[bisect.bisect_left(index, (old, pos))]
+        if new:
+            bisect.insort(index, (new, pos))
+
+    def group_nodes(self, gpus_per_node: int, segment: int | None = None) -> int:
+        """Nodes of this shape (racks are fixed for the life of a Fleet); with
+        ``segment``, only those that whole segments of that many nodes can use."""
+        key = (gpus_per_node, segment or 0)
+        total = self._group_nodes.get(key)
+        if total is None:
+            racks = self.groups.get(gpus_per_node, [])
+            total = sum((r.size // segment) * segment if segment else r.size for r in racks)
+            self._group_nodes[key] = total
+        return total
+
+    def racks_with_idle(self, gpus_per_node: int, at_least: int = 1
+                        ) -> Iterator[tuple[int, int, Rack]]:
+        """(idle nodes, group position, rack) for the racks of this shape with at least
+        ``at_least`` idle nodes, fewest idle first, ties in group order. Read from the
+        index, lazily: the racks without room are never looked at."""
+        index = self.by_free.get(gpus_per_node)
+        if not index:
+            return
+        group = self.groups[gpus_per_node]
+        for i in range(bisect.bisect_left(index, (max(1, at_least), -1)), len(index)):
+            free, pos = index[i]
+            yield free, pos, group[pos]
 
     def _is_lent_node(self, node: Node) -> bool:
         """A node whose jobs are all small or preemptible: reclaimable as a spare."""

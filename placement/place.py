@@ -79,13 +79,11 @@ def can_ever_fit(fleet: Fleet, job: JobRequest) -> tuple[bool, str]:
         n = job.nodes_needed(gpn)
         if n == 0:
             continue
-        size = max(r.size for r in racks)
+        size = fleet.group_size[gpn]
         seg = job.segment_nodes
         if seg and seg > size:
             continue
-        total = sum(r.size for r in racks)
-        if seg:
-            total = sum((r.size // seg) * seg for r in racks)
+        total = fleet.group_nodes(gpn, seg)
         if n <= total and min_racks(n, size, seg) <= len(racks):
             return True, f"fits in {gpn}-GPU racks"
     return False, (f"needs {job.total_gpus} GPUs"
@@ -130,7 +128,7 @@ def schedule(
     until: float | None = None
     failed: dict[tuple[object, ...], str] = {}
     for job in queue_order(pending):
-        if not any(r.free for r in work.racks) and not any(work.partial.values()):
+        if not work.idle_total and not any(work.partial.values()):
             out.waiting[job.id] = "no free GPU in the fleet"
             continue
         key = (job.num_gpus, job.num_nodes, job.gpus_per_node, job.segment_nodes,

@@ -24,6 +24,7 @@
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable
 
 from placement.model import REQUIRED, Fleet, JobRequest, Node, Rack
 from placement.plans import PlacementPlan, not_placed
@@ -94,9 +95,19 @@ def _offer(rack: Rack, ctx: Context, borrow: bool) -> int:
 def _one_rack(fleet: Fleet, job: JobRequest, racks: list[Rack], n: int,
               ctx: Context) -> PlacementPlan:
     best: tuple[int, int, int, Rack] | None = None
-    for pos, rack in enumerate(racks):
-        if len(rack.free) < n:
-            continue  # cheap reject: most racks of a busy fleet
+    gpn = racks[0].gpus_per_node
+    if racks is fleet.groups.get(gpn):
+        # The whole group: racks with n idle nodes or more from the index, fewest idle
+        # first. An offer is at most max_spares below the idle count, so once a rack's
+        # idle count minus that is no better than the best offer, none later can win.
+        slack = fleet.max_spares[gpn]
+        cands: Iterable[tuple[int, int, Rack]] = fleet.racks_with_idle(gpn, n)
+    else:
+        slack = -1  # a filtered list: scan it
+        cands = ((len(r.free), pos, r) for pos, r in enumerate(racks) if len(r.free) >= n)
+    for free, pos, rack in cands:
+        if slack >= 0 and best is not None and free - slack >= best[0]:
+            break
         offer = _offer(rack, ctx, may_borrow(rack, n, job.preemptible))
         if offer >= n:
             key = (offer, rack.free_count, pos)
@@ -219,16 +230,23 @@ def _unequal(offers: list[tuple[int, int, Rack]], n: int, k: int
 
 def _small(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) -> PlacementPlan:
     g = job.num_gpus
-    allowed = {r.id for r in racks}
-    pos = {r.id: i for i, r in enumerate(racks)}
+    gpn = racks[0].gpus_per_node
+    whole = racks is fleet.groups.get(gpn)  # the whole group: read the indexes
+    if whole:
+        pos = fleet.group_pos
+    else:
+        pos = {r.id: i for i, r in enumerate(racks)}
     best: tuple[tuple[int, int, int, int], Node] | None = None
     # 1. Partly used nodes: tightest fit first, busiest rack next.
-    for free in range(g, max(r.gpus_per_node for r in racks)):
+    for free in range(g, gpn):
         for nid in fleet.partial.get(free, ()):
             node = fleet.nodes[nid]
-            if node.rack not in allowed:
-                continue
             rack = fleet.rack_by_id[node.rack]
+            if whole:
+                if rack.gpus_per_node != gpn:
+                    continue  # a rack of another shape group
+            elif rack.id not in pos:
+                continue
             key = (free, rack.free_count, pos[rack.id], node.index)
             if best is None or key < best[0]:
                 best = (key, node)
@@ -238,11 +256,17 @@ def _small(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) -> Pl
                                                f"({free} free GPUs)")
     # 2. An idle node in the busiest rack that still has one.
     brack: tuple[int, int, Rack] | None = None
-    for p, rack in enumerate(racks):
-        if rack.free and rack.id not in ctx.reserved:
-            key = (rack.free_count, p)
-            if brack is None or key < brack[:2]:
-                brack = (rack.free_count, p, rack)
+    if whole:
+        for idle, p, rack in fleet.racks_with_idle(gpn):
+            if rack.id not in ctx.reserved:
+                brack = (idle, p, rack)
+                break
+    else:
+        for p, rack in enumerate(racks):
+            if rack.free and rack.id not in ctx.reserved:
+                key = (rack.free_count, p)
+                if brack is None or key < brack[:2]:
+                    brack = (rack.free_count, p, rack)
     if brack is None:
         return not_placed(job, NAME, f"no node has {g} free GPUs")
     rack = brack[2]
