@@ -97,7 +97,8 @@ def defragment(
     targeted: set[str] = set()
 
     # 1. Goals as (label, nodes to free in one rack, gpus_per_node) lists; a goal of
-    #    GPUs on one node has the single segment (-GPUs, gpus_per_node).
+    #    GPUs on one node has the single segment (-GPUs, gpus_per_node), a whole free
+    #    rack (-1, 0).
     goals: list[tuple[str, list[tuple[int, int]], bool]] = []  # (label, segs, borrow)
     # Goals are sized by the target, which comes from a user: never more of them
     # than the fleet has racks (one rack each), whatever the count asked for.
@@ -151,7 +152,7 @@ def defragment(
         if sig in failed_goals:
             reasons.append(f"{name}: same shape as a goal that could not be met")
             continue
-        if segs[0][0] < 0:  # GPUs on one node
+        if segs[0][0] < 0 < segs[0][1]:  # GPUs on one node (a whole rack is (-1, 0))
             gpus, gpn = -segs[0][0], segs[0][1]
             clock = (restart_minutes, now)
             room = _best_node(work, gpus, gpn, targeted, clock,
