@@ -331,7 +331,11 @@ class Fleet:
     def _state(self, node: Node) -> tuple[bool, bool, int]:
         return node.idle, self._is_lent_node(node), self._partial_key(node)
 
-    def _node_changed(self, node: Node, before: tuple[bool, bool, int]) -> None:
+    def _node_changed(self, node: Node, before: tuple[bool, bool, int],
+                      touched: dict[str, int] | None = None) -> None:
+        """Update the indexes after ``node`` changed from state ``before``. With
+        ``touched`` the racks-by-idle index is left to :meth:`_reindex_racks` (one
+        update per rack for a gang): it records each changed rack's old idle count."""
         was_idle, was_small, was_key = before
         key = self._partial_key(node)
         if key != was_key:
@@ -343,16 +347,26 @@ class Fleet:
         now_idle = node.idle
         if was_idle != now_idle:
             old = len(rack.free)
+            if touched is not None:
+                touched.setdefault(rack.id, old)
             if was_idle:
                 rack.free.discard(node.index)
             else:
                 rack.free.add(node.index)
             new = len(rack.free)
-            if new != old:
+            if touched is None and new != old:
                 self.idle_total += new - old
                 self._reindex(rack, old, new)
         now_lent = self._is_lent_node(node)
         rack.lent_nodes += int(now_lent) - int(was_small)
+
+    def _reindex_racks(self, touched: dict[str, int]) -> None:
+        for rid, old in touched.items():
+            rack = self.rack_by_id[rid]
+            new = len(rack.free)
+            if new != old:
+                self.idle_total += new - old
+                self._reindex(rack, old, new)
 
     def _reindex(self, rack: Rack, old: int, new: int) -> None:
         """Move the rack from the ``old`` to the ``new`` idle-count bucket."""
@@ -420,6 +434,7 @@ class Fleet:
             if node.used & mask:
                 raise CapacityError(f"job {jid}: GPU on {nid} already held")
         self.allocations[jid] = alloc
+        touched: dict[str, int] = {}
         for nid, gpus in alloc.nodes.items():
             node = self.nodes[nid]
             before = self._state(node)
@@ -428,17 +443,20 @@ class Fleet:
                 mask |= 1 << g
             node.used |= mask
             node.jobs[jid] = mask
-            self._node_changed(node, before)
+            self._node_changed(node, before, touched)
+        self._reindex_racks(touched)
 
     def release(self, job_id: str) -> Allocation:
         """Free a job's GPUs and forget its allocation (KeyError if unknown)."""
         alloc = self.allocations[job_id]
         states = {nid: self._state(self.nodes[nid]) for nid in alloc.nodes}
         del self.allocations[job_id]
+        touched: dict[str, int] = {}
         for nid in alloc.nodes:
             node = self.nodes[nid]
             node.used &= ~node.jobs.pop(job_id)
-            self._node_changed(node, states[nid])
+            self._node_changed(node, states[nid], touched)
+        self._reindex_racks(touched)
         return alloc
 
     def set_health(self, node_id: str, health: str) -> list[str]:

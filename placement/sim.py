@@ -223,7 +223,7 @@ class Simulation:
             return
         heapq.heapify(heap)
         fleet = self.fleet
-        idle_total = sum(r.free_count for r in fleet.racks)
+        idle_total = fleet.idle_total
         max_partial = max((f for f, s in fleet.partial.items() if s), default=0)
         gpn = self.cfg.gpus_per_node
         while heap:
@@ -258,7 +258,7 @@ class Simulation:
                 self.blocked.clear()
                 self._pass(now)
                 return
-            idle_total = sum(r.free_count for r in fleet.racks)
+            idle_total = fleet.idle_total
             max_partial = max((f for f, s in fleet.partial.items() if s), default=0)
             if group:
                 heapq.heappush(heap, (group[0].order, key))

@@ -24,6 +24,7 @@
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections.abc import Iterable
 
 from placement.model import REQUIRED, Fleet, JobRequest, Node, Rack
@@ -138,18 +139,28 @@ def _many_racks(fleet: Fleet, job: JobRequest, racks: list[Rack], n: int, ctx: C
     k_min = min_racks(n, size, seg)
     spread_ok = job.locality != REQUIRED and may_span(job, ctx)
     k_limit = len(racks) if spread_ok else max(k_min, k_start)
-    pos = {r.id: i for i, r in enumerate(racks)}
+    gpn = racks[0].gpus_per_node
+    index = fleet if racks is fleet.groups.get(gpn) else None  # whole group: the index
+    pos = fleet.group_pos if index else {r.id: i for i, r in enumerate(racks)}
     desc: list[tuple[int, int, Rack]] | None = None  # offers, largest first (lazy)
+    desc_k = 0  # with the index, desc holds the top desc_k offers only
     for k in range(max(1, k_start), min(k_limit, n) + 1):
         sizes = _split(n, k, seg)
         if max(sizes) > size:
             continue
-        picks = _assign(racks, sizes, ctx, pos, k, job.preemptible)
+        picks = _assign(index, racks, sizes, ctx, pos, k, job.preemptible)
         note = ""
         if picks is None and not seg and k > 1:
             # Equal segments do not fit now; unequal ones over the same number of racks
             # cost nothing more in rack count, and beat waiting.
-            if desc is None:
+            if index is not None:
+                top_idle = index.by_free.get(gpn, [])[-k:]
+                if len(top_idle) < k or sum(f for f, _ in top_idle) < n:
+                    desc, desc_k = [], k  # offers are at most the idle counts: no room
+                elif desc is None or desc_k < k:
+                    desc, desc_k = _top_offers(index, gpn, k, ctx, min(n, size),
+                                               job.preemptible), k
+            elif desc is None:
                 desc = sorted(((_offer(r, ctx, may_borrow(r, min(n, size), job.preemptible)),
                                 pos[r.id], r) for r in racks if r.free),
                               key=lambda x: (-x[0], x[1]))
@@ -168,17 +179,48 @@ def _many_racks(fleet: Fleet, job: JobRequest, racks: list[Rack], n: int, ctx: C
                          else ""))
 
 
-def _assign(racks: list[Rack], sizes: list[int], ctx: Context, pos: dict[str, int],
-            k: int, preemptible: bool) -> list[tuple[Rack, list[int]]] | None:
+def _top_offers(fleet: Fleet, gpn: int, k: int, ctx: Context, n: int, preemptible: bool
+                ) -> list[tuple[int, int, Rack]]:
+    """The ``k`` largest (offer, group position, rack) of the group's racks that have an
+    idle node, largest offer first (ties: group order), read from the index: racks are
+    taken by idle count, largest first, until the next one's idle count (a bound on its
+    offer) is below the k-th best offer found."""
+    index = fleet.by_free.get(gpn, [])
+    group = fleet.groups[gpn]
+    got: list[tuple[int, int, Rack]] = []
+    top: list[int] = []  # min-heap of the k best offers so far
+    for i in range(len(index) - 1, -1, -1):
+        free, p = index[i]
+        if len(top) == k and free < top[0]:
+            break
+        r = group[p]
+        o = _offer(r, ctx, may_borrow(r, n, preemptible))
+        got.append((o, p, r))
+        heapq.heappush(top, o)
+        if len(top) > k:
+            heapq.heappop(top)
+    got.sort(key=lambda x: (-x[0], x[1]))
+    return got[:k]
+
+
+def _assign(fleet: Fleet | None, racks: list[Rack], sizes: list[int], ctx: Context,
+            pos: dict[str, int], k: int, preemptible: bool
+            ) -> list[tuple[Rack, list[int]]] | None:
     """Best-fit each segment (largest first) onto a rack, at most ``k`` racks.
 
     Racks are sorted once by offer; each new segment takes the rack with the smallest
-    offer that holds it (bisect), after trying racks it already uses.
+    offer that holds it (bisect), after trying racks it already uses. With ``fleet``
+    (``racks`` is its whole shape group) the racks with room come from its index.
     """
     smallest = min(sizes)
     offers: list[tuple[int, int, Rack]] = []
     biggest = max(sizes)
-    for r in racks:
+    if fleet is not None:
+        cands: Iterable[Rack] = (r for _, _, r in fleet.racks_with_idle(
+            racks[0].gpus_per_node, smallest))
+    else:
+        cands = racks
+    for r in cands:
         if len(r.free) < smallest:
             continue
         o = _offer(r, ctx, may_borrow(r, biggest, preemptible))
