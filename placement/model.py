@@ -435,12 +435,24 @@ class Fleet:
                 raise CapacityError(f"job {jid}: GPU on {nid} already held")
         self.allocations[jid] = alloc
         touched: dict[str, int] = {}
+        lends = alloc.job.preemptible  # (or small: checked per node shape below)
         for nid, gpus in alloc.nodes.items():
             node = self.nodes[nid]
-            before = self._state(node)
             mask = 0
             for g in gpus:
                 mask |= 1 << g
+            if (not node.jobs and node.health == HEALTHY
+                    and mask == (1 << node.gpus) - 1):
+                # Fast path, a whole idle node (gangs): idle -> full, no partial entry.
+                rack = self.rack_by_id[node.rack]
+                touched.setdefault(rack.id, len(rack.free))
+                rack.free.discard(node.index)
+                node.used = mask
+                node.jobs[jid] = mask
+                if lends or alloc.job.is_small(node.gpus):
+                    rack.lent_nodes += 1
+                continue
+            before = self._state(node)
             node.used |= mask
             node.jobs[jid] = mask
             self._node_changed(node, before, touched)
@@ -449,13 +461,28 @@ class Fleet:
     def release(self, job_id: str) -> Allocation:
         """Free a job's GPUs and forget its allocation (KeyError if unknown)."""
         alloc = self.allocations[job_id]
-        states = {nid: self._state(self.nodes[nid]) for nid in alloc.nodes}
+        nodes = self.nodes
+        # A node held whole by this job alone (gangs) takes the fast path below.
+        states = {nid: None if (len(nodes[nid].jobs) == 1
+                                and nodes[nid].used == (1 << nodes[nid].gpus) - 1)
+                  else self._state(nodes[nid]) for nid in alloc.nodes}
         del self.allocations[job_id]
         touched: dict[str, int] = {}
+        lends = alloc.job.preemptible
         for nid in alloc.nodes:
-            node = self.nodes[nid]
+            node = nodes[nid]
             node.used &= ~node.jobs.pop(job_id)
-            self._node_changed(node, states[nid], touched)
+            before = states[nid]
+            if before is None:
+                # Fast path: full -> empty; idle again if healthy, lent no more.
+                rack = self.rack_by_id[node.rack]
+                if lends or alloc.job.is_small(node.gpus):
+                    rack.lent_nodes -= 1
+                if node.health == HEALTHY:
+                    touched.setdefault(rack.id, len(rack.free))
+                    rack.free.add(node.index)
+                continue
+            self._node_changed(node, before, touched)
         self._reindex_racks(touched)
         return alloc
 

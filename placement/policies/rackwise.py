@@ -148,6 +148,12 @@ def _many_racks(fleet: Fleet, job: JobRequest, racks: list[Rack], n: int, ctx: C
         sizes = _split(n, k, seg)
         if max(sizes) > size:
             continue
+        if index is not None and sum(f for f, _ in index.by_free.get(gpn, [])[-k:]) < n:
+            # Both ways below use at most k racks, and a rack offers at most its idle
+            # nodes: the k racks with the most idle nodes cannot hold the gang.
+            if seg:
+                break
+            continue
         picks = _assign(index, racks, sizes, ctx, pos, k, job.preemptible)
         note = ""
         if picks is None and not seg and k > 1:
