@@ -420,6 +420,7 @@ class Fleet:
         jid = alloc.job.id
         if jid in self.allocations:
             raise CapacityError(f"job {jid} already holds an allocation")
+        masks: list[tuple[Node, int]] = []
         for nid, gpus in alloc.nodes.items():
             node = self.nodes.get(nid)
             if node is None:
@@ -433,14 +434,11 @@ class Fleet:
                 mask |= 1 << g
             if node.used & mask:
                 raise CapacityError(f"job {jid}: GPU on {nid} already held")
+            masks.append((node, mask))
         self.allocations[jid] = alloc
         touched: dict[str, int] = {}
         lends = alloc.job.preemptible  # (or small: checked per node shape below)
-        for nid, gpus in alloc.nodes.items():
-            node = self.nodes[nid]
-            mask = 0
-            for g in gpus:
-                mask |= 1 << g
+        for node, mask in masks:
             if (not node.jobs and node.health == HEALTHY
                     and mask == (1 << node.gpus) - 1):
                 # Fast path, a whole idle node (gangs): idle -> full, no partial entry.
