@@ -377,6 +377,21 @@ class Fleet:
         if new:
             bisect.insort(index, (new, pos))
 
+    def most_idle(self, gpus_per_node: int, count: int) -> list[Rack]:
+        """The ``count`` racks of this shape with the most idle nodes (ties: group
+        order), from the index; racks without an idle node fill up, in group order."""
+        index = self.by_free.get(gpus_per_node, [])
+        group = self.groups.get(gpus_per_node, [])
+        out: list[Rack] = []
+        hi = len(index)
+        while hi and len(out) < count:
+            lo = bisect.bisect_left(index, (index[hi - 1][0], -1))
+            out += [group[p] for _, p in index[lo:hi]]
+            hi = lo
+        if len(out) < count:
+            out += [r for r in group if not r.free][:count - len(out)]
+        return out[:count]
+
     def group_nodes(self, gpus_per_node: int, segment: int | None = None) -> int:
         """Nodes of this shape (racks are fixed for the life of a Fleet); with
         ``segment``, only those that whole segments of that many nodes can use."""

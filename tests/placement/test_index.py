@@ -58,6 +58,10 @@ def test_the_index_gives_the_racks_a_scan_finds(history: tuple[Fleet, random.Ran
         got = [(f, i, r.id) for f, i, r in fleet.racks_with_idle(gpn, at_least)]
         assert got == scan
     assert fleet.idle_total == sum(len(r.free) for r in fleet.racks)
+    for gpn, racks in fleet.groups.items():
+        for count in (1, at_least, len(racks) + 2):
+            want = sorted(racks, key=lambda r: (-r.free_count, fleet.rack_pos[r.id]))[:count]
+            assert [r.id for r in fleet.most_idle(gpn, count)] == [r.id for r in want]
 
 
 @SETTINGS
