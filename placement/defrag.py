@@ -147,6 +147,7 @@ def defragment(
     met = 0
     failed_goals: set[tuple[object, ...]] = set()  # an identical goal failed already
     held: list[Node] = []  # nodes given room for a small job: drained until the end
+    node_cache: dict[tuple[str, int], tuple[object, _NodeMoves]] = {}
     for name, segs, borrow in goals:
         sig = (tuple(segs), borrow)
         if sig in failed_goals:
@@ -156,7 +157,7 @@ def defragment(
             gpus, gpn = -segs[0][0], segs[0][1]
             clock = (restart_minutes, now)
             room = _best_node(work, gpus, gpn, targeted, clock,
-                              (budget_gpu_hours - cost, max_moves - len(moves)))
+                              (budget_gpu_hours - cost, max_moves - len(moves)), node_cache)
             if isinstance(room, str):
                 failed_goals.add(sig)
                 reasons.append(f"{name}: {room}")
@@ -348,19 +349,32 @@ def _undo(work: Fleet, steps: list[_Step]) -> None:
             work.allocate(st.old, restore=True)
 
 
+_NodeMoves = tuple[int, float, list[str]] | None
+
+
 def _node_moves(work: Fleet, node: Node, need: int, restart_minutes: float,
-                now: float | None) -> tuple[int, float, list[str]] | None:
+                now: float | None, cache: dict[tuple[str, int], tuple[object, _NodeMoves]]
+                ) -> _NodeMoves:
     """The fewest small preemptible jobs to move off ``node`` to free ``need`` more GPUs
-    (then the cheapest such set): (moves, GPU-hours, job ids), or None if impossible."""
+    (then the cheapest such set): (moves, GPU-hours, job ids), or None if impossible.
+    ``cache`` keeps answers per (node, need) while the node's jobs stay the same."""
+    state = (node.used, tuple(node.jobs))
+    hit = cache.get((node.id, need))
+    if hit is not None and hit[0] == state:
+        return hit[1]
     movable: list[tuple[int, float, str]] = []
     for jid, mask in node.jobs.items():
         a = work.allocations[jid]
         if len(a.nodes) == 1 and a.job.preemptible and a.job.is_small(node.gpus):
-            movable.append((mask.bit_count(), restart_cost_gpu_hours(
-                a.job, a.gpus, restart_minutes, now=now, started_at=a.started_at), jid))
+            movable.append((mask.bit_count(), 0.0, jid))
     sizes = sorted((g for g, _, _ in movable), reverse=True)
     if sum(sizes) < need:
+        cache[(node.id, need)] = (state, None)
         return None
+    allocs = work.allocations
+    movable = [(g, restart_cost_gpu_hours(allocs[j].job, allocs[j].gpus, restart_minutes,
+                                          now=now, started_at=allocs[j].started_at), j)
+               for g, _, j in movable]
     k = next(i for i in range(1, len(sizes) + 1) if sum(sizes[:i]) >= need)
     best: tuple[float, list[str]] | None = None
     for combo in itertools.combinations(sorted(movable, key=lambda m: m[2]), k):
@@ -369,11 +383,13 @@ def _node_moves(work: Fleet, node: Node, need: int, restart_minutes: float,
             if best is None or c < best[0]:
                 best = (c, [j for _, _, j in combo])
     assert best is not None
+    cache[(node.id, need)] = (state, (k, best[0], best[1]))
     return k, best[0], best[1]
 
 
 def _best_node(work: Fleet, gpus: int, gpn: int, targeted: set[str],
-               clock: tuple[float, float | None], budget: tuple[float, float]
+               clock: tuple[float, float | None], budget: tuple[float, float],
+               cache: dict[tuple[str, int], tuple[object, _NodeMoves]]
                ) -> tuple[Node, list[_Step], float] | str:
     """Room for a job of ``gpus`` GPUs on one node of ``gpn`` GPUs, by moving the fewest
     small preemptible jobs off the node (then the cheapest). The moves are applied to
@@ -391,7 +407,7 @@ def _best_node(work: Fleet, gpus: int, gpn: int, targeted: set[str],
             f = node.free_gpus
             if f >= gpus:  # room already (the job may be held back by a reservation)
                 return node, [], 0.0
-            found = _node_moves(work, node, gpus - f, restart_minutes, now)
+            found = _node_moves(work, node, gpus - f, restart_minutes, now, cache)
             if found is not None:
                 k, c, jids = found
                 cands.append((k, c, work.rack_pos[rack.id], node.index, node, jids))
