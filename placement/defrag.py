@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -396,9 +397,12 @@ def _best_node(work: Fleet, gpus: int, gpn: int, targeted: set[str],
     ``work``. Returns (node, moves, cost), or why it cannot be done."""
     restart_minutes, now = clock
     racks = [r for r in work.groups.get(gpn, []) if r.id not in targeted]
-    free = sum(n.free_gpus for r in racks for n in r.nodes)
-    if free < gpus:
-        return f"only {free} GPUs are free on {gpn}-GPU nodes, {gpus} needed"
+
+    def too_few() -> str | None:
+        free = sum(n.free_gpus for r in racks for n in r.nodes)
+        return f"only {free} GPUs are free on {gpn}-GPU nodes, {gpus} needed" if (
+            free < gpus) else None
+
     cands: list[tuple[int, float, int, int, Node, list[str]]] = []
     for rack in racks:
         for node in rack.nodes:
@@ -412,11 +416,12 @@ def _best_node(work: Fleet, gpus: int, gpn: int, targeted: set[str],
                 k, c, jids = found
                 cands.append((k, c, work.rack_pos[rack.id], node.index, node, jids))
     if not cands:
-        return f"no node can be given {gpus} free GPUs by moving small preemptible jobs"
-    cands.sort(key=lambda x: x[:4])
+        return too_few() or (f"no node can be given {gpus} free GPUs by moving small "
+                             "preemptible jobs")
     money, count = budget
     over = False
-    for k, c, _, _, node, jids in cands[:CANDIDATE_NODES]:
+    for k, c, _, _, node, jids in heapq.nsmallest(CANDIDATE_NODES, cands,
+                                                  key=lambda x: x[:4]):
         if c > money or k > count:
             over = True
             continue
@@ -425,8 +430,9 @@ def _best_node(work: Fleet, gpus: int, gpn: int, targeted: set[str],
             return node, steps, sum(st.move.cost_gpu_hours for st in steps)
     if over:
         return "would exceed the budget"
-    return (f"the small jobs on the {min(len(cands), CANDIDATE_NODES)} nodes nearest to "
-            f"{gpus} free GPUs have nowhere else to go")
+    tried = min(len(cands), CANDIDATE_NODES)
+    return too_few() or (f"the small jobs on the {tried} nodes nearest to {gpus} free GPUs "
+                         "have nowhere else to go")
 
 
 def _clear_node(work: Fleet, node: Node, jids: list[str], targeted: set[str],
