@@ -200,6 +200,10 @@ class Allocation:
                    data.get("started_at"))
 
 
+# GPUs per node -> (every GPU index in order, the mask of them all).
+_WHOLE: dict[int, tuple[tuple[int, ...], int]] = {}
+
+
 class CapacityError(ValueError):
     """Raised when an allocation would take a GPU that is held or not healthy."""
 
@@ -442,11 +446,17 @@ class Fleet:
                 raise CapacityError(f"job {jid}: unknown node {nid}")
             if node.health != HEALTHY and not restore:
                 raise CapacityError(f"job {jid}: node {nid} is {node.health}")
-            mask = 0
-            for g in gpus:
-                if not 0 <= g < node.gpus or mask >> g & 1:
-                    raise CapacityError(f"job {jid}: bad GPU index {g} on {nid}")
-                mask |= 1 << g
+            whole = _WHOLE.get(node.gpus)
+            if whole is None:
+                whole = _WHOLE[node.gpus] = (tuple(range(node.gpus)), (1 << node.gpus) - 1)
+            if gpus == whole[0]:
+                mask = whole[1]  # every GPU of the node, in order (gangs): valid
+            else:
+                mask = 0
+                for g in gpus:
+                    if not 0 <= g < node.gpus or mask >> g & 1:
+                        raise CapacityError(f"job {jid}: bad GPU index {g} on {nid}")
+                    mask |= 1 << g
             if node.used & mask:
                 raise CapacityError(f"job {jid}: GPU on {nid} already held")
             masks.append((node, mask))

@@ -144,7 +144,10 @@ def _many_racks(fleet: Fleet, job: JobRequest, racks: list[Rack], n: int, ctx: C
     pos = fleet.group_pos if index else {r.id: i for i, r in enumerate(racks)}
     desc: list[tuple[int, int, Rack]] | None = None  # offers, largest first (lazy)
     desc_k = 0  # with the index, desc holds the top desc_k offers only
-    for k in range(max(1, k_start), min(k_limit, n) + 1):
+    k_top = min(k_limit, n)
+    if index is not None and sum(f for f, _ in index.by_free.get(gpn, [])[-k_top:]) < n:
+        k_top = 0  # even the k_top most idle racks cannot hold it: no k below can
+    for k in range(max(1, k_start), k_top + 1):
         sizes = _split(n, k, seg)
         if max(sizes) > size:
             continue
