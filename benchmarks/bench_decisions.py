@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/bench_decisions.py [--racks 1000] [--samples 300]
 
 Prints p50/p99 of place() per policy at 50/70/90 % occupancy, recovery decision
-time, defrag plan time and fragmentation time. Figures, not pass/fail tests.
+time, defrag plan time (also for one-node jobs blocked by small jobs on every node) and fragmentation
+time. Figures, not pass/fail tests.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from common import fill, ms, pct, random_job
 
 from placement.defrag import FreeRacks, defragment
 from placement.fragmentation import fragmentation
-from placement.model import Fleet, JobRequest
+from placement.model import Allocation, Fleet, JobRequest
 from placement.place import place
 from placement.recover import recover
 
@@ -103,6 +104,25 @@ def main() -> None:
         print(f"fragmentation(), random-filled fleet at {occ:.0%}: {dt * 1000:.1f} ms "
               f"(fraction {rep.fraction:.3f}, largest rack-local job {rep.largest_job_gpus} "
               "GPUs)")
+
+    # GPU-level fragmentation: 1- and 2-GPU jobs on every node, no node with 4 free GPUs.
+    fleet = Fleet.uniform(args.racks)
+    rng = random.Random(11)
+    for i, node in enumerate(fleet.nodes.values()):
+        left = rng.choice([1, 2, 3])
+        while left:
+            g = min(left, rng.choice([1, 2]))
+            job = JobRequest(f"s{i}-{left}", num_gpus=g, preemptible=rng.random() < 0.8)
+            fleet.allocate(Allocation(job, {node.id: node.free_indices(g)}, [[node.id]]))
+            left -= g
+    for count in (1, 3):
+        pending = [JobRequest(f"w{i}", num_gpus=4) for i in range(count)]
+        t = time.perf_counter()
+        plan = defragment(fleet, pending)
+        dt = time.perf_counter() - t
+        print(f"defragment() for {count} pending 4-GPU job(s), small jobs on every node "
+              f"({len(fleet.allocations):,}): {dt * 1000:.0f} ms, feasible={plan.feasible}, "
+              f"{len(plan.moves)} moves, made placeable {len(plan.jobs_made_placeable)}")
 
 
 if __name__ == "__main__":

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import heapq
+import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from placement.fragmentation import fragmentation
-from placement.model import REQUIRED, Allocation, Fleet, JobRequest, Rack
+from placement.model import DRAINING, HEALTHY, REQUIRED, Allocation, Fleet, JobRequest, Node, Rack
 from placement.place import place, queue_order
 from placement.plans import DefragPlan, Move
 from placement.policies.common import min_racks
@@ -16,6 +18,7 @@ from placement.policies.rackwise import may_borrow
 from placement.recover import DEFAULT_RESTART_MINUTES, restart_cost_gpu_hours
 
 CANDIDATE_RACKS = 8  # racks tried per goal, fewest nodes to clear first (speed bound)
+CANDIDATE_NODES = 16  # nodes tried per single-node goal, fewest moves first (speed bound)
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,11 @@ def defragment(
 ) -> DefragPlan:
     """Plan moves of preemptible jobs that make ``target`` (or the pending jobs) fit.
 
-    1. Goals: the target, or each pending gang that cannot be placed rack-locally now.
+    1. Goals: the target, or each pending job that cannot be placed rack-locally now.
+       A job that fits one node (GPU-level fragmentation: small jobs scattered so that
+       no node has room) is served by freeing GPUs on one node: the node whose room
+       needs the fewest moves of small preemptible jobs (then the cheapest), each
+       re-placed by rackwise on another node.
     2. For a goal, each candidate rack (fewest nodes to clear first) is tried: its
        occupants are moved out one by one, cheapest first (cost: GPU-hours lost to the
        checkpoint interval and the restart), each re-placed by rackwise elsewhere.
@@ -90,7 +97,9 @@ def defragment(
     reasons: list[str] = []
     targeted: set[str] = set()
 
-    # 1. Goals as (label, nodes to free in one rack, gpus_per_node) lists.
+    # 1. Goals as (label, nodes to free in one rack, gpus_per_node) lists; a goal of
+    #    GPUs on one node has the single segment (-GPUs, gpus_per_node), a whole free
+    #    rack (-1, 0).
     goals: list[tuple[str, list[tuple[int, int]], bool]] = []  # (label, segs, borrow)
     # Goals are sized by the target, which comes from a user: never more of them
     # than the fleet has racks (one rack each), whatever the count asked for.
@@ -116,7 +125,10 @@ def defragment(
             if job.id in placeable_before:
                 continue
             for gpn in fleet.groups:
-                if not job.is_small(gpn) and job.nodes_needed(gpn):
+                if job.is_small(gpn):
+                    goals.append((f"job {job.id}", [(-job.num_gpus, gpn)], job.preemptible))
+                    break
+                if job.nodes_needed(gpn):
                     goals.append((f"job {job.id}", _segments(
                         fleet, job.nodes_needed(gpn), gpn, job.segment_nodes),
                         job.preemptible))
@@ -128,17 +140,37 @@ def defragment(
                           jobs_made_placeable=[])
     if not goals:
         reason = "nothing to do: the target is already met" if target else (
-            "nothing to do: every pending gang can already be placed rack-locally")
+            "nothing to do: every pending job can already be placed rack-locally")
         return DefragPlan(label, True, reason, fragmentation_before=frag_before,
                           fragmentation_after=frag_before, free_racks_before=racks_before,
                           free_racks_after=racks_before,
                           jobs_made_placeable=[])
     met = 0
     failed_goals: set[tuple[object, ...]] = set()  # an identical goal failed already
+    held: list[Node] = []  # nodes given room for a small job: drained until the end
+    node_cache: dict[tuple[str, int], tuple[object, _NodeMoves]] = {}
     for name, segs, borrow in goals:
         sig = (tuple(segs), borrow)
         if sig in failed_goals:
             reasons.append(f"{name}: same shape as a goal that could not be met")
+            continue
+        if segs[0][0] < 0 < segs[0][1]:  # GPUs on one node (a whole rack is (-1, 0))
+            gpus, gpn = -segs[0][0], segs[0][1]
+            clock = (restart_minutes, now)
+            room = _best_node(work, gpus, gpn, targeted, clock,
+                              (budget_gpu_hours - cost, max_moves - len(moves)), node_cache)
+            if isinstance(room, str):
+                failed_goals.add(sig)
+                reasons.append(f"{name}: {room}")
+                continue
+            node, node_moves, node_cost = room
+            work.set_health(node.id, DRAINING)  # hold the room for this job
+            held.append(node)
+            moves += [st.move for st in node_moves]
+            cost += node_cost
+            met += 1
+            reasons.append(f"{name}: {len(node_moves)} move(s) free {gpus} GPUs on {node.id}, "
+                           f"{node_cost:.2f} GPU-h")
             continue
         goal_moves: list[_Step] = []
         goal_racks: list[str] = []
@@ -172,6 +204,8 @@ def defragment(
             targeted.difference_update(goal_racks)
             if target is not None:
                 break
+    for node in held:
+        work.set_health(node.id, HEALTHY)
     made = [j.id for j in pending if j.id not in placeable_before
             and place(work, _local(j)).placed]
     # Pending mode: success is every blocked job placeable (one goal's moves may serve
@@ -314,3 +348,116 @@ def _undo(work: Fleet, steps: list[_Step]) -> None:
         if jid in work.allocations and work.allocations[jid] is not st.old:
             work.release(jid)
             work.allocate(st.old, restore=True)
+
+
+_NodeMoves = tuple[int, float, list[str]] | None
+
+
+def _node_moves(work: Fleet, node: Node, need: int, restart_minutes: float,
+                now: float | None, cache: dict[tuple[str, int], tuple[object, _NodeMoves]]
+                ) -> _NodeMoves:
+    """The fewest small preemptible jobs to move off ``node`` to free ``need`` more GPUs
+    (then the cheapest such set): (moves, GPU-hours, job ids), or None if impossible.
+    ``cache`` keeps answers per (node, need) while the node's jobs stay the same."""
+    state = (node.used, tuple(node.jobs))
+    hit = cache.get((node.id, need))
+    if hit is not None and hit[0] == state:
+        return hit[1]
+    movable: list[tuple[int, float, str]] = []
+    for jid, mask in node.jobs.items():
+        a = work.allocations[jid]
+        if len(a.nodes) == 1 and a.job.preemptible and a.job.is_small(node.gpus):
+            movable.append((mask.bit_count(), 0.0, jid))
+    sizes = sorted((g for g, _, _ in movable), reverse=True)
+    if sum(sizes) < need:
+        cache[(node.id, need)] = (state, None)
+        return None
+    allocs = work.allocations
+    movable = [(g, restart_cost_gpu_hours(allocs[j].job, allocs[j].gpus, restart_minutes,
+                                          now=now, started_at=allocs[j].started_at), j)
+               for g, _, j in movable]
+    k = next(i for i in range(1, len(sizes) + 1) if sum(sizes[:i]) >= need)
+    best: tuple[float, list[str]] | None = None
+    for combo in itertools.combinations(sorted(movable, key=lambda m: m[2]), k):
+        if sum(g for g, _, _ in combo) >= need:
+            c = sum(c for _, c, _ in combo)
+            if best is None or c < best[0]:
+                best = (c, [j for _, _, j in combo])
+    assert best is not None
+    cache[(node.id, need)] = (state, (k, best[0], best[1]))
+    return k, best[0], best[1]
+
+
+def _best_node(work: Fleet, gpus: int, gpn: int, targeted: set[str],
+               clock: tuple[float, float | None], budget: tuple[float, float],
+               cache: dict[tuple[str, int], tuple[object, _NodeMoves]]
+               ) -> tuple[Node, list[_Step], float] | str:
+    """Room for a job of ``gpus`` GPUs on one node of ``gpn`` GPUs, by moving the fewest
+    small preemptible jobs off the node (then the cheapest). The moves are applied to
+    ``work``. Returns (node, moves, cost), or why it cannot be done."""
+    restart_minutes, now = clock
+    racks = [r for r in work.groups.get(gpn, []) if r.id not in targeted]
+
+    def too_few() -> str | None:
+        free = sum(n.free_gpus for r in racks for n in r.nodes)
+        return f"only {free} GPUs are free on {gpn}-GPU nodes, {gpus} needed" if (
+            free < gpus) else None
+
+    cands: list[tuple[int, float, int, int, Node, list[str]]] = []
+    for rack in racks:
+        for node in rack.nodes:
+            if node.health != HEALTHY or node.gpus < gpus:
+                continue
+            f = node.free_gpus
+            if f >= gpus:  # room already (the job may be held back by a reservation)
+                return node, [], 0.0
+            found = _node_moves(work, node, gpus - f, restart_minutes, now, cache)
+            if found is not None:
+                k, c, jids = found
+                cands.append((k, c, work.rack_pos[rack.id], node.index, node, jids))
+    if not cands:
+        return too_few() or (f"no node can be given {gpus} free GPUs by moving small "
+                             "preemptible jobs")
+    money, count = budget
+    over = False
+    for k, c, _, _, node, jids in heapq.nsmallest(CANDIDATE_NODES, cands,
+                                                  key=lambda x: x[:4]):
+        if c > money or k > count:
+            over = True
+            continue
+        steps = _clear_node(work, node, jids, targeted, clock)
+        if steps is not None:
+            return node, steps, sum(st.move.cost_gpu_hours for st in steps)
+    if over:
+        return "would exceed the budget"
+    tried = min(len(cands), CANDIDATE_NODES)
+    return too_few() or (f"the small jobs on the {tried} nodes nearest to {gpus} free GPUs "
+                         "have nowhere else to go")
+
+
+def _clear_node(work: Fleet, node: Node, jids: list[str], targeted: set[str],
+                clock: tuple[float, float | None]) -> list[_Step] | None:
+    """Move ``jids`` off ``node`` (re-placed by rackwise on other nodes, never in a rack
+    being cleared); applied to ``work``, or undone and None if one has nowhere to go."""
+    restart_minutes, now = clock
+    work.set_health(node.id, DRAINING)  # nothing may land on it meanwhile
+    steps: list[_Step] = []
+    try:
+        for jid in jids:
+            alloc = work.release(jid)
+            plan = place(work, alloc.job, exclude=targeted)
+            if not plan.placed:
+                work.allocate(alloc, restore=True)
+                _undo(work, steps)
+                return None
+            new = plan.allocation(alloc.job)
+            new.expected_end, new.started_at = alloc.expected_end, now
+            work.allocate(new)
+            c = restart_cost_gpu_hours(alloc.job, alloc.gpus, restart_minutes, now=now,
+                                       started_at=alloc.started_at)
+            steps.append(_Step(Move(jid, list(alloc.nodes), dict(new.nodes), new.segments, c,
+                                    f"move off {node.id} to free GPUs there: {plan.reason}"),
+                               alloc))
+    finally:
+        work.set_health(node.id, HEALTHY)
+    return steps

@@ -2,14 +2,16 @@
 
 Everything the decisions read is here. The :class:`Fleet` keeps small indexes up to
 date on every mutation (per-rack set of idle healthy nodes, per-rack count of nodes
-lent to small jobs) so that a placement decision scans racks, never GPUs.
+lent to small jobs, partly used nodes by free GPUs, racks by idle-node count) so that
+a placement decision looks capacity up instead of scanning every rack or GPU.
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -198,6 +200,10 @@ class Allocation:
                    data.get("started_at"))
 
 
+# GPUs per node -> (every GPU index in order, the mask of them all).
+_WHOLE: dict[int, tuple[tuple[int, ...], int]] = {}
+
+
 class CapacityError(ValueError):
     """Raised when an allocation would take a GPU that is held or not healthy."""
 
@@ -241,6 +247,22 @@ class Fleet:
         self._slot: dict[str, dict[int, Node]] = {
             r.id: {n.index: n for n in r.nodes} for r in self.racks
         }
+        # Capacity by size: group_pos[rack] is the rack's position in its shape group;
+        # by_free[gpus_per_node] lists (idle nodes, group position) of the group's racks
+        # that have an idle node, sorted, so "racks with at least n idle nodes, fewest
+        # first" is a bisect; idle_total counts idle healthy nodes fleet-wide.
+        self.group_pos: dict[str, int] = {}
+        self.by_free: dict[int, list[tuple[int, int]]] = {}
+        for g, rs in self.groups.items():
+            for i, r in enumerate(rs):
+                self.group_pos[r.id] = i
+            self.by_free[g] = sorted((len(r.free), i) for i, r in enumerate(rs) if r.free)
+        self.idle_total = sum(len(r.free) for r in self.racks)
+        # The most spares a rack of the group keeps (spare_nodes is fixed for the life
+        # of a Fleet): an offer is at most this far below a rack's idle count.
+        self.max_spares: dict[int, int] = {g: max(r.spare_nodes for r in rs)
+                                           for g, rs in self.groups.items()}
+        self._group_nodes: dict[tuple[int, int], int] = {}
         for alloc in allocations:
             self.allocate(alloc)
 
@@ -313,7 +335,11 @@ class Fleet:
     def _state(self, node: Node) -> tuple[bool, bool, int]:
         return node.idle, self._is_lent_node(node), self._partial_key(node)
 
-    def _node_changed(self, node: Node, before: tuple[bool, bool, int]) -> None:
+    def _node_changed(self, node: Node, before: tuple[bool, bool, int],
+                      touched: dict[str, int] | None = None) -> None:
+        """Update the indexes after ``node`` changed from state ``before``. With
+        ``touched`` the racks-by-idle index is left to :meth:`_reindex_racks` (one
+        update per rack for a gang): it records each changed rack's old idle count."""
         was_idle, was_small, was_key = before
         key = self._partial_key(node)
         if key != was_key:
@@ -323,12 +349,76 @@ class Fleet:
                 self.partial.setdefault(key, set()).add(node.id)
         rack = self.rack_by_id[node.rack]
         now_idle = node.idle
-        if was_idle and not now_idle:
-            rack.free.discard(node.index)
-        elif now_idle and not was_idle:
-            rack.free.add(node.index)
+        if was_idle != now_idle:
+            old = len(rack.free)
+            if touched is not None:
+                touched.setdefault(rack.id, old)
+            if was_idle:
+                rack.free.discard(node.index)
+            else:
+                rack.free.add(node.index)
+            new = len(rack.free)
+            if touched is None and new != old:
+                self.idle_total += new - old
+                self._reindex(rack, old, new)
         now_lent = self._is_lent_node(node)
         rack.lent_nodes += int(now_lent) - int(was_small)
+
+    def _reindex_racks(self, touched: dict[str, int]) -> None:
+        for rid, old in touched.items():
+            rack = self.rack_by_id[rid]
+            new = len(rack.free)
+            if new != old:
+                self.idle_total += new - old
+                self._reindex(rack, old, new)
+
+    def _reindex(self, rack: Rack, old: int, new: int) -> None:
+        """Move the rack from the ``old`` to the ``new`` idle-count bucket."""
+        pos = self.group_pos[rack.id]
+        index = self.by_free[rack.gpus_per_node]
+        if old:
+            del index[bisect.bisect_left(index, (old, pos))]
+        if new:
+            bisect.insort(index, (new, pos))
+
+    def most_idle(self, gpus_per_node: int, count: int) -> list[Rack]:
+        """The ``count`` racks of this shape with the most idle nodes (ties: group
+        order), from the index; racks without an idle node fill up, in group order."""
+        index = self.by_free.get(gpus_per_node, [])
+        group = self.groups.get(gpus_per_node, [])
+        out: list[Rack] = []
+        hi = len(index)
+        while hi and len(out) < count:
+            lo = bisect.bisect_left(index, (index[hi - 1][0], -1))
+            out += [group[p] for _, p in index[lo:hi]]
+            hi = lo
+        if len(out) < count:
+            out += [r for r in group if not r.free][:count - len(out)]
+        return out[:count]
+
+    def group_nodes(self, gpus_per_node: int, segment: int | None = None) -> int:
+        """Nodes of this shape (racks are fixed for the life of a Fleet); with
+        ``segment``, only those that whole segments of that many nodes can use."""
+        key = (gpus_per_node, segment or 0)
+        total = self._group_nodes.get(key)
+        if total is None:
+            racks = self.groups.get(gpus_per_node, [])
+            total = sum((r.size // segment) * segment if segment else r.size for r in racks)
+            self._group_nodes[key] = total
+        return total
+
+    def racks_with_idle(self, gpus_per_node: int, at_least: int = 1
+                        ) -> Iterator[tuple[int, int, Rack]]:
+        """(idle nodes, group position, rack) for the racks of this shape with at least
+        ``at_least`` idle nodes, fewest idle first, ties in group order. Read from the
+        index, lazily: the racks without room are never looked at."""
+        index = self.by_free.get(gpus_per_node)
+        if not index:
+            return
+        group = self.groups[gpus_per_node]
+        for i in range(bisect.bisect_left(index, (max(1, at_least), -1)), len(index)):
+            free, pos = index[i]
+            yield free, pos, group[pos]
 
     def _is_lent_node(self, node: Node) -> bool:
         """A node whose jobs are all small or preemptible: reclaimable as a spare."""
@@ -349,39 +439,74 @@ class Fleet:
         jid = alloc.job.id
         if jid in self.allocations:
             raise CapacityError(f"job {jid} already holds an allocation")
+        masks: list[tuple[Node, int]] = []
         for nid, gpus in alloc.nodes.items():
             node = self.nodes.get(nid)
             if node is None:
                 raise CapacityError(f"job {jid}: unknown node {nid}")
             if node.health != HEALTHY and not restore:
                 raise CapacityError(f"job {jid}: node {nid} is {node.health}")
-            mask = 0
-            for g in gpus:
-                if not 0 <= g < node.gpus or mask >> g & 1:
-                    raise CapacityError(f"job {jid}: bad GPU index {g} on {nid}")
-                mask |= 1 << g
+            whole = _WHOLE.get(node.gpus)
+            if whole is None:
+                whole = _WHOLE[node.gpus] = (tuple(range(node.gpus)), (1 << node.gpus) - 1)
+            if gpus == whole[0]:
+                mask = whole[1]  # every GPU of the node, in order (gangs): valid
+            else:
+                mask = 0
+                for g in gpus:
+                    if not 0 <= g < node.gpus or mask >> g & 1:
+                        raise CapacityError(f"job {jid}: bad GPU index {g} on {nid}")
+                    mask |= 1 << g
             if node.used & mask:
                 raise CapacityError(f"job {jid}: GPU on {nid} already held")
+            masks.append((node, mask))
         self.allocations[jid] = alloc
-        for nid, gpus in alloc.nodes.items():
-            node = self.nodes[nid]
+        touched: dict[str, int] = {}
+        lends = alloc.job.preemptible  # (or small: checked per node shape below)
+        for node, mask in masks:
+            if (not node.jobs and node.health == HEALTHY
+                    and mask == (1 << node.gpus) - 1):
+                # Fast path, a whole idle node (gangs): idle -> full, no partial entry.
+                rack = self.rack_by_id[node.rack]
+                touched.setdefault(rack.id, len(rack.free))
+                rack.free.discard(node.index)
+                node.used = mask
+                node.jobs[jid] = mask
+                if lends or alloc.job.is_small(node.gpus):
+                    rack.lent_nodes += 1
+                continue
             before = self._state(node)
-            mask = 0
-            for g in gpus:
-                mask |= 1 << g
             node.used |= mask
             node.jobs[jid] = mask
-            self._node_changed(node, before)
+            self._node_changed(node, before, touched)
+        self._reindex_racks(touched)
 
     def release(self, job_id: str) -> Allocation:
         """Free a job's GPUs and forget its allocation (KeyError if unknown)."""
         alloc = self.allocations[job_id]
-        states = {nid: self._state(self.nodes[nid]) for nid in alloc.nodes}
+        nodes = self.nodes
+        # A node held whole by this job alone (gangs) takes the fast path below.
+        states = {nid: None if (len(nodes[nid].jobs) == 1
+                                and nodes[nid].used == (1 << nodes[nid].gpus) - 1)
+                  else self._state(nodes[nid]) for nid in alloc.nodes}
         del self.allocations[job_id]
+        touched: dict[str, int] = {}
+        lends = alloc.job.preemptible
         for nid in alloc.nodes:
-            node = self.nodes[nid]
+            node = nodes[nid]
             node.used &= ~node.jobs.pop(job_id)
-            self._node_changed(node, states[nid])
+            before = states[nid]
+            if before is None:
+                # Fast path: full -> empty; idle again if healthy, lent no more.
+                rack = self.rack_by_id[node.rack]
+                if lends or alloc.job.is_small(node.gpus):
+                    rack.lent_nodes -= 1
+                if node.health == HEALTHY:
+                    touched.setdefault(rack.id, len(rack.free))
+                    rack.free.add(node.index)
+                continue
+            self._node_changed(node, before, touched)
+        self._reindex_racks(touched)
         return alloc
 
     def set_health(self, node_id: str, health: str) -> list[str]:

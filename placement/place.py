@@ -79,13 +79,11 @@ def can_ever_fit(fleet: Fleet, job: JobRequest) -> tuple[bool, str]:
         n = job.nodes_needed(gpn)
         if n == 0:
             continue
-        size = max(r.size for r in racks)
+        size = fleet.group_size[gpn]
         seg = job.segment_nodes
         if seg and seg > size:
             continue
-        total = sum(r.size for r in racks)
-        if seg:
-            total = sum((r.size // seg) * seg for r in racks)
+        total = fleet.group_nodes(gpn, seg)
         if n <= total and min_racks(n, size, seg) <= len(racks):
             return True, f"fits in {gpn}-GPU racks"
     return False, (f"needs {job.total_gpus} GPUs"
@@ -130,7 +128,7 @@ def schedule(
     until: float | None = None
     failed: dict[tuple[object, ...], str] = {}
     for job in queue_order(pending):
-        if not any(r.free for r in work.racks) and not any(work.partial.values()):
+        if not work.idle_total and not any(work.partial.values()):
             out.waiting[job.id] = "no free GPU in the fleet"
             continue
         key = (job.num_gpus, job.num_nodes, job.gpus_per_node, job.segment_nodes,
@@ -181,7 +179,7 @@ def reservation(fleet: Fleet, job: JobRequest, now: float | None
         if not 0 < k <= len(racks):
             continue  # this shape can never hold the gang
         share = -(-n // k) if not job.segment_nodes else min(n, job.segment_nodes)
-        cands = sorted(racks, key=lambda r: (-r.free_count, fleet.rack_pos[r.id]))[:k + 8]
+        cands = fleet.most_idle(gpn, k + 8)  # the most idle nodes first, then rack order
         ready: list[tuple[float, int, str]] = []
         for rack in cands:
             borrow = may_borrow(rack, share, job.preemptible)
@@ -200,17 +198,22 @@ def _ready_at(fleet: Fleet, rack_id: str, need: int, now: float | None) -> float
     idle = rack.free_count
     if idle >= need:
         return now if now is not None else 0.0
-    ends: dict[str, float] = {}
+    # A node becomes idle when the last of its jobs ends (unknown end: never).
+    allocs = fleet.allocations
+    node_free_at: list[float] = []
     for node in rack.nodes:
-        for jid in node.jobs:
-            end = fleet.allocations[jid].expected_end
-            ends[jid] = math.inf if end is None else end
-    # A node becomes idle when the last of its jobs ends.
-    node_free_at = sorted(
-        max((ends[j] for j in node.jobs), default=0.0)
-        for node in rack.nodes if node.jobs and node.health == HEALTHY
-    )
+        if node.jobs and node.health == HEALTHY:
+            last = -math.inf
+            for jid in node.jobs:
+                end = allocs[jid].expected_end
+                if end is None:
+                    last = math.inf
+                    break
+                if end > last:
+                    last = end
+            node_free_at.append(last)
     missing = need - idle
     if missing > len(node_free_at):
         return math.inf
+    node_free_at.sort()
     return node_free_at[missing - 1]

@@ -402,7 +402,7 @@ class Simulation:
             return
         heapq.heapify(heap)
         fleet = self.fleet
-        idle_total = sum(r.free_count for r in fleet.racks)
+        idle_total = fleet.idle_total
         max_partial = max((f for f, s in fleet.partial.items() if s), default=0)
         gpn = self.cfg.gpus_per_node
         while heap:
@@ -437,7 +437,7 @@ class Simulation:
                 self.blocked.clear()
                 self._pass_greedy(now)
                 return
-            idle_total = sum(r.free_count for r in fleet.racks)
+            idle_total = fleet.idle_total
             max_partial = max((f for f, s in fleet.partial.items() if s), default=0)
             if group:
                 heapq.heappush(heap, (group[0].order, key))

@@ -67,7 +67,8 @@ def validate(
 
 def validate_indexes(fleet: Fleet) -> list[Violation]:
     """Check the Fleet's incremental indexes against a recount from the nodes
-    (idle sets, lent-node counts, the partly-used-node index, GPU masks)."""
+    (idle sets, lent-node counts, the partly-used-node index, racks by idle count,
+    GPU masks)."""
     out: list[Violation] = []
     for rack in fleet.racks:
         idle = {n.index for n in rack.nodes if n.health == "healthy" and not n.jobs}
@@ -79,6 +80,13 @@ def validate_indexes(fleet: Fleet) -> list[Violation]:
             or fleet.allocations[j].job.is_small(n.gpus) for j in n.jobs))
         if rack.lent_nodes != lent:
             out.append(Violation("-", "index", f"{rack.id}: lent {rack.lent_nodes} != {lent}"))
+    idle_total = sum(len(r.free) for r in fleet.racks)
+    if fleet.idle_total != idle_total:
+        out.append(Violation("-", "index", f"idle total {fleet.idle_total} != {idle_total}"))
+    for gpn, racks in fleet.groups.items():
+        want_index = sorted((len(r.free), i) for i, r in enumerate(racks) if r.free)
+        if fleet.by_free.get(gpn) != want_index:
+            out.append(Violation("-", "index", f"{gpn}-GPU racks by idle count out of date"))
     for node in fleet.nodes.values():
         mask = 0
         for jid, m in node.jobs.items():

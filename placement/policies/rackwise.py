@@ -24,6 +24,8 @@
 from __future__ import annotations
 
 import bisect
+import heapq
+from collections.abc import Iterable
 
 from placement.model import REQUIRED, Fleet, JobRequest, Node, Rack
 from placement.plans import PlacementPlan, not_placed
@@ -94,9 +96,19 @@ def _offer(rack: Rack, ctx: Context, borrow: bool) -> int:
 def _one_rack(fleet: Fleet, job: JobRequest, racks: list[Rack], n: int,
               ctx: Context) -> PlacementPlan:
     best: tuple[int, int, int, Rack] | None = None
-    for pos, rack in enumerate(racks):
-        if len(rack.free) < n:
-            continue  # cheap reject: most racks of a busy fleet
+    gpn = racks[0].gpus_per_node
+    if racks is fleet.groups.get(gpn):
+        # The whole group: racks with n idle nodes or more from the index, fewest idle
+        # first. An offer is at most max_spares below the idle count, so once a rack's
+        # idle count minus that is no better than the best offer, none later can win.
+        slack = fleet.max_spares[gpn]
+        cands: Iterable[tuple[int, int, Rack]] = fleet.racks_with_idle(gpn, n)
+    else:
+        slack = -1  # a filtered list: scan it
+        cands = ((len(r.free), pos, r) for pos, r in enumerate(racks) if len(r.free) >= n)
+    for free, pos, rack in cands:
+        if slack >= 0 and best is not None and free - slack >= best[0]:
+            break
         offer = _offer(rack, ctx, may_borrow(rack, n, job.preemptible))
         if offer >= n:
             key = (offer, rack.free_count, pos)
@@ -127,18 +139,37 @@ def _many_racks(fleet: Fleet, job: JobRequest, racks: list[Rack], n: int, ctx: C
     k_min = min_racks(n, size, seg)
     spread_ok = job.locality != REQUIRED and may_span(job, ctx)
     k_limit = len(racks) if spread_ok else max(k_min, k_start)
-    pos = {r.id: i for i, r in enumerate(racks)}
+    gpn = racks[0].gpus_per_node
+    index = fleet if racks is fleet.groups.get(gpn) else None  # whole group: the index
+    pos = fleet.group_pos if index else {r.id: i for i, r in enumerate(racks)}
     desc: list[tuple[int, int, Rack]] | None = None  # offers, largest first (lazy)
-    for k in range(max(1, k_start), min(k_limit, n) + 1):
+    desc_k = 0  # with the index, desc holds the top desc_k offers only
+    k_top = min(k_limit, n)
+    if index is not None and sum(f for f, _ in index.by_free.get(gpn, [])[-k_top:]) < n:
+        k_top = 0  # even the k_top most idle racks cannot hold it: no k below can
+    for k in range(max(1, k_start), k_top + 1):
         sizes = _split(n, k, seg)
         if max(sizes) > size:
             continue
-        picks = _assign(racks, sizes, ctx, pos, k, job.preemptible)
+        if index is not None and sum(f for f, _ in index.by_free.get(gpn, [])[-k:]) < n:
+            # Both ways below use at most k racks, and a rack offers at most its idle
+            # nodes: the k racks with the most idle nodes cannot hold the gang.
+            if seg:
+                break
+            continue
+        picks = _assign(index, racks, sizes, ctx, pos, k, job.preemptible)
         note = ""
         if picks is None and not seg and k > 1:
             # Equal segments do not fit now; unequal ones over the same number of racks
             # cost nothing more in rack count, and beat waiting.
-            if desc is None:
+            if index is not None:
+                top_idle = index.by_free.get(gpn, [])[-k:]
+                if len(top_idle) < k or sum(f for f, _ in top_idle) < n:
+                    desc, desc_k = [], k  # offers are at most the idle counts: no room
+                elif desc is None or desc_k < k:
+                    desc, desc_k = _top_offers(index, gpn, k, ctx, min(n, size),
+                                               job.preemptible), k
+            elif desc is None:
                 desc = sorted(((_offer(r, ctx, may_borrow(r, min(n, size), job.preemptible)),
                                 pos[r.id], r) for r in racks if r.free),
                               key=lambda x: (-x[0], x[1]))
@@ -157,17 +188,48 @@ def _many_racks(fleet: Fleet, job: JobRequest, racks: list[Rack], n: int, ctx: C
                          else ""))
 
 
-def _assign(racks: list[Rack], sizes: list[int], ctx: Context, pos: dict[str, int],
-            k: int, preemptible: bool) -> list[tuple[Rack, list[int]]] | None:
+def _top_offers(fleet: Fleet, gpn: int, k: int, ctx: Context, n: int, preemptible: bool
+                ) -> list[tuple[int, int, Rack]]:
+    """The ``k`` largest (offer, group position, rack) of the group's racks that have an
+    idle node, largest offer first (ties: group order), read from the index: racks are
+    taken by idle count, largest first, until the next one's idle count (a bound on its
+    offer) is below the k-th best offer found."""
+    index = fleet.by_free.get(gpn, [])
+    group = fleet.groups[gpn]
+    got: list[tuple[int, int, Rack]] = []
+    top: list[int] = []  # min-heap of the k best offers so far
+    for i in range(len(index) - 1, -1, -1):
+        free, p = index[i]
+        if len(top) == k and free < top[0]:
+            break
+        r = group[p]
+        o = _offer(r, ctx, may_borrow(r, n, preemptible))
+        got.append((o, p, r))
+        heapq.heappush(top, o)
+        if len(top) > k:
+            heapq.heappop(top)
+    got.sort(key=lambda x: (-x[0], x[1]))
+    return got[:k]
+
+
+def _assign(fleet: Fleet | None, racks: list[Rack], sizes: list[int], ctx: Context,
+            pos: dict[str, int], k: int, preemptible: bool
+            ) -> list[tuple[Rack, list[int]]] | None:
     """Best-fit each segment (largest first) onto a rack, at most ``k`` racks.
 
     Racks are sorted once by offer; each new segment takes the rack with the smallest
-    offer that holds it (bisect), after trying racks it already uses.
+    offer that holds it (bisect), after trying racks it already uses. With ``fleet``
+    (``racks`` is its whole shape group) the racks with room come from its index.
     """
     smallest = min(sizes)
     offers: list[tuple[int, int, Rack]] = []
     biggest = max(sizes)
-    for r in racks:
+    if fleet is not None:
+        cands: Iterable[Rack] = (r for _, _, r in fleet.racks_with_idle(
+            racks[0].gpus_per_node, smallest))
+    else:
+        cands = racks
+    for r in cands:
         if len(r.free) < smallest:
             continue
         o = _offer(r, ctx, may_borrow(r, biggest, preemptible))
@@ -219,16 +281,23 @@ def _unequal(offers: list[tuple[int, int, Rack]], n: int, k: int
 
 def _small(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) -> PlacementPlan:
     g = job.num_gpus
-    allowed = {r.id for r in racks}
-    pos = {r.id: i for i, r in enumerate(racks)}
+    gpn = racks[0].gpus_per_node
+    whole = racks is fleet.groups.get(gpn)  # the whole group: read the indexes
+    if whole:
+        pos = fleet.group_pos
+    else:
+        pos = {r.id: i for i, r in enumerate(racks)}
     best: tuple[tuple[int, int, int, int], Node] | None = None
     # 1. Partly used nodes: tightest fit first, busiest rack next.
-    for free in range(g, max(r.gpus_per_node for r in racks)):
+    for free in range(g, gpn):
         for nid in fleet.partial.get(free, ()):
             node = fleet.nodes[nid]
-            if node.rack not in allowed:
-                continue
             rack = fleet.rack_by_id[node.rack]
+            if whole:
+                if rack.gpus_per_node != gpn:
+                    continue  # a rack of another shape group
+            elif rack.id not in pos:
+                continue
             key = (free, rack.free_count, pos[rack.id], node.index)
             if best is None or key < best[0]:
                 best = (key, node)
@@ -238,11 +307,17 @@ def _small(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) -> Pl
                                                f"({free} free GPUs)")
     # 2. An idle node in the busiest rack that still has one.
     brack: tuple[int, int, Rack] | None = None
-    for p, rack in enumerate(racks):
-        if rack.free and rack.id not in ctx.reserved:
-            key = (rack.free_count, p)
-            if brack is None or key < brack[:2]:
-                brack = (rack.free_count, p, rack)
+    if whole:
+        for idle, p, rack in fleet.racks_with_idle(gpn):
+            if rack.id not in ctx.reserved:
+                brack = (idle, p, rack)
+                break
+    else:
+        for p, rack in enumerate(racks):
+            if rack.free and rack.id not in ctx.reserved:
+                key = (rack.free_count, p)
+                if brack is None or key < brack[:2]:
+                    brack = (rack.free_count, p, rack)
     if brack is None:
         return not_placed(job, NAME, f"no node has {g} free GPUs")
     rack = brack[2]

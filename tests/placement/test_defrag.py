@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 from placement.defrag import FreeRacks, RoomFor, defragment
-from placement.model import Allocation, Fleet
+from placement.model import Allocation, Fleet, JobRequest
+from placement.place import place
 from placement.testing import gang, occupy
 from placement.validate import validate
 
@@ -125,3 +126,99 @@ def test_a_target_just_beyond_the_fleet_says_what_it_has() -> None:
     plan = defragment(Fleet.uniform(2), target=FreeRacks(3))
     assert not plan.feasible and plan.moves == []
     assert "cannot be met: the fleet has 2 racks, 2 already whole" in plan.reason
+
+
+def _small(fleet: Fleet, jid: str, node_id: str, gpus: int, preemptible: bool = True) -> None:
+    """A job of ``gpus`` GPUs on the lowest free GPUs of one node."""
+    node = fleet.nodes[node_id]
+    job = JobRequest(jid, num_gpus=gpus, preemptible=preemptible)
+    fleet.allocate(Allocation(job, {node_id: node.free_indices(gpus)}, [[node_id]]))
+
+
+def _scattered_small(preemptible: bool = True) -> Fleet:
+    """Two racks, no node with 4 free GPUs: each node of r000 holds two 1-GPU jobs
+    (making room there takes 2 moves), each node of r001 a 1-GPU and a 2-GPU job (2
+    dearer moves), except r001-n07: a single 3-GPU job (1 move, but no other node has
+    3 free GPUs for it). The fewest moves that work: 2, off an r000 node."""
+    fleet = Fleet.uniform(2)
+    for node in fleet.racks[0].nodes:
+        for k in range(2):
+            _small(fleet, f"{node.id}-a{k}", node.id, 1, preemptible)
+    for node in fleet.racks[1].nodes:
+        if node.index == 7:
+            _small(fleet, f"{node.id}-c", node.id, 3, preemptible)
+            continue
+        _small(fleet, f"{node.id}-a", node.id, 1, preemptible)
+        _small(fleet, f"{node.id}-b", node.id, 2, preemptible)
+    return fleet
+
+
+def test_it_consolidates_small_jobs_so_that_a_one_node_job_fits() -> None:
+    fleet = _scattered_small()
+    wanted = JobRequest("wanted", num_gpus=4)
+    assert not place(fleet, wanted).placed
+    plan = defragment(fleet, [wanted])
+    assert plan.feasible, plan.reason
+    assert plan.jobs_made_placeable == ["wanted"]
+    assert plan.fragmentation_before == 1.0 > plan.fragmentation_after
+    # 1 move (the 3-GPU job) has nowhere to go; 2 moves off an r000 node is the fewest
+    # (and the cheapest of those: two 1-GPU jobs, not a 1-GPU and a 2-GPU one).
+    assert len(plan.moves) == 2
+    froms = {n for m in plan.moves for n in m.from_nodes}
+    assert froms == {"r000-n00"}
+    assert all(n not in froms for m in plan.moves for n in m.to_nodes)
+    assert plan.cost_gpu_hours == sum(m.cost_gpu_hours for m in plan.moves) > 0
+    _apply(fleet, plan.moves)
+    assert validate(fleet) == []
+    placed = place(fleet, wanted)
+    assert placed.placed and list(placed.nodes) == list(froms)
+    assert validate(fleet, placed, job=wanted) == []
+
+
+def test_one_move_is_enough_when_a_node_is_one_small_job_short() -> None:
+    fleet = _scattered_small()
+    spare = fleet.nodes["r001-n03"]
+    fleet.release("r001-n03-b")  # r001-n03: one 1-GPU job, 3 GPUs free
+    assert spare.free_gpus == 3
+    plan = defragment(fleet, [JobRequest("wanted", num_gpus=4)])
+    assert plan.feasible and [m.job_id for m in plan.moves] == ["r001-n03-a"]
+    _apply(fleet, plan.moves)
+    assert validate(fleet) == [] and spare.free_gpus == 4
+
+
+def test_it_says_so_when_only_non_preemptible_small_jobs_are_in_the_way() -> None:
+    fleet = _scattered_small(preemptible=False)
+    plan = defragment(fleet, [JobRequest("wanted", num_gpus=4)])
+    assert not plan.feasible and plan.moves == [] and plan.jobs_made_placeable == []
+    assert "nothing to do" not in plan.reason
+    assert "no node can be given 4 free GPUs by moving small preemptible jobs" in plan.reason
+
+
+def test_it_says_so_when_the_small_jobs_have_nowhere_to_go() -> None:
+    # Four nodes, each a 2-GPU and a 1-GPU job: 4 GPUs free in all, but emptying a
+    # node means moving a 2-GPU job, and no other node has 2 free GPUs.
+    fleet = Fleet.uniform(1, nodes_per_rack=4, spare_nodes=0)
+    for node in fleet.racks[0].nodes:
+        _small(fleet, f"{node.id}-b", node.id, 2)
+        _small(fleet, f"{node.id}-a", node.id, 1)
+    before = fleet.to_dict()
+    plan = defragment(fleet, [JobRequest("wanted", num_gpus=4)])
+    assert not plan.feasible and plan.moves == []
+    assert "nowhere else to go" in plan.reason
+    assert fleet.to_dict() == before
+
+
+def test_too_few_free_gpus_for_a_one_node_job_is_reported() -> None:
+    fleet = Fleet.uniform(1, nodes_per_rack=2, spare_nodes=0)
+    for node in fleet.racks[0].nodes:
+        for k in range(3):
+            _small(fleet, f"{node.id}-a{k}", node.id, 1)
+    plan = defragment(fleet, [JobRequest("wanted", num_gpus=4)])
+    assert not plan.feasible and plan.moves == []
+    assert "only 2 GPUs are free on 4-GPU nodes, 4 needed" in plan.reason
+
+
+def test_a_one_node_goal_honours_the_move_budget() -> None:
+    fleet = _scattered_small()
+    plan = defragment(fleet, [JobRequest("wanted", num_gpus=4)], max_moves=1)
+    assert not plan.feasible and plan.moves == [] and "budget" in plan.reason

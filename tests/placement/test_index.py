@@ -1,0 +1,86 @@
+"""The Fleet's capacity index (racks by idle-node count) against a brute-force scan:
+the same candidates, and the same decisions, whatever the fleet went through."""
+
+from __future__ import annotations
+
+import os
+import random
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from placement.model import Fleet, JobRequest
+from placement.place import place
+from placement.policies import POLICIES
+from placement.policies.common import Context
+from placement.validate import validate_indexes
+
+SETTINGS = settings(max_examples=80, deadline=None, derandomize=bool(os.environ.get("CI")),
+                    suppress_health_check=[HealthCheck.too_slow])
+SHAPES = [(18, 4, 2), (9, 4, 1), (1, 8, 0), (18, 4, 0)]
+SIZES = [1, 2, 3, 4, 8, 12, 16, 24, 32, 48, 64, 72, 96, 128]
+
+
+@st.composite
+def histories(draw: st.DrawFn) -> tuple[Fleet, random.Random]:
+    """A fleet after a random run of placements, releases and health changes."""
+    groups = draw(st.lists(st.tuples(st.sampled_from(SHAPES), st.integers(1, 4)),
+                           min_size=1, max_size=3))
+    fleet = Fleet.from_shapes([(n, npr, gpn, sp) for (npr, gpn, sp), n in groups])
+    rng = random.Random(draw(st.integers(0, 10**6)))
+    ids = sorted(fleet.nodes)
+    for i in range(draw(st.integers(0, 60))):
+        op = rng.random()
+        if op < 0.65:
+            job = JobRequest(f"j{i}", num_gpus=rng.choice(SIZES),
+                             locality=rng.choice(["required", "preferred", "none"]),
+                             preemptible=rng.random() < 0.7)
+            plan = place(fleet, job, rng.choice(sorted(POLICIES)), rng=rng)
+            if plan.placed:
+                fleet.allocate(plan.allocation(job))
+        elif op < 0.85 and fleet.allocations:
+            fleet.release(rng.choice(sorted(fleet.allocations)))
+        else:
+            fleet.set_health(rng.choice(ids), rng.choice(["healthy", "healthy", "failed",
+                                                          "draining"]))
+    return fleet, rng
+
+
+@SETTINGS
+@given(histories(), st.integers(0, 20))
+def test_the_index_gives_the_racks_a_scan_finds(history: tuple[Fleet, random.Random],
+                                                at_least: int) -> None:
+    fleet, _ = history
+    assert validate_indexes(fleet) == []
+    for gpn, racks in fleet.groups.items():
+        scan = sorted((len(r.free), i, r.id) for i, r in enumerate(racks)
+                      if len(r.free) >= max(1, at_least))
+        got = [(f, i, r.id) for f, i, r in fleet.racks_with_idle(gpn, at_least)]
+        assert got == scan
+    assert fleet.idle_total == sum(len(r.free) for r in fleet.racks)
+    for gpn, racks in fleet.groups.items():
+        for count in (1, at_least, len(racks) + 2):
+            want = sorted(racks, key=lambda r: (-r.free_count, fleet.rack_pos[r.id]))[:count]
+            assert [r.id for r in fleet.most_idle(gpn, count)] == [r.id for r in want]
+
+
+@SETTINGS
+@given(histories(), st.sampled_from(SIZES), st.sampled_from(["required", "preferred", "none"]),
+       st.booleans(), st.integers(0, 3))
+def test_decisions_from_the_index_match_a_scan(history: tuple[Fleet, random.Random], gpus: int,
+                                               locality: str, preemptible: bool,
+                                               n_reserved: int) -> None:
+    # A policy given a copy of the group's rack list scans it; given the group itself
+    # it reads the index. Both must decide the same, reservations included.
+    fleet, rng = history
+    job = JobRequest("probe", num_gpus=gpus, locality=locality, preemptible=preemptible)
+    reserved = frozenset(rng.sample(sorted(fleet.rack_by_id), min(n_reserved,
+                                                                  len(fleet.racks))))
+    for name, fn in sorted(POLICIES.items()):
+        for racks in fleet.groups.values():
+            if not job.is_small(racks[0].gpus_per_node) and not job.nodes_needed(
+                    racks[0].gpus_per_node):
+                continue
+            indexed = fn(fleet, job, racks, Context(random.Random(1), reserved, None))
+            scanned = fn(fleet, job, list(racks), Context(random.Random(1), reserved, None))
+            assert indexed.to_dict() == scanned.to_dict(), name
