@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import logging
 
-from django.db.models import Q
-
-from fleet.choices import HOLDING_JOB_STATES, JobState
 from fleet.cluster.base import (
     JOB_CANCELLED,
     JOB_COMPLETED,
@@ -30,11 +27,6 @@ from fleet.services.errors import Conflict
 
 log = logging.getLogger(__name__)
 
-# The jobs whose end the cluster may report: those that hold GPUs (placed,
-# running, recovering), and pending jobs that have a job in the cluster (held
-# there while Rackwise places them: adopted, or stopped for a move).
-SYNCED_JOBS = Q(state__in=HOLDING_JOB_STATES) | Q(state=JobState.PENDING, external_id__isnull=False)
-
 
 def apply_job_report(job_id: int, report: JobReport, *, attempt: int | None = None) -> str:
     """Apply what the cluster says of one Rackwise job. Returns what was done:
@@ -47,14 +39,15 @@ def apply_job_report(job_id: int, report: JobReport, *, attempt: int | None = No
        over and is ignored (checked under the job's lock, in the service).
     3. Completed or failed: :func:`fleet.services.jobs.finish_job`, with the
        cluster's end time; cancelled: the cancel path, without telling the
-       cluster again. A job that no longer holds GPUs is left as it is.
+       cluster again. A job whose end the cluster may no longer report
+       (:func:`fleet.services.jobs.cluster_may_end`) is left as it is.
     """
     if report.state not in JOB_ENDED:
         return "running"
     job = Job.objects.filter(pk=job_id).only("state", "external_id").first()
     if job is None:
         return "gone"
-    if not Job.objects.filter(SYNCED_JOBS, pk=job_id).exists():
+    if not job_services.cluster_may_end(job):
         return f"already {job.state}"
     why = report.reason or f"{report.state} in the cluster"
     try:
@@ -80,7 +73,7 @@ def sync_jobs(adapter: ClusterAdapter | None = None, job_ids: list[int] | None =
     cluster could not be reached (nothing changes; the next sync tries again).
     ``job_ids``: only these jobs."""
     adapter = adapter or get_adapter()
-    jobs = Job.objects.filter(SYNCED_JOBS).order_by("pk")
+    jobs = Job.objects.filter(job_services.CLUSTER_MAY_END).order_by("pk")
     jobs = list(jobs if job_ids is None else jobs.filter(pk__in=job_ids))
     result: dict = {"asked": len(jobs), "completed": [], "failed": [], "cancelled": [], "stale": []}
     if not jobs:

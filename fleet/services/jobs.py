@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 
 from django.db import IntegrityError, connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from fleet import events
@@ -459,6 +460,17 @@ def requeue_job(actor, job_id: int, *, reason: str, action: str = "job.requeue")
     return job
 
 
+# The jobs whose end the cluster may report: those that hold GPUs (placed,
+# running, recovering), and pending jobs that have a job in the cluster (held
+# there while Rackwise places them: adopted, or stopped for a move).
+CLUSTER_MAY_END = Q(state__in=HOLDING_JOB_STATES) | Q(state=JobState.PENDING, external_id__isnull=False)
+
+
+def cluster_may_end(job: Job) -> bool:
+    """``job`` is one of :data:`CLUSTER_MAY_END` (the same rule, on a row)."""
+    return job.state in HOLDING_JOB_STATES or (job.state == JobState.PENDING and bool(job.external_id))
+
+
 def finish_job(
     actor,
     job_id: int,
@@ -469,13 +481,13 @@ def finish_job(
     finished_at: datetime | None = None,
 ) -> Job:
     """A running (or recovering) job ended; its GPUs return to the pool. A
-    pending job that has a job in the cluster (held there while Rackwise places
-    it, e.g. after a stop) may end too, when the cluster says that job ended.
+    pending job that has a job in the cluster may end too, when the cluster
+    says that job ended (:func:`cluster_may_end`).
     ``expect_attempt``: refuse (Conflict) if the job was restarted since the
     end was seen; ``finished_at``: when it ended (the cluster's accounting)."""
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job_id)
-        if job.state not in HOLDING_JOB_STATES and not (job.state == JobState.PENDING and job.external_id):
+        if not cluster_may_end(job):
             raise Conflict(f"job #{job.pk} is {job.state}; it holds no GPUs to finish with")
         _check_attempt(job, expect_attempt)
         before = job_snapshot(job)
