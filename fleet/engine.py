@@ -11,6 +11,7 @@ from django.conf import settings
 from django.db.models import Count
 
 from fleet.choices import HOLDING_JOB_STATES, NodeState
+from fleet.cluster.steps import Allocate
 from fleet.models import Allocation, Job, Node, Rack
 from placement import model as pm
 
@@ -54,6 +55,18 @@ class Snapshot:
 
     def describe_nodes(self, node_ids) -> list[str]:
         return [self.hostnames.get(n, n) for n in node_ids]
+
+    def allocate_step(self, job_id: int, nodes, segments, reason: str, choices=None) -> Allocate:
+        """The step that binds a job to the engine's chosen ``nodes`` (node id
+        -> GPU indices), named by hostname for the action's log."""
+        return Allocate(
+            job=job_id,
+            nodes={k: list(v) for k, v in nodes.items()},
+            segments=segments,
+            hostnames=self.describe_nodes(nodes),
+            reason=reason,
+            choices=choices,
+        )
 
     def describe_racks(self, rack_ids) -> list[str]:
         return [self.rack_names.get(r, r) for r in rack_ids]

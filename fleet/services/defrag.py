@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from fleet import engine
 from fleet.choices import ActionKind, ActionState, JobState, Locality
-from fleet.cluster.steps import Allocate, Checkpoint, Start, Step, Stop
+from fleet.cluster.steps import Checkpoint, Start, Step, Stop
 from fleet.models import Action, Job, Rack
 from fleet.services import actions as action_services
 from fleet.services import audit
@@ -162,13 +162,7 @@ def plan_defrag(
         steps += [
             Checkpoint(job=job_id),
             Stop(job=job_id),
-            Allocate(
-                job=job_id,
-                nodes={k: list(v) for k, v in move.to_nodes.items()},
-                segments=move.to_segments,
-                hostnames=snap.describe_nodes(move.to_nodes),
-                reason=move.reason,
-            ),
+            snap.allocate_step(job_id, move.to_nodes, move.to_segments, move.reason),
             Start(job=job_id),
         ]
     touched_racks = sorted(

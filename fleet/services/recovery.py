@@ -6,7 +6,7 @@ import logging
 
 from fleet import engine
 from fleet.choices import ActionKind, JobState
-from fleet.cluster.steps import Allocate, Preempt, Requeue, Restart, Start, Step, Stop, Swap
+from fleet.cluster.steps import Preempt, Requeue, Restart, Start, Step, Stop, Swap
 from fleet.models import Action, Job
 from fleet.services import actions as action_services
 from fleet.services import jobs as job_services
@@ -113,13 +113,7 @@ def recovery_proposal(job: Job) -> action_services.Proposal | None:
     elif plan.action == "move":
         steps += [
             Stop(job=job.pk),
-            Allocate(
-                job=job.pk,
-                nodes={k: list(v) for k, v in plan.new_nodes.items()},
-                segments=plan.new_segments,
-                hostnames=snap.describe_nodes(plan.new_nodes),
-                reason=plan.reason,
-            ),
+            snap.allocate_step(job.pk, plan.new_nodes, plan.new_segments, plan.reason),
             Start(job=job.pk),
         ]
         title = f"move job #{job.pk} {job.name} to {', '.join(sorted({snap.rack_names[fleet.nodes[n].rack] for n in plan.new_nodes}))}"

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from fleet import engine
 from fleet.choices import ActionKind, ActionState, ApprovalMode, JobState, Locality
-from fleet.cluster.steps import Allocate, Start
+from fleet.cluster.steps import Start
 from fleet.models import Action, ApprovalPolicy, Job
 from fleet.services import actions as action_services
 from fleet.services import jobs as job_services
@@ -132,13 +132,8 @@ def schedule_pass(checkpoint: Checkpoint = _no_checkpoint) -> PassResult:
             kind=kind,
             title=f"place job #{job.pk} {job.name}: {_describe(placement_plan, snap)}",
             steps=[
-                Allocate(
-                    job=job.pk,
-                    nodes={k: list(v) for k, v in placement_plan.nodes.items()},
-                    segments=placement_plan.segments,
-                    hostnames=snap.describe_nodes(placement_plan.nodes),
-                    reason=placement_plan.reason,
-                    choices=placement_plan.choices,
+                snap.allocate_step(
+                    job.pk, placement_plan.nodes, placement_plan.segments, placement_plan.reason, placement_plan.choices
                 ),
                 Start(job=job.pk),
             ],
