@@ -193,10 +193,6 @@ def expand_hostlist(expression: str | list | None) -> list[str]:
     return hostlist.expand_hostlist(expression)
 
 
-def collect_hostlist(hosts: list[str]) -> str:
-    return hostlist.collect_hostlist(list(hosts))
-
-
 def number(value: Any) -> int | None:
     """A v0.0.42 number: a plain int, or ``{"set": bool, "infinite": bool, "number": n}``."""
     if isinstance(value, bool):
