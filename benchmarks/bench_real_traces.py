@@ -32,6 +32,7 @@ run is six such sets. Cells run in parallel (``--workers``, default 2).
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import math
 import multiprocessing
@@ -110,7 +111,7 @@ def worst_p95(m: dict[str, Any]) -> float:
 def run_task(task: dict[str, Any]) -> dict[str, Any]:
     trace = load(task["path"], task["scale"], task["max_jobs"], task["locality"])
     cfg = SimConfig(racks=task["racks"], nodes_per_rack=NODES, gpus_per_node=GPN,
-                    node_mtbf_hours=task["mtbf"], seed=task["seed"])
+                    node_mtbf_hours=task["mtbf"], seed=task["seed"], **task["config"])
     t0 = time.perf_counter()
     m = simulate(trace, task["policy"], cfg).metrics
     m = dict(m, worst_p95=worst_p95(m))
@@ -144,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baselines", default="slurm-block,kueue-tas")
     ap.add_argument("--locality", default="required", choices=("required", "preferred", "none"))
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="override a SimConfig field for every replay (repeatable), e.g. "
+                         "--set defrag_after_s=None --set rackwise_order=fifo (ablations)")
     ap.add_argument("--min-class-jobs", type=int, default=20,
                     help="size classes with fewer jobs in the trace are left out of the "
                          "worst class p95 ratio (a p95 of 2 jobs is their max)")
@@ -152,6 +156,16 @@ def main(argv: list[str] | None = None) -> int:
     bad = [b for b in baselines if b not in POLICY_NAMES or b == "rackwise"]
     if bad or not baselines:
         ap.error(f"--baselines: unknown or invalid {bad}; choose from {POLICY_NAMES}")
+    config = {}
+    fields = {f.name: f for f in dataclasses.fields(SimConfig)}
+    for item in args.set:
+        name, _, value = item.partition("=")
+        if name not in fields or not value:
+            ap.error(f"--set {item!r}: expected FIELD=VALUE with a SimConfig field")
+        try:
+            config[name] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            config[name] = value
     seeds = list(range(args.seeds if args.seeds is not None else (1 if args.quick else 3)))
     mtbfs = (tuple(float(x) for x in args.mtbfs.split(",")) if args.mtbfs
              else (2000.0,) if args.quick else MTBFS)
@@ -189,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
                                       "class_jobs": counts,
                                       "load": load_name, "racks": racks, "mtbf": mtbf,
                                       "seed": seed, "max_jobs": max_jobs,
-                                      "locality": args.locality, "jobs": len(trace)})
+                                      "locality": args.locality, "jobs": len(trace),
+                                      "config": config})
     tasks = [dict(c, policy=pol) for c in cells for pol in POLICY_NAMES]
     # Biggest first, so the pool does not end waiting on one long replay.
     tasks.sort(key=lambda t: (-t["jobs"] * (t["scale"] + 1), t["trace"], t["policy"]))
@@ -214,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
           f"seeds {seeds}, MTBF {', '.join(f'{m:,.0f}' for m in mtbfs)} h, locality "
           f"{args.locality}, {'first ' + str(max_jobs) + ' jobs' if max_jobs else 'whole traces'}; "
           f"{wall:.0f} s wall on {args.workers} workers\n")
+    if config:
+        print("SimConfig overrides: " + ", ".join(f"{k}={v!r}" for k, v in config.items()) + "\n")
     if merged:
         print("Counted once (both loads give the same fleet): " + "; ".join(merged) + "\n")
     print("| trace | GPUs | load | racks | MTBF h | seed | " + " | ".join(heads)

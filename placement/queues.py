@@ -39,6 +39,17 @@ BF_WINDOW_S = 1440 * 60.0
 BF_MIN_AGE_RESERVE_S = 0.0
 BF_MAX_RESERVATIONS = 16
 
+def expansion_factor(waited: float, run: float, tau: float = 600.0) -> float:
+    """A pending job's bounded slowdown so far, ``max(1, (waited + run) / max(run,
+    tau))``: rackwise's backfill visits the queue by this, largest first
+    (LXF-backfill: Chiang, Arpaci-Dusseau and Vernon, "The impact of more accurate
+    requested runtimes on production job scheduling performance", JSSPP 2002; tau as
+    in bounded slowdown, Feitelson, JSSPP 2001). Short jobs rise
+    fast, a long one rises as it waits, so none starves; a job that has not waited
+    has the lowest factor, 1."""
+    return max(1.0, (waited + run) / max(run, tau))
+
+
 PolicyFn = Callable[[Fleet, JobRequest, list[Rack], Context], PlacementPlan]
 # (job, racks of one shape) -> test(idle nodes per rack id): could the policy place it?
 RoomFn = Callable[[JobRequest, list[Rack]], Callable[[dict[str, int]], bool]]
@@ -63,7 +74,8 @@ class _View:
     """A rack as a placement policy sees it, with some nodes taken out (held, or busy
     at the time being planned). Duck-types the parts of Rack the policies read."""
 
-    __slots__ = ("free", "gpus_per_node", "id", "lent_nodes", "nodes", "size", "spare_nodes")
+    __slots__ = ("free", "gpus_per_node", "id", "lent_nodes", "node_ids", "nodes", "size",
+                 "spare_nodes")
 
     def __init__(self, rack: Rack, free: set[int], nodes: list[Node]) -> None:
         self.id = rack.id
@@ -73,10 +85,14 @@ class _View:
         self.gpus_per_node = rack.gpus_per_node
         self.free = free
         self.nodes = nodes
+        self.node_ids = {n.id for n in nodes}
 
     @property
     def free_count(self) -> int:
         return len(self.free)
+
+    unlent_spares = Rack.unlent_spares
+    slice_offer = Rack.slice_offer
 
 
 def decide(fleet: Fleet, job: JobRequest, fn: PolicyFn, racks_by_gpn: dict[int, list[Any]],
@@ -119,6 +135,10 @@ class Backfill:
         self._free_at: dict[str, float] | None = None
         self._ends: list[float] = []
         self._node_jobs: dict[str, list[tuple[float, int]]] = {}  # node -> (end, GPUs)
+        # GPUs -> (time the running jobs leave that many free, group position, node),
+        # sorted, for single-node reservations; dropped when a job starts.
+        self._small_ready: dict[int, list[tuple[float, int, Node]]] = {}
+        self._pos: dict[str, int] | None = None
         # (shape, duration) that found no start in the window, with the hold count then.
         self._no_start: dict[tuple[object, ...], int] = {}
         # shape -> (run, start) of its last reservation: a job of that shape that runs
@@ -173,6 +193,7 @@ class Backfill:
         for nid, gpus in alloc.nodes.items():
             self._free_at[nid] = max(self._free_at[nid], end)
             self._node_jobs.setdefault(nid, []).append((end, len(gpus)))
+        self._small_ready.clear()
         self._ends = sorted(self._free_at.values())
         for rid in {self.fleet.nodes[nid].rack for nid in alloc.nodes}:
             self._rack_ends[rid] = sorted(self._free_at[n.id]
@@ -262,6 +283,45 @@ class Backfill:
         nodes = [n for n in rack.nodes if free_at[n.id] <= t and n.id not in held]
         return _View(rack, {n.index for n in nodes}, nodes)
 
+    def _ready_list(self, g: int) -> list[tuple[float, int, Node]]:
+        """(when the running jobs leave ``g`` GPUs free, group position, node) for the
+        healthy nodes of the shapes a ``g``-GPU job fits on one node of, sorted."""
+        got = self._small_ready.get(g)
+        if got is not None:
+            return got
+        out: list[tuple[float, int, Node]] = []
+        for nid, pos in self._node_pos.items():
+            node = self.fleet.nodes[nid]
+            if node.health != HEALTHY or node.gpus < g:
+                continue
+            jobs = sorted(self._node_jobs.get(nid, [])) if node.used else []
+            used = sum(x for _, x in jobs)
+            ready = self.now
+            for end, x in jobs:
+                if node.gpus - used >= g:
+                    break
+                used -= x
+                ready = end
+            if node.gpus - used >= g:
+                out.append((ready, pos, node))
+        out.sort(key=lambda r: (r[0], r[1]))
+        self._small_ready[g] = out
+        return out
+
+    @property
+    def _node_pos(self) -> dict[str, int]:
+        """Node id -> position in group order, over the groups that hold single-node
+        jobs (the block plugin's tie-break: lowest-numbered node)."""
+        if self._pos is None:
+            self._pos = {}
+            i = 0
+            for racks in self.fleet.groups.values():
+                for rack in racks:
+                    for node in rack.nodes:
+                        i += 1
+                        self._pos[node.id] = i
+        return self._pos
+
     def _reserve_small(self, job: JobRequest, duration: float,
                        key: tuple[object, ...]) -> Hold | None:
         """A single-node job's reservation: the node where its GPUs are free soonest
@@ -272,38 +332,38 @@ class Backfill:
         for h in self.holds:
             for nid, g in h.gpus.items():
                 on_node.setdefault(nid, []).append((h.start, h.end, g))
-        best: tuple[float, int, Node] | None = None
+        g = job.num_gpus
         earliest = self.now
         prev = self._not_before.get(key) if key else None
         if prev is not None and duration >= prev[0]:
             earliest = prev[1]  # the same shape, no shorter: not before its start
-        pos = 0
-        for gpn, racks in self.fleet.groups.items():
-            if not job.is_small(gpn):
+        # Nodes no reservation touches: the running jobs alone say when g GPUs are free.
+        best: tuple[float, int, Node] | None = None
+        for ready, pos, node in self._ready_list(g):
+            t = max(ready, earliest)
+            if t > horizon or (best is not None and (t, pos) >= best[:2]):
+                if ready > earliest:
+                    break  # sorted by ready time: no later node starts sooner
                 continue
-            for rack in racks:
-                for node in rack.nodes:
-                    pos += 1
-                    if node.health != HEALTHY:
-                        continue
-                    jobs = self._node_jobs.get(node.id, []) if node.used else []
-                    holds = on_node.get(node.id, [])
-                    if (node.id not in on_node and self._free_at is not None
-                            and self._free_at[node.id] <= earliest):
-                        # Nothing held here, and its jobs are gone by then: it fits.
-                        if node.gpus >= job.num_gpus and (best is None or earliest < best[0]):
-                            best = (earliest, pos, node)
-                        continue
-                    cands = sorted({earliest} | {e for e, _ in jobs if earliest < e <= horizon}
-                                   | {e for _, e, _ in holds if earliest < e <= horizon})
-                    for t in cands:
-                        if best is not None and t >= best[0]:
-                            break
-                        used = (sum(g for e, g in jobs if e > t)
-                                + sum(g for s0, e, g in holds if s0 < t + duration and e > t))
-                        if node.gpus - used >= job.num_gpus:
-                            best = (t, pos, node)
-                            break
+            if node.id not in on_node:
+                best = (t, pos, node)
+        # Nodes with reservations: try the times jobs and holds end.
+        for nid, holds in on_node.items():
+            node = self.fleet.nodes[nid]
+            pos = self._node_pos.get(nid)
+            if pos is None or node.health != HEALTHY or node.gpus < g:
+                continue
+            jobs = self._node_jobs.get(nid, []) if node.used else []
+            cands = sorted({earliest} | {e for e, _ in jobs if earliest < e <= horizon}
+                           | {e for _, e, _ in holds if earliest < e <= horizon})
+            for t in cands:
+                if best is not None and (t, pos) >= best[:2]:
+                    break
+                used = (sum(x for e, x in jobs if e > t)
+                        + sum(x for s0, e, x in holds if s0 < t + duration and e > t))
+                if node.gpus - used >= g:
+                    best = (t, pos, node)
+                    break
         if best is None:
             return None
         hold = Hold(job.id, best[0], best[0] + duration, {best[2].id: job.num_gpus})

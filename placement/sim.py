@@ -23,8 +23,15 @@ from placement.model import FAILED, HEALTHY, Allocation, Fleet, JobRequest
 from placement.place import RESERVE_AFTER_S, can_ever_fit, place, reservation
 from placement.policies import POLICIES
 from placement.policies.common import min_racks
+from placement.policies.rackwise import rack_room
 from placement.policies.slurm_block import block_room
-from placement.queues import BF_MAX_RESERVATIONS, BF_MIN_AGE_RESERVE_S, BF_WINDOW_S, Backfill
+from placement.queues import (
+    BF_MAX_RESERVATIONS,
+    BF_MIN_AGE_RESERVE_S,
+    BF_WINDOW_S,
+    Backfill,
+    expansion_factor,
+)
 from placement.recover import apply_recovery, recover
 from placement.trace import TraceJob
 from placement.validate import validate, validate_indexes
@@ -80,9 +87,16 @@ class SimConfig:
     spare_nodes: int = 2  # per-rack spare policy (rackwise keeps these from big gangs)
     lookahead: bool = True  # rackwise reservations for a blocked gang
     reserve_after_s: float = RESERVE_AFTER_S  # ...once it has waited this long
+    # rackwise's queue: "backfill" (reservations in priority order, backfill by
+    # expected ends, as sched/backfill but with rackwise placement) or "greedy" (any
+    # job that fits starts; one look-ahead reservation).
+    rackwise_queue: str = "backfill"
+    rackwise_reserve_after_s: float = 0.0
+    rackwise_order: str = "lxf"  # or "fifo"; lxf: largest expansion factor first
+    rackwise_lxf_tau_s: float = 600.0
     # rackwise defragmentation (opt-in, None = off): a gang blocked this long gets a
     # defrag plan (within the budget); its moves are applied as migrations.
-    defrag_after_s: float | None = None
+    defrag_after_s: float | None = 3600.0
     defrag_budget_gpu_hours: float = 200.0
     check_invariants: bool = False  # validate the fleet after every instant (tests)
     # A requeued job (failure under Slurm-like recovery, or a preempted victim) may
@@ -287,7 +301,8 @@ class Simulation:
         self.fifo_blocked = None
 
     def _pass(self, now: float) -> None:
-        if self.policy == "slurm-block":
+        if self.policy == "slurm-block" or (self.policy == "rackwise"
+                                            and self.cfg.rackwise_queue == "backfill"):
             self._pass_backfill(now)
         elif self.policy == "kueue-tas":
             self._pass_strict_fifo(now)
@@ -316,26 +331,41 @@ class Simulation:
         return st.remaining + (self.cfg.restart_minutes * 60 if st.restarts else 0.0)
 
     def _pass_backfill(self, now: float) -> None:
-        """slurm-block: priority order with sched/backfill (placement/queues.py)."""
+        """slurm-block: priority order with sched/backfill; rackwise: the same cycle in
+        expansion-factor order with rackwise placement (placement/queues.py)."""
         cfg = self.cfg
-        if (self.bf is not None and self.bf_last is not None
-                and not cfg.bf_min_age_reserve_s  # else ageing alone changes the plan
-                and all(st.order > self.bf_last for st in self.fresh)):
+        rackwise = self.policy == "rackwise"
+        age = cfg.rackwise_reserve_after_s if rackwise else cfg.bf_min_age_reserve_s
+        lxf = rackwise and cfg.rackwise_order == "lxf"
+        last = self.bf_last
+        if (self.bf is not None and last is not None
+                and not age  # else ageing alone changes the plan
+                and all((st.submit == now and st.order[0] >= last[0]) if lxf
+                        else st.order > last for st in self.fresh)):
             # Nothing came back since the last cycle: its reservations still hold and
-            # the jobs it looked at still cannot start; only new arrivals are new
-            # (and only while the cycle's bf_max_job_test bound would reach them).
+            # the jobs it looked at still cannot start; only new arrivals are new, and
+            # they come last in the queue's order (by expansion factor, a job that has
+            # not waited has the lowest), so they are tried against the same holds
+            # (only while the cycle's bf_max_job_test bound would reach them).
             todo = (sorted(self.fresh, key=lambda s: s.order)
                     if self.queued - len(self.fresh) < cfg.bf_max_job_test else [])
             self.bf.now = now
             self.bf.ctx.now = now
         else:
             self.bf_last = None
-            self.bf = Backfill(self.fleet, now, POLICIES["slurm-block"], "slurm-block",
+            self.bf = Backfill(self.fleet, now, POLICIES[self.policy], self.policy,
                                window_s=cfg.bf_window_s,
-                               min_age_reserve_s=cfg.bf_min_age_reserve_s,
+                               min_age_reserve_s=age,
                                max_reservations=cfg.bf_max_reservations,
-                               room=block_room)
-            todo = self._in_order(cfg.bf_max_job_test)
+                               room=rack_room if rackwise else block_room)
+            if lxf:
+                tau = cfg.rackwise_lxf_tau_s
+                todo = sorted((st for g in self.groups.values() for st in g),
+                              key=lambda st: (st.order[0], -expansion_factor(
+                                  now - st.submit, self._expected_run(st), tau), st.order))
+                del todo[cfg.bf_max_job_test:]
+            else:
+                todo = self._in_order(cfg.bf_max_job_test)
         bf = self.bf
         fleet = self.fleet
         gpn = cfg.gpus_per_node
@@ -370,7 +400,10 @@ class Simulation:
                     max_partial = max((f for f, s in fleet.partial.items() if s), default=0)
                     continue
                 cannot[key] = run
-            bf.reserve(job, run, st.submit, key)
+            if self.policy != "rackwise" or not job.is_small(gpn):
+                # rackwise reserves for gangs only: a single-node job fits on any
+                # node, and its rising expansion factor moves it up the queue.
+                bf.reserve(job, run, st.submit, key)
 
     def _spans(self, job: JobRequest, racks_used: int) -> bool:
         gpn = self.cfg.gpus_per_node

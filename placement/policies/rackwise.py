@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from placement.model import REQUIRED, Fleet, JobRequest, Node, Rack
 from placement.plans import PlacementPlan, not_placed
@@ -283,10 +283,12 @@ def _small(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) -> Pl
     g = job.num_gpus
     gpn = racks[0].gpus_per_node
     whole = racks is fleet.groups.get(gpn)  # the whole group: read the indexes
+    view: dict[str, Rack] = {}
     if whole:
         pos = fleet.group_pos
     else:
         pos = {r.id: i for i, r in enumerate(racks)}
+        view = {r.id: r for r in racks}
     best: tuple[tuple[int, int, int, int], Node] | None = None
     # 1. Partly used nodes: tightest fit first, busiest rack next.
     for free in range(g, gpn):
@@ -296,8 +298,15 @@ def _small(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) -> Pl
             if whole:
                 if rack.gpus_per_node != gpn:
                     continue  # a rack of another shape group
-            elif rack.id not in pos:
-                continue
+            else:
+                # A filtered list, or a backfill view that leaves some nodes out.
+                v = view.get(rack.id)
+                if v is None:
+                    continue
+                allowed = getattr(v, "node_ids", None)
+                if allowed is not None and nid not in allowed:
+                    continue
+                rack = v
             key = (free, rack.free_count, pos[rack.id], node.index)
             if best is None or key < best[0]:
                 best = (key, node)
@@ -330,3 +339,23 @@ def _small(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) -> Pl
 def nodes_for(job: JobRequest, gpn: int) -> int:
     return job.nodes_needed(gpn) if not job.is_small(gpn) else 1
 
+
+
+def rack_room(job: JobRequest, racks: list[Rack]) -> Callable[[dict[str, int]], bool]:
+    """A test: could :func:`rackwise` place the gang if rack r had ``avail[r]`` idle
+    nodes? A necessary condition (spares are not counted against it), which backfill
+    uses to skip future times cheaply."""
+    gpn = racks[0].gpus_per_node
+    n = job.nodes_needed(gpn)
+    size = max(r.size for r in racks)
+    seg = job.segment_nodes
+    k = min_racks(n, size, seg)
+    ids = [r.id for r in racks]
+
+    def test(avail: dict[str, int]) -> bool:
+        if k == 1:
+            return any(avail[r] >= n for r in ids)
+        vals = sorted(((avail[r] // seg) * seg if seg else avail[r] for r in ids),
+                      reverse=True)
+        return sum(vals[:k]) >= n
+    return test

@@ -100,14 +100,13 @@ def test_failures_are_recovered_in_place_by_rackwise_and_requeued_by_slurm(
     assert rw["completed"] + rw["rejected"] == rw["jobs"]
 
 
-def test_opt_in_defragmentation_migrates_jobs_and_still_completes_them(
-        tmp_path: Path) -> None:
+def test_defragmentation_migrates_jobs_and_still_completes_them(tmp_path: Path) -> None:
     path = tmp_path / "dense.csv"
     write_trace(path, generate(400, 0.95, racks=4, seed=1))
     trace = read_trace(path)
-    off = simulate(trace, "rackwise", SimConfig(racks=4, node_mtbf_hours=0)).metrics
-    on = simulate(trace, "rackwise", SimConfig(racks=4, node_mtbf_hours=0,
-                                              defrag_after_s=1800)).metrics
+    off = simulate(trace, "rackwise", SimConfig(racks=4, node_mtbf_hours=0,
+                                               defrag_after_s=None)).metrics
+    on = simulate(trace, "rackwise", SimConfig(racks=4, node_mtbf_hours=0)).metrics
     assert off["migrations"] == 0
     assert on["migrations"] > 0 and on["migration_gpu_hours"] > 0
     assert on["completed"] == on["jobs"] == 400
