@@ -111,10 +111,12 @@ def load_snapshot() -> Snapshot:
             continue  # drift (allocations of a finished job); reconcile releases them
         request = job_request(job)
         segments = _segments(job, nodes, fleet)
-        fleet.allocate(
-            pm.Allocation(request, {n: tuple(sorted(g)) for n, g in nodes.items()}, segments),
-            restore=True,
-        )
+        allocation = pm.Allocation(request, {n: tuple(sorted(g)) for n, g in nodes.items()}, segments)
+        began = job.started_at or job.placed_at
+        if began is not None and job.expected_duration_s:
+            # What backfill plans with: a job expected to end by a reservation may use it.
+            allocation.expected_end = began.timestamp() + job.expected_duration_s
+        fleet.allocate(allocation, restore=True)
     return Snapshot(fleet, jobs, hostnames, rack_names)
 
 

@@ -10,13 +10,16 @@ from placement.model import HEALTHY, Fleet, JobRequest
 from placement.plans import PlacementPlan, SchedulePlan, not_placed
 from placement.policies import POLICIES, Context
 from placement.policies.common import min_racks
-from placement.policies.rackwise import may_borrow
+from placement.policies.rackwise import may_borrow, rack_room
+from placement.queues import Backfill, expansion_factor
 
 DEFAULT_POLICY = "rackwise"
 # A blocked gang gets a reservation once it has waited this long (Slurm has the same
 # knob, bf_min_age_reserve): reserving at once cost the many small jobs more than it
 # gave the big one on tracegen workloads.
 RESERVE_AFTER_S = 6 * 3600.0
+# lxf_order's run time for a job that gives no expected duration.
+UNKNOWN_RUN_S = 24 * 3600.0
 
 
 def place(
@@ -97,6 +100,19 @@ def queue_order(jobs: Iterable[JobRequest]) -> list[JobRequest]:
     return sorted(jobs, key=lambda j: (-j.priority, j.submit_time or 0.0, -j.total_gpus))
 
 
+def lxf_order(jobs: Iterable[JobRequest], now: float) -> list[JobRequest]:
+    """rackwise's queue: priority first, then the largest expansion factor (the
+    bounded slowdown a job has so far, :func:`placement.queues.expansion_factor`),
+    then :func:`queue_order`'s ties. A job without an expected duration counts as
+    running ``UNKNOWN_RUN_S``; one without a submit time as not having waited."""
+    def key(j: JobRequest) -> tuple[float, float, float, int]:
+        waited = now - j.submit_time if j.submit_time is not None else 0.0
+        run = j.expected_duration if j.expected_duration is not None else UNKNOWN_RUN_S
+        return (-j.priority, -expansion_factor(waited, run), j.submit_time or 0.0,
+                -j.total_gpus)
+    return sorted(jobs, key=key)
+
+
 def schedule(
     fleet: Fleet,
     pending: Iterable[JobRequest],
@@ -106,56 +122,89 @@ def schedule(
     seed: int = 0,
     rng: random.Random | None = None,
     apply: bool = False,
-    reserve_after_s: float = RESERVE_AFTER_S,
+    reserve_after_s: float = 0.0,
 ) -> SchedulePlan:
     """One queue pass: start every pending job that may start now, in queue order.
 
-    1. Jobs are taken by priority, then submit time.
-    2. Baselines start any job that fits (best-effort FIFO, Kueue's default; Slurm's
-       main scheduler behaves so for jobs without time limits).
-    3. ``rackwise`` looks ahead (EASY backfill at rack level): the first gang that
-       cannot start reserves the racks that will hold it soonest (from the running
-       jobs' ``expected_end``); later jobs use those racks' idle nodes only if they are
-       expected to end before then, so a blocked big job is not starved by a stream
-       of small ones and backfill does not delay it. Only a gang that has waited
-       ``reserve_after_s`` (and has a ``submit_time``) gets the reservation.
+    ``rackwise`` with a clock (``now``) runs one backfill cycle, as the simulator does
+    (:class:`placement.queues.Backfill` with rackwise placement):
+
+    1. Jobs are visited by priority, then expansion factor (:func:`lxf_order`).
+    2. A job starts if rackwise can place it on nodes no reservation holds while it
+       is expected to run (a job without an expected duration may not use reserved
+       nodes at all).
+    3. A gang that cannot start, once it has waited ``reserve_after_s`` (0: at once),
+       reserves the nodes it could have soonest, from the running jobs'
+       ``expected_end`` (unknown: never free); single-node jobs reserve nothing.
+       ``plan.reservation`` names the first one.
+
+    Baselines, and rackwise without a clock, start any job that fits, by priority,
+    then submit time (best-effort FIFO).
     With ``apply`` the placements are recorded on ``fleet``; otherwise on a copy.
     """
     work = fleet if apply else fleet.copy()
-    rng = rng or random.Random(seed)
     out = SchedulePlan(policy)
-    reserved: frozenset[str] = frozenset()
-    until: float | None = None
+    if policy == "rackwise" and now is not None:
+        _backfill_pass(work, list(pending), now, reserve_after_s, out)
+        return out
+    rng = rng or random.Random(seed)
     failed: dict[tuple[object, ...], str] = {}
     for job in queue_order(pending):
         if not work.idle_total and not any(work.partial.values()):
             out.waiting[job.id] = "no free GPU in the fleet"
             continue
         key = (job.num_gpus, job.num_nodes, job.gpus_per_node, job.segment_nodes,
-               job.locality, job.expected_duration if reserved else None)
+               job.locality)
         if key in failed:
             out.waiting[job.id] = failed[key]
             continue
-        plan = place(work, job, policy, rng=rng, reserved=reserved, reserved_until=until,
-                     now=now)
+        plan = place(work, job, policy, rng=rng, now=now)
         if plan.placed:
-            alloc = plan.allocation(job)
-            if now is not None and job.expected_duration is not None:
-                alloc.expected_end = now + job.expected_duration
-            work.allocate(alloc)
+            _start(work, job, plan, now)
             out.placements.append(plan)
             continue
         failed[key] = plan.reason
         out.waiting[job.id] = plan.reason
-        # Without a clock nobody can be said to starve: no reservation.
-        waited = (now - job.submit_time if now is not None and job.submit_time is not None
-                  else -math.inf)
-        if policy == "rackwise" and not reserved and waited >= reserve_after_s:
-            reserved, until = reservation(work, job, now)
-            if reserved:
-                out.reservation = {"job_id": job.id, "racks": sorted(reserved),
-                                   "until": until}
     return out
+
+
+def _start(work: Fleet, job: JobRequest, plan: PlacementPlan, now: float | None) -> None:
+    alloc = plan.allocation(job)
+    if now is not None and job.expected_duration is not None:
+        alloc.expected_end = now + job.expected_duration
+    work.allocate(alloc)
+
+
+def _backfill_pass(work: Fleet, pending: list[JobRequest], now: float, reserve_after_s: float,
+                   out: SchedulePlan) -> None:
+    bf = Backfill(work, now, POLICIES["rackwise"], "rackwise", room=rack_room)
+    failed: dict[tuple[object, ...], str] = {}
+    for job in lxf_order(pending, now):
+        run = job.expected_duration if job.expected_duration is not None else math.inf
+        key = (job.num_gpus, job.num_nodes, job.gpus_per_node, job.segment_nodes,
+               job.locality)
+        reason = failed.get(key)  # capacity only shrinks during a pass
+        if reason is None:
+            plan = bf.try_start(job, run)
+            if plan.placed:
+                _start(work, job, plan, now)
+                bf.started(job.id)
+                out.placements.append(plan)
+                continue
+            reason = plan.reason
+            if not bf.holds:
+                failed[key] = reason  # nothing held: no job of this shape can start
+        waited = now - job.submit_time if job.submit_time is not None else 0.0
+        gang = not any(job.is_small(g) for g in work.groups)
+        hold = (bf.reserve(job, run, job.submit_time or now, key)
+                if gang and waited >= reserve_after_s else None)
+        if hold is not None:
+            if out.reservation is None:
+                racks = sorted({work.nodes[n].rack for n in hold.nodes})
+                out.reservation = {"job_id": job.id, "racks": racks, "start": hold.start,
+                                   "nodes": sorted(hold.nodes)}
+            reason += f"; nodes reserved for it from {hold.start - now:.0f} s from now"
+        out.waiting[job.id] = reason
 
 
 def reservation(fleet: Fleet, job: JobRequest, now: float | None

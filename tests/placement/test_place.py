@@ -192,14 +192,28 @@ def test_schedule_reserves_racks_for_a_blocked_gang() -> None:
     big = gang("big", 14, submit_time=0.0, expected_duration=3600.0)
     long_small = gang("long", 4, submit_time=1.0, expected_duration=10_000.0)
     short_small = gang("short", 4, submit_time=2.0, expected_duration=100.0)
-    plan = schedule(fleet, [big, long_small, short_small], now=10.0, reserve_after_s=0)
+    plan = schedule(fleet, [big, long_small, short_small], now=10.0)
     assert plan.reservation is not None
     assert plan.reservation["racks"] == ["r000"]  # ready first (a ends at 1000)
-    started = {p.job_id: p.racks for p in plan.placements}
-    # The long job may not take the reserved rack; the short one ends in time and may.
-    assert started.get("long") == ["r001"]
+    assert plan.reservation["start"] == 1000.0
+    held = set(plan.reservation["nodes"])
+    assert len(held) == 14
+    started = {p.job_id: p for p in plan.placements}
+    # The long job may not take the reserved nodes; the short one ends in time and may.
+    assert "long" in started and not held & set(started["long"].nodes)
     assert "short" in started
-    assert "big" in plan.waiting
+    assert "big" in plan.waiting and "reserved" in plan.waiting["big"]
+
+
+def test_schedule_takes_the_largest_expansion_factor_first() -> None:
+    fleet = Fleet.uniform(1)
+    occupy(fleet, "a", 0, list(range(8)))
+    old_long = gang("long", 10, submit_time=0.0, expected_duration=36_000.0)
+    short = gang("short", 10, submit_time=5.0, expected_duration=60.0)
+    plan = schedule(fleet, [old_long, short], now=900.0)
+    assert [p.job_id for p in plan.placements] == ["short"]
+    # Without a clock: plain priority and submit order.
+    assert [p.job_id for p in schedule(fleet, [old_long, short]).placements] == ["long"]
 
 
 def test_schedule_leaves_the_fleet_alone_unless_asked() -> None:
