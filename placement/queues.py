@@ -25,6 +25,7 @@ cycle (Slurm bounds a cycle by ``bf_max_job_test``, default 500, and by time).
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -139,6 +140,7 @@ class Backfill:
         # sorted, for single-node reservations; dropped when a job starts.
         self._small_ready: dict[int, list[tuple[float, int, Node]]] = {}
         self._pos: dict[str, int] | None = None
+        self._room_memo: dict[tuple[object, ...], float] = {}  # see _first_room
         # (shape, duration) that found no start in the window, with the hold count then.
         self._no_start: dict[tuple[object, ...], int] = {}
         # shape -> (run, start) of its last reservation: a job of that shape that runs
@@ -194,6 +196,7 @@ class Backfill:
             self._free_at[nid] = max(self._free_at[nid], end)
             self._node_jobs.setdefault(nid, []).append((end, len(gpus)))
         self._small_ready.clear()
+        self._room_memo.clear()
         self._ends = sorted(self._free_at.values())
         for rid in {self.fleet.nodes[nid].rack for nid in alloc.nodes}:
             self._rack_ends[rid] = sorted(self._free_at[n.id]
@@ -247,10 +250,12 @@ class Backfill:
         tests = ([self.room(job, racks) for gpn, racks in self.fleet.groups.items()
                   if not job.is_small(gpn) and job.nodes_needed(gpn)]
                  if self.room is not None else [])
+        first = min((self._first_room(b) for test in tests
+                     for b in getattr(test, "blocks", [([], 0, None)])), default=self.now)
         for t in times:
             # Cheap bounds first: enough nodes idle by then (in one block of the job's
             # level), then the same without the held ones.
-            if bisect.bisect_right(self._ends, t) < need:
+            if t < first or bisect.bisect_right(self._ends, t) < need:
                 continue
             avail = {rid: bisect.bisect_right(ends, t) for rid, ends in self._rack_ends.items()}
             if tests and not any(test(avail) for test in tests):
@@ -276,6 +281,32 @@ class Backfill:
                 return hold
         self._no_start[memo] = len(self.holds)
         return None
+
+    def _first_room(self, block: tuple[list[str], int, int | None]) -> float:
+        """The first time the running jobs' ends leave ``n`` idle nodes (in whole
+        segments) over the block's racks, holds aside: no earlier time can pass the
+        room test. A block without racks gives no bound."""
+        ids, n, seg = block
+        if not ids:
+            return -math.inf
+        memo = self._room_memo.get((tuple(ids), n, seg)) if len(ids) > 1 else None
+        if memo is not None:
+            return memo
+        if len(ids) == 1:
+            ends = self._rack_ends[ids[0]]
+            m = -(-n // seg) * seg if seg else n
+            return ends[m - 1] if m <= len(ends) else math.inf
+        count = dict.fromkeys(ids, 0)
+        total = 0
+        out = math.inf
+        for t, rid in heapq.merge(*([(e, r) for e in self._rack_ends[r]] for r in ids)):
+            c = count[rid] = count[rid] + 1
+            total += (1 if not seg else (seg if c % seg == 0 else 0))
+            if total >= n:
+                out = t
+                break
+        self._room_memo[(tuple(ids), n, seg)] = out
+        return out
 
     @staticmethod
     def _later_view(rack: Rack, free_at: dict[str, float], t: float,

@@ -358,4 +358,8 @@ def rack_room(job: JobRequest, racks: list[Rack]) -> Callable[[dict[str, int]], 
         vals = sorted(((avail[r] // seg) * seg if seg else avail[r] for r in ids),
                       reverse=True)
         return sum(vals[:k]) >= n
+    # The same as blocks (a weaker test for k > 1: all racks together), for
+    # Backfill to find the first time worth trying.
+    test.blocks = ([([r], n, seg) for r in ids] if k == 1  # type: ignore[attr-defined]
+                   else [(ids, n, seg)])
     return test

@@ -79,6 +79,7 @@ def block_room(job: JobRequest, racks: list[Rack]) -> Callable[[dict[str, int]],
     def test(avail: dict[str, int]) -> bool:
         return any(sum((avail[r] // seg) * seg if seg else avail[r] for r in b) >= n
                    for b in blocks)
+    test.blocks = [(b, n, seg) for b in blocks]  # type: ignore[attr-defined]
     return test
 
 
