@@ -18,6 +18,10 @@ DEFAULT_POLICY = "rackwise"
 # knob, bf_min_age_reserve): reserving at once cost the many small jobs more than it
 # gave the big one on tracegen workloads.
 RESERVE_AFTER_S = 6 * 3600.0
+# rackwise's backfill reserves for the first gang that cannot start only (EASY
+# backfill): on the real traces more reservations (sched/backfill makes up to
+# bf_max_job_test) held more nodes idle for later gangs than they gave them.
+RACKWISE_MAX_RESERVATIONS = 1
 # lxf_order's run time for a job that gives no expected duration.
 UNKNOWN_RUN_S = 24 * 3600.0
 
@@ -133,10 +137,11 @@ def schedule(
     2. A job starts if rackwise can place it on nodes no reservation holds while it
        is expected to run (a job without an expected duration may not use reserved
        nodes at all).
-    3. A gang that cannot start, once it has waited ``reserve_after_s`` (0: at once),
-       reserves the nodes it could have soonest, from the running jobs'
-       ``expected_end`` (unknown: never free); single-node jobs reserve nothing.
-       ``plan.reservation`` names the first one.
+    3. The first gang that cannot start, once it has waited ``reserve_after_s`` (0:
+       at once), reserves the nodes it could have soonest, from the running jobs'
+       ``expected_end`` (unknown: never free): EASY backfill, one reservation
+       (``RACKWISE_MAX_RESERVATIONS``). Single-node jobs reserve nothing.
+       ``plan.reservation`` names it.
 
     Baselines, and rackwise without a clock, start any job that fits, by priority,
     then submit time (best-effort FIFO).
@@ -177,7 +182,8 @@ def _start(work: Fleet, job: JobRequest, plan: PlacementPlan, now: float | None)
 
 def _backfill_pass(work: Fleet, pending: list[JobRequest], now: float, reserve_after_s: float,
                    out: SchedulePlan) -> None:
-    bf = Backfill(work, now, POLICIES["rackwise"], "rackwise", room=rack_room)
+    bf = Backfill(work, now, POLICIES["rackwise"], "rackwise", room=rack_room,
+                  max_reservations=RACKWISE_MAX_RESERVATIONS)
     failed: dict[tuple[object, ...], str] = {}
     for job in lxf_order(pending, now):
         run = job.expected_duration if job.expected_duration is not None else math.inf

@@ -20,7 +20,13 @@ from typing import Any
 from placement.defrag import defragment
 from placement.fragmentation import fragmentation
 from placement.model import FAILED, HEALTHY, Allocation, Fleet, JobRequest
-from placement.place import RESERVE_AFTER_S, can_ever_fit, place, reservation
+from placement.place import (
+    RACKWISE_MAX_RESERVATIONS,
+    RESERVE_AFTER_S,
+    can_ever_fit,
+    place,
+    reservation,
+)
 from placement.policies import POLICIES
 from placement.policies.common import min_racks
 from placement.policies.rackwise import rack_room
@@ -91,9 +97,9 @@ class SimConfig:
     # expected ends, as sched/backfill but with rackwise placement) or "greedy" (any
     # job that fits starts; one look-ahead reservation).
     rackwise_queue: str = "backfill"
-    rackwise_reserve_after_s: float = 0.0
     rackwise_order: str = "lxf"  # or "fifo"; lxf: largest expansion factor first
     rackwise_lxf_tau_s: float = 600.0
+    rackwise_max_reservations: int = RACKWISE_MAX_RESERVATIONS
     # rackwise defragmentation (opt-in, None = off): a gang blocked this long gets a
     # defrag plan (within the budget); its moves are applied as migrations.
     defrag_after_s: float | None = 3600.0
@@ -335,7 +341,7 @@ class Simulation:
         expansion-factor order with rackwise placement (placement/queues.py)."""
         cfg = self.cfg
         rackwise = self.policy == "rackwise"
-        age = cfg.rackwise_reserve_after_s if rackwise else cfg.bf_min_age_reserve_s
+        age = 0.0 if rackwise else cfg.bf_min_age_reserve_s
         lxf = rackwise and cfg.rackwise_order == "lxf"
         last = self.bf_last
         if (self.bf is not None and last is not None
@@ -356,7 +362,8 @@ class Simulation:
             self.bf = Backfill(self.fleet, now, POLICIES[self.policy], self.policy,
                                window_s=cfg.bf_window_s,
                                min_age_reserve_s=age,
-                               max_reservations=cfg.bf_max_reservations,
+                               max_reservations=(cfg.rackwise_max_reservations if rackwise
+                                                 else cfg.bf_max_reservations),
                                room=rack_room if rackwise else block_room)
             if lxf:
                 tau = cfg.rackwise_lxf_tau_s

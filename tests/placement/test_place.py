@@ -224,3 +224,16 @@ def test_schedule_leaves_the_fleet_alone_unless_asked() -> None:
     schedule(fleet, [gang("a", 4)], apply=True)
     assert list(fleet.allocations) == ["a"]
     assert validate(fleet) == []
+
+
+def test_schedule_reserves_for_the_first_blocked_gang_only() -> None:
+    # EASY backfill: one reservation. A second blocked gang waits without one.
+    fleet = Fleet.uniform(2)
+    a = occupy(fleet, "a", 0, list(range(10)))
+    b = occupy(fleet, "b", 1, list(range(10)))
+    a.expected_end, b.expected_end = 1000.0, 5000.0
+    big1 = gang("big1", 14, submit_time=0.0, expected_duration=3600.0)
+    big2 = gang("big2", 14, submit_time=1.0, expected_duration=3600.0)
+    plan = schedule(fleet, [big1, big2], now=10.0)
+    assert plan.reservation is not None and plan.reservation["job_id"] == "big1"
+    assert "reserved" in plan.waiting["big1"] and "reserved" not in plan.waiting["big2"]
