@@ -238,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---" * (len(heads) + 8) + "|")
     per_metric: dict[str, list[float]] = {h: [] for h in heads}
     class_worst: list[float] = []
+    over: list[str] = []  # cells where a size class waits more than 1.05x the best
     gp_diff: list[float] = []
     for c in cells:
         ms = by_cell[ckey(c)]
@@ -249,19 +250,32 @@ def main(argv: list[str] | None = None) -> int:
             x = ratio(rw[key], best, lower, floor)
             per_metric[head].append(x)
             row.append(f"{x:.2f}")
-        worst = 0.0
+        worst, worst_cls = 0.0, ""
         for cls in SIZE_CLASSES:
             if c["class_jobs"][cls] < args.min_class_jobs:
                 continue
             n_rw = rw["p95_wait_s_by_size"][cls]
             best = min(ms[b]["p95_wait_s_by_size"][cls] for b in baselines)
-            worst = max(worst, ratio(n_rw, best, True, WAIT_FLOOR_S))
+            x = ratio(n_rw, best, True, WAIT_FLOOR_S)
+            if x > worst:
+                worst, worst_cls = x, cls
         class_worst.append(worst)
+        if worst > 1.05:
+            # Which baseline waits less there, and what that costs its other classes.
+            by = min(baselines, key=lambda b: ms[b]["p95_wait_s_by_size"][worst_cls])
+            other = max((ratio(ms[by]["p95_wait_s_by_size"][k], rw["p95_wait_s_by_size"][k],
+                               True, WAIT_FLOOR_S), k) for k in SIZE_CLASSES
+                        if c["class_jobs"][k] >= args.min_class_jobs)
+            over.append(f"{c['trace']} x{c['scale']} {c['load']} MTBF {c['mtbf']:,.0f} "
+                        f"seed {c['seed']}: {worst_cls} {worst:.2f} (p95 "
+                        f"{rw['p95_wait_s_by_size'][worst_cls]:,.0f} s against {by}'s "
+                        f"{ms[by]['p95_wait_s_by_size'][worst_cls]:,.0f} s; {by}'s "
+                        f"{other[1]} p95 is {other[0]:.2f}x rackwise's)")
         gp = 100 * (rw["goodput"] - max(ms[b]["goodput"] for b in baselines))
         gp_diff.append(gp)
         print(f"| {c['trace']} | x{c['scale']} | {c['load']} | {c['racks']} | "
               f"{c['mtbf']:,.0f} | {c['seed']} | " + " | ".join(row)
-              + f" | {worst:.2f} | {gp:+.2f} |")
+              + f" | {worst:.2f} {worst_cls} | {gp:+.2f} |")
 
     print(f"\n## Geometric means over {len(cells)} cells\n")
     print("| metric (rackwise / best baseline) | geo mean | min | max |")
@@ -274,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{max(class_worst):.2f} |")
     print(f"| goodput (pp, rackwise - best) | {sum(gp_diff) / len(gp_diff):+.3f} (mean) | "
           f"{min(gp_diff):+.2f} | {max(gp_diff):+.2f} |")
+    print(f"\nCells with a size class's p95 wait above 1.05x the best baseline's: "
+          f"{len(over)} of {len(cells)}" + ("".join(f"\n- {o}" for o in over)))
 
     print("\n## Each policy, geometric mean over the cells\n")
     keys = [("mean_jct_s", "JCT s"), ("gpu_hour_weighted_wait_s", "GPU-h wait s"),

@@ -238,6 +238,9 @@ class Fleet:
         # partial[f]: healthy nodes holding some GPUs with exactly f GPUs still free;
         # small-job best fit reads it instead of scanning every node.
         self.partial: dict[int, set[str]] = {}
+        # Node ids that allocate/release/set_health touched, when someone tracks them
+        # (None: nobody does; see placement.queues.NodeEnds).
+        self.changed: set[str] | None = None
         self.groups: dict[int, list[Rack]] = {}
         for rack in self.racks:
             self.groups.setdefault(rack.gpus_per_node, []).append(rack)
@@ -480,6 +483,8 @@ class Fleet:
             node.jobs[jid] = mask
             self._node_changed(node, before, touched)
         self._reindex_racks(touched)
+        if self.changed is not None:
+            self.changed.update(alloc.nodes)
 
     def release(self, job_id: str) -> Allocation:
         """Free a job's GPUs and forget its allocation (KeyError if unknown)."""
@@ -507,6 +512,8 @@ class Fleet:
                 continue
             self._node_changed(node, before, touched)
         self._reindex_racks(touched)
+        if self.changed is not None:
+            self.changed.update(alloc.nodes)
         return alloc
 
     def set_health(self, node_id: str, health: str) -> list[str]:
@@ -517,6 +524,8 @@ class Fleet:
         before = self._state(node)
         node.health = health
         self._node_changed(node, before)
+        if self.changed is not None:
+            self.changed.add(node_id)
         return list(node.jobs)
 
     @classmethod

@@ -114,6 +114,65 @@ def decide(fleet: Fleet, job: JobRequest, fn: PolicyFn, racks_by_gpn: dict[int, 
     return best or not_placed(job, name, "; ".join(reasons) or "no rack of a usable shape")
 
 
+def _move(ends: list[float], old: float, new: float) -> None:
+    """Replace one ``old`` by ``new`` in the sorted list ``ends``."""
+    del ends[bisect.bisect_left(ends, old)]
+    bisect.insort(ends, new)
+
+
+class NodeEnds:
+    """When each node is free of its running jobs (their ``expected_end``; None:
+    never), for backfill to plan with: ``free_at`` per node (-inf: idle now, inf:
+    not healthy), the (end, GPUs) of each node's jobs, every free_at sorted, and
+    each rack's sorted. Built once; with ``track`` the fleet records the nodes it
+    changes (``Fleet.changed``) and :meth:`refresh` recomputes only those, so a
+    simulator does not rebuild the whole fleet's ends for every backfill cycle."""
+
+    def __init__(self, fleet: Fleet, *, track: bool = True) -> None:
+        self.fleet = fleet
+        self.free_at: dict[str, float] = {}
+        self.node_jobs: dict[str, list[tuple[float, int]]] = {}
+        for nid in fleet.nodes:
+            self._compute(nid)
+        self.ends = sorted(self.free_at.values())
+        self.rack_ends = {r.id: sorted(self.free_at[n.id] for n in r.nodes)
+                          for r in fleet.racks}
+        if track:
+            fleet.changed = set()
+
+    def _compute(self, nid: str) -> float:
+        node = self.fleet.nodes[nid]
+        if node.health != HEALTHY or not node.used:
+            self.node_jobs.pop(nid, None)
+            # Back from repair: not planned on; idle: free at any time from now.
+            at = math.inf if node.health != HEALTHY else -math.inf
+        else:
+            allocs = self.fleet.allocations
+            jobs = [(math.inf if allocs[j].expected_end is None else allocs[j].expected_end,
+                     len(allocs[j].nodes[nid])) for j in node.jobs]
+            self.node_jobs[nid] = jobs  # type: ignore[assignment]
+            at = max(e for e, _ in jobs)  # type: ignore[type-var]
+        self.free_at[nid] = at
+        return at
+
+    def refresh(self) -> None:
+        """Recompute the nodes the fleet changed since the last refresh."""
+        changed = self.fleet.changed
+        if not changed:
+            return
+        racks: set[str] = set()
+        for nid in changed:
+            old = self.free_at[nid]
+            new = self._compute(nid)
+            if new != old:
+                _move(self.ends, old, new)
+                racks.add(self.fleet.nodes[nid].rack)
+        for rid in racks:
+            self.rack_ends[rid] = sorted(self.free_at[n.id]
+                                         for n in self.fleet.rack_by_id[rid].nodes)
+        changed.clear()
+
+
 class Backfill:
     """One backfill cycle at ``now`` over ``fleet`` (see the module docstring)."""
 
@@ -121,8 +180,9 @@ class Backfill:
                  window_s: float = BF_WINDOW_S,
                  min_age_reserve_s: float = BF_MIN_AGE_RESERVE_S,
                  max_reservations: int = BF_MAX_RESERVATIONS,
-                 room: RoomFn | None = None) -> None:
+                 room: RoomFn | None = None, ends: NodeEnds | None = None) -> None:
         self.fleet = fleet
+        self._shared = ends
         self.now = now
         self.fn = fn
         self.name = name
@@ -171,9 +231,11 @@ class Backfill:
         held = self.held_during(self.now, self.now + duration)
         groups = self.fleet.groups
         if held:
+            nodes = self.fleet.nodes
+            touched = {nodes[nid].rack for nid in held}
             groups = {gpn: [self._now_view(r, held, job.num_gpus if job.is_small(gpn)
                                            else None)
-                            if any(n.id in held for n in r.nodes) else r for r in racks]
+                            if r.id in touched else r for r in racks]
                       for gpn, racks in groups.items()}
         return decide(self.fleet, job, self.fn, groups, self.ctx, self.name)
 
@@ -189,16 +251,20 @@ class Backfill:
     def started(self, job_id: str) -> None:
         """A job was allocated in this cycle: its nodes are busy until it ends."""
         if self._free_at is None:
-            return
+            return  # read from the fleet when first needed
         alloc = self.fleet.allocations[job_id]
         end = math.inf if alloc.expected_end is None else alloc.expected_end
+        racks: set[str] = set()
         for nid, gpus in alloc.nodes.items():
-            self._free_at[nid] = max(self._free_at[nid], end)
             self._node_jobs.setdefault(nid, []).append((end, len(gpus)))
+            old = self._free_at[nid]
+            if end > old:
+                _move(self._ends, old, end)
+                self._free_at[nid] = end
+                racks.add(self.fleet.nodes[nid].rack)
         self._small_ready.clear()
         self._room_memo.clear()
-        self._ends = sorted(self._free_at.values())
-        for rid in {self.fleet.nodes[nid].rack for nid in alloc.nodes}:
+        for rid in racks:
             self._rack_ends[rid] = sorted(self._free_at[n.id]
                                           for n in self.fleet.rack_by_id[rid].nodes)
 
@@ -206,23 +272,10 @@ class Backfill:
 
     def _ensure_free_at(self) -> dict[str, float]:
         if self._free_at is None:
-            allocs = self.fleet.allocations
-            free_at: dict[str, float] = {}
-            for nid, node in self.fleet.nodes.items():
-                if node.health != HEALTHY:
-                    free_at[nid] = math.inf  # back from repair: not planned on
-                elif not node.used:
-                    free_at[nid] = self.now
-                else:
-                    jobs = [(math.inf if allocs[j].expected_end is None
-                             else allocs[j].expected_end, len(allocs[j].nodes[nid]))
-                            for j in node.jobs]
-                    self._node_jobs[nid] = jobs  # type: ignore[assignment]
-                    free_at[nid] = max(e for e, _ in jobs)  # type: ignore[type-var]
-            self._free_at = free_at
-            self._ends = sorted(free_at.values())
-            self._rack_ends = {r.id: sorted(free_at[n.id] for n in r.nodes)
-                               for r in self.fleet.racks}
+            ends = self._shared or NodeEnds(self.fleet, track=False)
+            ends.refresh()
+            self._free_at, self._node_jobs = ends.free_at, ends.node_jobs
+            self._ends, self._rack_ends = ends.ends, ends.rack_ends
         return self._free_at
 
     def reserve(self, job: JobRequest, duration: float, submit: float,
@@ -250,8 +303,10 @@ class Backfill:
         tests = ([self.room(job, racks) for gpn, racks in self.fleet.groups.items()
                   if not job.is_small(gpn) and job.nodes_needed(gpn)]
                  if self.room is not None else [])
-        first = min((self._first_room(b) for test in tests
-                     for b in getattr(test, "blocks", [([], 0, None)])), default=self.now)
+        blocks = [b for test in tests for b in getattr(test, "blocks", [([], 0, None)])]
+        one_rack = (min(-(-n // seg) * seg if seg else n for _, n, seg in blocks)
+                    if blocks and all(len(ids) == 1 for ids, _, _ in blocks) else None)
+        first = min((self._first_room(b) for b in blocks), default=self.now)
         for t in times:
             # Cheap bounds first: enough nodes idle by then (in one block of the job's
             # level), then the same without the held ones.
@@ -269,8 +324,14 @@ class Backfill:
                     avail[self.fleet.nodes[nid].rack] -= 1
                 if not any(test(avail) for test in tests):
                     continue
-            groups = {gpn: [self._later_view(r, free_at, t, held) for r in racks]
-                      for gpn, racks in self.fleet.groups.items()}
+            if one_rack is not None:
+                # Only a rack that holds the whole job by itself can take it.
+                groups = {gpn: views for gpn, racks in self.fleet.groups.items()
+                          if (views := [self._later_view(r, free_at, t, held)
+                                        for r in racks if avail[r.id] >= one_rack])}
+            else:
+                groups = {gpn: [self._later_view(r, free_at, t, held) for r in racks]
+                          for gpn, racks in self.fleet.groups.items()}
             plan = decide(self.fleet, job, self.fn, groups, self.ctx, self.name)
             if plan.placed:
                 hold = Hold(job.id, t, t + duration,

@@ -36,6 +36,7 @@ from placement.queues import (
     BF_MIN_AGE_RESERVE_S,
     BF_WINDOW_S,
     Backfill,
+    NodeEnds,
     expansion_factor,
 )
 from placement.recover import apply_recovery, recover
@@ -195,6 +196,7 @@ class Simulation:
         self.defrag_tried: dict[str, float] = {}
         # Queue-discipline state, dropped whenever capacity comes back (_freed).
         self.bf: Backfill | None = None  # slurm-block: this cycle's reservations
+        self.node_ends: NodeEnds | None = None  # when nodes free up, kept across cycles
         self.bf_last: tuple[float, float, int] | None = None  # last job it looked at
         self.fresh: list[JobState] = []  # queued since the last pass
         self.fifo_blocked: str | None = None  # kueue-tas: the head that does not fit
@@ -359,12 +361,15 @@ class Simulation:
             self.bf.ctx.now = now
         else:
             self.bf_last = None
+            if self.node_ends is None:
+                self.node_ends = NodeEnds(self.fleet)
             self.bf = Backfill(self.fleet, now, POLICIES[self.policy], self.policy,
                                window_s=cfg.bf_window_s,
                                min_age_reserve_s=age,
                                max_reservations=(cfg.rackwise_max_reservations if rackwise
                                                  else cfg.bf_max_reservations),
-                               room=rack_room if rackwise else block_room)
+                               room=rack_room if rackwise else block_room,
+                               ends=self.node_ends)
             if lxf:
                 tau = cfg.rackwise_lxf_tau_s
                 todo = sorted((st for g in self.groups.values() for st in g),
