@@ -298,15 +298,23 @@ class Backfill:
         prev = self._not_before.get(key) if key else None
         if prev is not None and duration >= prev[0]:
             earliest = prev[1] - 1e-9
-        times = sorted({t for t in self._ends if earliest < t <= horizon}
-                       | {h.end for h in self.holds if earliest < h.end <= horizon})
         tests = ([self.room(job, racks) for gpn, racks in self.fleet.groups.items()
                   if not job.is_small(gpn) and job.nodes_needed(gpn)]
                  if self.room is not None else [])
         blocks = [b for test in tests for b in getattr(test, "blocks", [([], 0, None)])]
         one_rack = (min(-(-n // seg) * seg if seg else n for _, n, seg in blocks)
                     if blocks and all(len(ids) == 1 for ids, _, _ in blocks) else None)
-        first = min((self._first_room(b) for b in blocks), default=self.now)
+        if one_rack is not None:
+            # Single-rack blocks: a rack holds it once its one_rack-th node is free.
+            first = min((ends[one_rack - 1] for ends in
+                         (self._rack_ends[ids[0]] for ids, _, _ in blocks)
+                         if len(ends) >= one_rack), default=math.inf)
+        else:
+            first = min((self._first_room(b) for b in blocks), default=self.now)
+        ends = self._ends
+        lo = bisect.bisect_right(ends, max(earliest, first - 1e-9))
+        times = sorted(set(ends[lo:bisect.bisect_right(ends, horizon)])
+                       | {h.end for h in self.holds if earliest < h.end <= horizon})
         for t in times:
             # Cheap bounds first: enough nodes idle by then (in one block of the job's
             # level), then the same without the held ones.
