@@ -92,17 +92,19 @@ class SimConfig:
     seed: int = 0
     samples: int = 0  # >0: record that many (time, util, queue, frag) points
     spare_nodes: int = 2  # per-rack spare policy (rackwise keeps these from big gangs)
-    lookahead: bool = True  # rackwise reservations for a blocked gang
-    reserve_after_s: float = RESERVE_AFTER_S  # ...once it has waited this long
-    # rackwise's queue: "backfill" (reservations in priority order, backfill by
-    # expected ends, as sched/backfill but with rackwise placement) or "greedy" (any
-    # job that fits starts; one look-ahead reservation).
+    # rackwise's queue: "backfill" (the sched/backfill cycle of placement/queues.py
+    # with rackwise placement, visited in ``rackwise_order``, reservations for the
+    # first ``rackwise_max_reservations`` blocked gangs) or "greedy" (the queue
+    # before issue #12: any job that fits starts, plus one look-ahead reservation
+    # for a gang that waited ``reserve_after_s``, if ``lookahead``).
     rackwise_queue: str = "backfill"
     rackwise_order: str = "lxf"  # or "fifo"; lxf: largest expansion factor first
-    rackwise_lxf_tau_s: float = 600.0
+    rackwise_lxf_tau_s: float = 600.0  # the expansion factor's bound on run time
     rackwise_max_reservations: int = RACKWISE_MAX_RESERVATIONS
-    # rackwise defragmentation (opt-in, None = off): a gang blocked this long gets a
-    # defrag plan (within the budget); its moves are applied as migrations.
+    lookahead: bool = True
+    reserve_after_s: float = RESERVE_AFTER_S
+    # rackwise defragmentation (None = off): a gang blocked this long gets a defrag
+    # plan (within the budget); its moves are applied as migrations.
     defrag_after_s: float | None = 3600.0
     defrag_budget_gpu_hours: float = 200.0
     check_invariants: bool = False  # validate the fleet after every instant (tests)
@@ -492,6 +494,17 @@ class Simulation:
         # whole fleet must be clean; blind baselines cannot honour topology rules.
         bad = validate(self.fleet, topology=self.policy not in ("first-fit", "random"))
         bad += validate_indexes(self.fleet)
+        if self.node_ends is not None:
+            # The node ends kept across backfill cycles equal ones built afresh.
+            kept = self.node_ends
+            kept.refresh()
+            fresh = NodeEnds(self.fleet, track=False)
+            if (kept.free_at, kept.ends, kept.rack_ends) != (fresh.free_at, fresh.ends,
+                                                             fresh.rack_ends):
+                bad.append("backfill node ends drifted from the fleet")
+            elif ({n: sorted(j) for n, j in kept.node_jobs.items()}
+                  != {n: sorted(j) for n, j in fresh.node_jobs.items()}):
+                bad.append("backfill node jobs drifted from the fleet")
         if bad:
             raise AssertionError(f"t={t}: {bad[:3]}")
 
