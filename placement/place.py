@@ -7,10 +7,11 @@ import random
 from collections.abc import Iterable
 
 from placement.model import HEALTHY, Fleet, JobRequest
-from placement.plans import PlacementPlan, SchedulePlan, not_placed
+from placement.plans import PlacementPlan, SchedulePlan, WhatIf, not_placed
 from placement.policies import POLICIES, Context
 from placement.policies.common import min_racks
 from placement.policies.rackwise import may_borrow, rack_room
+from placement.policies.slurm_block import block_room
 from placement.queues import Backfill, expansion_factor
 
 DEFAULT_POLICY = "rackwise"
@@ -209,8 +210,69 @@ def _backfill_pass(work: Fleet, pending: list[JobRequest], now: float, reserve_a
                 racks = sorted({work.nodes[n].rack for n in hold.nodes})
                 out.reservation = {"job_id": job.id, "racks": racks, "start": hold.start,
                                    "nodes": sorted(hold.nodes)}
-            reason += f"; nodes reserved for it from {hold.start - now:.0f} s from now"
+            reason += f"; nodes are reserved for it, expected free in {hold.start - now:.0f} s"
         out.waiting[job.id] = reason
+
+
+# what_if: how far ahead a start is estimated, and how many waiting jobs ahead of
+# the job are planned before it (a bound on the estimate's cost).
+WHAT_IF_WINDOW_S = 7 * 24 * 3600.0
+WHAT_IF_AHEAD = 200
+
+
+def what_if(fleet: Fleet, pending: Iterable[JobRequest], job: JobRequest, now: float,
+            policy: str = DEFAULT_POLICY) -> WhatIf:
+    """What would happen to ``job`` if it were submitted at ``now``; the fleet is not
+    changed.
+
+    1. The queue pass (:func:`schedule`) with ``job`` added to ``pending``: does it
+       start now, and where?
+    2. If it waits: on the fleet as that pass leaves it, reserve for each waiting job
+       ahead of it in queue order (at most ``WHAT_IF_AHEAD``), then for it, every
+       reservation from the running jobs' expected ends (conservative backfill, over
+       ``WHAT_IF_WINDOW_S``). Its reservation's start is the expected start.
+    """
+    pending = list(pending)
+    work = fleet.copy()
+    plan = schedule(work, [*pending, job], policy, now=now, apply=True)
+    largest, unit = _largest_free(fleet, job)
+    mine = next((p for p in plan.placements if p.job_id == job.id), None)
+    if mine is not None:
+        return WhatIf(job.id, mine, mine.reason, now, largest, unit)
+    reason = plan.waiting.get(job.id, "it waits")
+    waiting = [j for j in [*pending, job] if j.id in plan.waiting]
+    ordered = lxf_order(waiting, now) if policy == DEFAULT_POLICY else queue_order(waiting)
+    ahead = ordered[:ordered.index(job)]
+    bf = Backfill(work, now, POLICIES[policy], policy, window_s=WHAT_IF_WINDOW_S,
+                  max_reservations=WHAT_IF_AHEAD + 1,
+                  room={"rackwise": rack_room, "slurm-block": block_room}.get(policy))
+    for other in ahead[-WHAT_IF_AHEAD:]:
+        run = other.expected_duration if other.expected_duration is not None else math.inf
+        bf.reserve(other, run, other.submit_time or now, _shape_key(other))
+    run = job.expected_duration if job.expected_duration is not None else math.inf
+    hold = bf.reserve(job, run, now, _shape_key(job))
+    return WhatIf(job.id, None, reason, hold.start if hold else None, largest, unit,
+                  len(ahead))
+
+
+def _shape_key(job: JobRequest) -> tuple[object, ...]:
+    return (job.num_gpus, job.num_nodes, job.gpus_per_node, job.segment_nodes, job.locality)
+
+
+def _largest_free(fleet: Fleet, job: JobRequest) -> tuple[int, str]:
+    """The largest slice ``job`` could use now: most idle nodes one rack offers it
+    (its spares kept unless it may borrow them), or most free GPUs on one node."""
+    best, unit = 0, "nodes"
+    for gpn, racks in fleet.groups.items():
+        if job.is_small(gpn):
+            unit = "GPUs"
+            best = max([best] + [n.free_gpus for r in racks for n in r.nodes
+                                 if n.health == HEALTHY])
+        elif job.nodes_needed(gpn):
+            n = job.nodes_needed(gpn)
+            best = max([best] + [r.free_count if may_borrow(r, n, job.preemptible)
+                                 else r.slice_offer() for r in racks])
+    return best, unit
 
 
 def reservation(fleet: Fleet, job: JobRequest, now: float | None

@@ -47,6 +47,38 @@ def not_placed(job: JobRequest, policy: str, reason: str) -> PlacementPlan:
 
 
 @dataclass
+class WhatIf:
+    """What would happen to a job submitted now (:func:`placement.place.what_if`).
+
+    ``plan``: where it would start now (None: it waits, for ``reason``).
+    ``expected_start``: when it is expected to start (now if it starts; None: no
+    estimate, some end it waits for is unknown or beyond the window).
+    ``largest_free``: the largest slice it could use now, in ``unit`` (nodes for a
+    gang, GPUs of one node for a single-node job). ``ahead``: waiting jobs before it.
+    """
+
+    job_id: str
+    plan: PlacementPlan | None
+    reason: str
+    expected_start: float | None
+    largest_free: int
+    unit: str
+    ahead: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "starts_now": self.plan is not None,
+            "plan": self.plan.to_dict() if self.plan else None,
+            "reason": self.reason,
+            "expected_start": self.expected_start,
+            "largest_free": self.largest_free,
+            "unit": self.unit,
+            "ahead": self.ahead,
+        }
+
+
+@dataclass
 class SchedulePlan:
     """A queue pass: the jobs started now, in order, and why each other one waits."""
 

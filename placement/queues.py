@@ -297,7 +297,7 @@ class Backfill:
         earliest = self.now
         prev = self._not_before.get(key) if key else None
         if prev is not None and duration >= prev[0]:
-            earliest = prev[1] - 1e-9
+            earliest = math.nextafter(prev[1], -math.inf)  # prev[1] itself may do
         tests = ([self.room(job, racks) for gpn, racks in self.fleet.groups.items()
                   if not job.is_small(gpn) and job.nodes_needed(gpn)]
                  if self.room is not None else [])
@@ -312,7 +312,7 @@ class Backfill:
         else:
             first = min((self._first_room(b) for b in blocks), default=self.now)
         ends = self._ends
-        lo = bisect.bisect_right(ends, max(earliest, first - 1e-9))
+        lo = max(bisect.bisect_right(ends, earliest), bisect.bisect_left(ends, first))
         times = sorted(set(ends[lo:bisect.bisect_right(ends, horizon)])
                        | {h.end for h in self.holds if earliest < h.end <= horizon})
         for t in times:

@@ -138,6 +138,21 @@ class AllocatedNodeSerializer(serializers.Serializer):
     gpus = serializers.ListField(child=serializers.IntegerField())
 
 
+class WhatIfSerializer(serializers.Serializer):
+    """What would happen to a job submitted now (nothing is submitted)."""
+
+    starts_now = serializers.BooleanField()
+    summary = serializers.CharField(help_text="One line: where it would start, or why it waits and until when.")
+    reason = serializers.CharField(help_text="The engine's reason for its choice, or for waiting.")
+    placement = AllocatedNodeSerializer(many=True, help_text="Where it would start now; empty if it waits.")
+    racks = serializers.ListField(child=serializers.CharField())
+    expected_start = serializers.DateTimeField(allow_null=True)
+    expected_start_in_s = serializers.FloatField(allow_null=True)
+    largest_free_slice = serializers.IntegerField(help_text="The largest slice it could use now.")
+    largest_free_unit = serializers.ChoiceField(choices=["nodes", "GPUs"])
+    jobs_ahead = serializers.IntegerField(help_text="Waiting jobs the queue takes before it.")
+
+
 class JobSerializer(serializers.ModelSerializer):
     owner = serializers.CharField(source="owner.username", read_only=True)
     tenant = serializers.CharField(source="tenant.name", read_only=True)

@@ -19,6 +19,7 @@ from fleet.models import GPU, Allocation, AuditEvent, Job, Node, Rack
 from fleet.permissions import may_cancel, role_of, sees_all_tenants, visible_audit_events, visible_jobs
 from fleet.services import jobs as job_services
 from fleet.services import nodes as node_services
+from fleet.services import scheduling as scheduling_services
 from fleet.services.defrag import fragmentation_report
 from fleet.services.summary import fleet_summary, rack_summaries
 
@@ -33,7 +34,7 @@ class JobViewSet(
 
     serializer_class = s.JobSerializer
     filterset_class = JobFilterSet
-    write_roles = {"create": Role.SUBMITTER, "cancel": Role.SUBMITTER}
+    write_roles = {"create": Role.SUBMITTER, "cancel": Role.SUBMITTER, "what_if": Role.SUBMITTER}
     conflict_actions = ("export",)  # for the schema: 409 until the job is placed
 
     def get_queryset(self):
@@ -76,6 +77,17 @@ class JobViewSet(
                 s.JobSerializer(job, context={"just_submitted": True}).data, status=status.HTTP_201_CREATED
             )
         return Response(s.JobSerializer(self.get_queryset().get(pk=job.pk)).data, status=status.HTTP_200_OK)
+
+    @extend_schema(request=s.JobSubmitSerializer, responses={200: s.WhatIfSerializer})
+    @action(detail=False, methods=["post"], url_path="what-if")
+    def what_if(self, request):
+        """What would happen to this job if it were submitted now: where it would
+        start, or why it waits, the largest free slice and the expected start. The
+        same validation as submission; nothing is submitted."""
+        form = s.JobSubmitSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        answer = scheduling_services.what_if(request.user, job_services.JobSpec(**form.validated_data))
+        return Response(s.WhatIfSerializer(answer).data)
 
     @extend_schema(request=None, responses={200: s.JobSerializer})
     @action(detail=True, methods=["post"])

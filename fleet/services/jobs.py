@@ -81,7 +81,7 @@ def job_snapshot(job: Job) -> dict[str, object]:
     return {"state": job.state, "state_reason": job.state_reason}
 
 
-def _resolve_tenant(actor, tenant_name: str | None) -> Tenant:
+def resolve_tenant(actor, tenant_name: str | None) -> Tenant:
     role = role_of(actor)
     if role not in (Role.SUBMITTER, Role.OPERATOR):
         raise NotAllowed("only submitters and operators can submit jobs")
@@ -112,7 +112,7 @@ def submit_job_once(actor, spec: JobSpec) -> tuple[Job, bool]:
     same key with a different request, and (InvalidInput) a job that can never
     fit the fleet.
     """
-    tenant = _resolve_tenant(actor, spec.tenant)
+    tenant = resolve_tenant(actor, spec.tenant)
     key = spec.idempotency_key
     digest = _request_digest(spec, tenant) if key else ""
     if key and (earlier := _replay(tenant, key, digest)) is not None:

@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.db import transaction
 from django.utils import timezone
@@ -24,9 +24,11 @@ from fleet.cluster.steps import Start
 from fleet.models import Action, ApprovalPolicy, Job
 from fleet.services import actions as action_services
 from fleet.services import jobs as job_services
+from fleet.services.capacity import fleet_capacity, normalise_shape
 from fleet.services.errors import Conflict
 from placement import model as pm
 from placement import schedule
+from placement.place import what_if as engine_what_if
 from placement.plans import PlacementPlan
 from placement.validate import validate
 
@@ -203,3 +205,80 @@ def _place_auto(
 def _set_reason(job: Job, reason: str) -> None:
     if job.state_reason != reason:
         Job.objects.filter(pk=job.pk, state=JobState.PENDING).update(state_reason=reason[:500])
+
+
+def _in_about(seconds: float) -> str:
+    if seconds < 90:
+        return "in about a minute"
+    if seconds < 5400:
+        return f"in about {round(seconds / 60)} min"
+    if seconds < 2 * 86400:
+        return f"in about {round(seconds / 3600)} h"
+    return f"in about {round(seconds / 86400)} days"
+
+
+def what_if(actor, spec: job_services.JobSpec) -> dict:
+    """What would happen to this job if it were submitted now, without submitting
+    it: the same checks as submission (tenant, shape, bounds by the fleet), then the
+    engine on the current snapshot with the pending queue and the running jobs'
+    expected ends (``placement.place.what_if``). Nothing is written."""
+    job_services.resolve_tenant(actor, spec.tenant)
+    shape = normalise_shape(spec, fleet_capacity())
+    now = time.time()
+    request = pm.JobRequest(
+        id="what-if",
+        num_gpus=shape.num_gpus,
+        num_nodes=shape.num_nodes,
+        gpus_per_node=shape.gpus_per_node,
+        segment_nodes=shape.segment_nodes,
+        locality=spec.locality,
+        priority=spec.priority,
+        preemptible=spec.preemptible,
+        checkpoint_minutes=spec.checkpoint_interval_s / 60.0,
+        submit_time=now,
+        expected_duration=float(spec.expected_duration_s) if spec.expected_duration_s else None,
+    )
+    busy = action_services.open_action_job_ids()
+    pending = [
+        engine.job_request(job)
+        for job in Job.objects.select_related("tenant").filter(state=JobState.PENDING).exclude(pk__in=busy)
+    ]
+    snap = engine.load_snapshot()
+    answer = engine_what_if(snap.fleet, pending, request, now, engine.policy())
+    plan = answer.plan
+    placed = []
+    if plan is not None:
+        for node_id, gpus in plan.nodes.items():
+            node = snap.fleet.nodes[node_id]
+            placed.append({"node_id": int(node_id), "hostname": snap.hostnames.get(node_id, node_id),
+                           "rack": snap.rack_names.get(node.rack, node.rack), "gpus": list(gpus)})
+        first = snap.fleet.nodes[next(iter(plan.nodes))]
+        if request.is_small(first.gpus):
+            where = f"{placed[0]['hostname']} in {placed[0]['rack']}, {len(placed[0]['gpus'])} of its {first.gpus} GPUs"
+        else:
+            where = "; ".join(
+                f"{name}, {sum(p['rack'] == name for p in placed)} of {snap.fleet.rack_by_id[r].size} nodes"
+                for r, name in zip(plan.racks, snap.describe_racks(plan.racks), strict=True)
+            )
+        summary = f"would start now on {where}"
+    else:
+        slice_ = f"the largest free slice is {answer.largest_free} {answer.unit}"
+        if answer.expected_start is None:
+            when = "no expected start: the jobs it waits for give no expected duration"
+        else:
+            when = f"expected start {_in_about(answer.expected_start - now)}"
+        behind = f" behind {answer.ahead} waiting job(s)" if answer.ahead else ""
+        summary = f"waits{behind}: {slice_}; {when}"
+    start = answer.expected_start
+    return {
+        "starts_now": plan is not None,
+        "summary": summary,
+        "reason": answer.reason,
+        "placement": placed,
+        "racks": snap.describe_racks(plan.racks) if plan else [],
+        "expected_start": datetime.fromtimestamp(start, tz=UTC) if start is not None else None,
+        "expected_start_in_s": max(0.0, round(start - now, 1)) if start is not None else None,
+        "largest_free_slice": answer.largest_free,
+        "largest_free_unit": answer.unit,
+        "jobs_ahead": answer.ahead,
+    }

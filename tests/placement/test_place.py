@@ -7,7 +7,7 @@ import json
 import pytest
 
 from placement.model import Fleet, JobRequest
-from placement.place import place, schedule
+from placement.place import place, schedule, what_if
 from placement.testing import gang, occupy
 from placement.validate import validate
 
@@ -237,3 +237,34 @@ def test_schedule_reserves_for_the_first_blocked_gang_only() -> None:
     plan = schedule(fleet, [big1, big2], now=10.0)
     assert plan.reservation is not None and plan.reservation["job_id"] == "big1"
     assert "reserved" in plan.waiting["big1"] and "reserved" not in plan.waiting["big2"]
+
+
+def test_what_if_says_where_a_job_would_start_now() -> None:
+    fleet = Fleet.uniform(2)
+    occupy(fleet, "a", 0, list(range(10)))
+    w = what_if(fleet, [], gang("w", 4, submit_time=10.0, expected_duration=60.0), 10.0)
+    assert w.plan is not None and w.plan.racks == ["r000"]  # best fit: the busier rack
+    assert w.expected_start == 10.0
+    assert not fleet.allocations.keys() - {"a"}  # the fleet is not changed
+
+
+@pytest.mark.parametrize("t0", [0.0, 1.8e9])  # simulator seconds, and epoch seconds
+def test_what_if_estimates_the_start_after_the_jobs_ahead(t0: float) -> None:
+    # At epoch scale a float's step is 2e-7 s: a start exactly at a job's end must
+    # still be found (it was not, when times were compared with a 1e-9 margin).
+    fleet = Fleet.uniform(2)
+    a = occupy(fleet, "a", 0, list(range(10)))
+    b = occupy(fleet, "b", 1, list(range(10)))
+    a.expected_end, b.expected_end = t0 + 1000.0, t0 + 5000.0
+    job = gang("w", 14, submit_time=t0 + 10.0, expected_duration=3600.0)
+    alone = what_if(fleet, [], job, t0 + 10.0)
+    assert alone.plan is None and alone.expected_start == t0 + 1000.0  # when a ends
+    assert (alone.largest_free, alone.unit) == (8, "nodes")
+    ahead = gang("q", 14, submit_time=t0, expected_duration=3600.0)
+    behind = what_if(fleet, [ahead], job, t0 + 10.0)
+    # q takes r000 from 1000 to 4600; the next 14 nodes free: r000 again at 4600.
+    assert behind.expected_start == t0 + 4600.0 and behind.ahead == 1
+    unknown = gang("u", 14, submit_time=t0 + 10.0, locality="required")  # no end to plan
+    a.expected_end = None
+    b.expected_end = None
+    assert what_if(fleet, [], unknown, t0 + 10.0).expected_start is None

@@ -1,0 +1,114 @@
+"""POST /api/jobs/what-if/: what would happen to a job submitted now, with the
+submission's validation, and nothing written.
+
+The ``fleet`` fixture is two NVL72 racks: 36 nodes x 4 GPUs, 18 nodes per rack."""
+
+from __future__ import annotations
+
+from fleet.models import Action, AuditEvent, Job, Node
+from fleet.services.jobs import JobSpec, apply_placement, start_job, submit_job
+
+URL = "/api/jobs/what-if/"
+
+
+def ask(client, **data):
+    return client.post(URL, data, format="json")
+
+
+def run_on(submitter, rack, nodes: int, *, hours: float | None, name: str = "busy") -> Job:
+    """A running job on the first ``nodes`` nodes of ``rack``."""
+    job = submit_job(
+        submitter,
+        JobSpec(
+            name=name,
+            num_nodes=nodes,
+            gpus_per_node=4,
+            tenant="llm",
+            expected_duration_s=int(hours * 3600) if hours else None,
+        ),
+    )
+    picked = Node.objects.filter(rack=rack).order_by("slot")[:nodes]
+    apply_placement(None, job.pk, {n.pk: [0, 1, 2, 3] for n in picked}, reason="test setup")
+    return start_job(None, job.pk)
+
+
+def counts() -> tuple[int, int, int]:
+    return Job.objects.count(), AuditEvent.objects.count(), Action.objects.count()
+
+
+def test_a_job_that_fits_would_start_now_on_named_nodes(fleet, submitter, submitter_client):
+    r1, _ = fleet
+    run_on(submitter, r1, 2, hours=1)
+    before = counts()
+    response = ask(submitter_client, name="train", num_nodes=16, gpus_per_node=4, expected_duration_s=3600)
+
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["starts_now"] is True
+    assert len(body["placement"]) == 16 and body["expected_start_in_s"] == 0
+    assert body["summary"].startswith("would start now on r")
+    assert "16 of 18 nodes" in body["summary"]
+    assert counts() == before  # nothing submitted, audited or proposed
+
+
+def test_a_job_that_waits_gets_the_largest_slice_and_an_expected_start(fleet, submitter, submitter_client):
+    r1, r2 = fleet
+    run_on(submitter, r1, 10, hours=2, name="a")
+    run_on(submitter, r2, 10, hours=5, name="b")
+    response = ask(submitter_client, name="big", num_nodes=14, gpus_per_node=4, expected_duration_s=3600)
+
+    body = response.json()
+    assert response.status_code == 200, response.content
+    assert body["starts_now"] is False and body["placement"] == []
+    assert body["largest_free_slice"] == 8 and body["largest_free_unit"] == "nodes"
+    assert 2 * 3600 - 120 <= body["expected_start_in_s"] <= 2 * 3600  # when job a ends
+    assert body["summary"] == "waits: the largest free slice is 8 nodes; expected start in about 2 h"
+
+
+def test_the_queue_ahead_pushes_the_expected_start_back(fleet, submitter, submitter_client):
+    r1, r2 = fleet
+    run_on(submitter, r1, 10, hours=2, name="a")
+    run_on(submitter, r2, 10, hours=5, name="b")
+    submit_job(
+        submitter,
+        JobSpec(name="ahead", num_nodes=14, gpus_per_node=4, tenant="llm", expected_duration_s=3 * 3600),
+    )
+    body = ask(submitter_client, name="big", num_nodes=14, gpus_per_node=4, expected_duration_s=3600).json()
+
+    assert body["jobs_ahead"] == 1
+    # "ahead" takes r1 from 2 h to 5 h; b leaves r2 at 5 h too.
+    assert 5 * 3600 - 120 <= body["expected_start_in_s"] <= 5 * 3600
+    assert body["summary"].startswith("waits behind 1 waiting job(s): ")
+
+
+def test_without_expected_durations_it_says_there_is_no_estimate(fleet, submitter, submitter_client):
+    r1, r2 = fleet
+    run_on(submitter, r1, 10, hours=None, name="a")
+    run_on(submitter, r2, 10, hours=None, name="b")
+    body = ask(submitter_client, name="big", num_nodes=14, gpus_per_node=4).json()
+
+    assert body["starts_now"] is False and body["expected_start"] is None
+    assert "no expected start" in body["summary"]
+
+
+def test_a_refused_field_gets_the_submission_s_message(fleet, submitter_client):
+    what_if = ask(submitter_client, name="huge", num_nodes=40, gpus_per_node=4)
+    submitted = submitter_client.post(
+        "/api/jobs/", {"name": "huge", "num_nodes": 40, "gpus_per_node": 4}, format="json"
+    )
+
+    assert what_if.status_code == submitted.status_code == 400
+    assert what_if.json() == submitted.json()
+    assert Job.objects.count() == 0
+
+
+def test_viewers_and_outsiders_are_refused(fleet, viewer_client, outsider_client, anon_client):
+    for client in (viewer_client, outsider_client):
+        assert ask(client, name="x", num_gpus=4).status_code == 403
+    assert ask(anon_client, name="x", num_gpus=4).status_code in (401, 403)
+
+
+def test_an_operator_may_ask_for_any_tenant(fleet, submitter, operator_client):
+    response = ask(operator_client, name="x", num_gpus=2, tenant="llm")
+    assert response.status_code == 200, response.content
+    assert response.json()["summary"].endswith("2 of its 4 GPUs")
