@@ -20,7 +20,7 @@ from fleet.cluster.base import (
     NODE_HEALTHY,
     ClusterUnavailable,
 )
-from fleet.cluster.slurm import comment_for, rackwise_job_of, segment_size
+from fleet.cluster.slurm import _after_revocation, comment_for, rackwise_job_of, segment_size
 from fleet.cluster.slurm_cli import (
     SlurmCli,
     SlurmError,
@@ -270,3 +270,20 @@ def test_a_missing_tool_is_cluster_unavailable(tmp_path):
 )
 def test_segment_size_follows_the_placement(nodes, segments, one_rack, expected):
     assert segment_size(nodes, segments, one_rack) == expected
+
+
+def test_a_requeued_job_is_released_only_in_the_second_after_its_kill():
+    # A requeued, pending job shows its time limit's end as end_time, far ahead;
+    # releasing it within the second of the kill makes slurmd refuse the batch
+    # step as revoked (seen in CI). With restart_cnt it waits for the next second.
+    import time
+
+    far = {"set": True, "infinite": False, "number": int(time.time()) + 10**6}
+    requeued = SlurmJob.parse({"job_id": 7, "job_state": ["PENDING"], "end_time": far, "restart_cnt": 1})
+    before = time.time()
+    _after_revocation(requeued)
+    assert int(time.time()) > int(before)
+    fresh = SlurmJob.parse({"job_id": 8, "job_state": ["PENDING"], "end_time": far, "restart_cnt": 0})
+    before = time.time()
+    _after_revocation(fresh)
+    assert time.time() - before < 0.5  # never ran: nothing was revoked

@@ -489,12 +489,20 @@ def _after_revocation(job: SlurmJob) -> None:
     started and died at once ("Killing non-startable batch JobId=1: Job
     credential revoked", the job FAILED). Slurm's own requeue avoids it by
     delaying the start (the ~121 s BeginTime); waiting for the next second is
-    enough."""
+    enough.
+
+    A job requeued and pending shows an ``end_time`` far ahead (its time limit's
+    end), not when the run was killed: a job that has run before
+    (``restart_cnt``) waits for the next whole second instead. Its run was
+    killed before now, so that second is after the revocation's (the flake of a
+    node failure's swap: Slurm requeued the job at 18:10:48.2, the swap released
+    it at 48.5 and the batch step was killed as revoked)."""
+    now = time.time()
     ended = number(job.raw.get("end_time"))
-    if ended:
-        wait = ended + 1 - time.time()
-        if 0 < wait <= 2:
-            time.sleep(wait + 0.02)
+    if ended and 0 < ended + 1 - now <= 2:
+        time.sleep(ended + 1 - now + 0.02)
+    elif number(job.raw.get("restart_cnt")):
+        time.sleep(int(now) + 1 - now + 0.02)
 
 
 def _job(pk: int | None) -> Job:
