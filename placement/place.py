@@ -99,6 +99,12 @@ def can_ever_fit(fleet: Fleet, job: JobRequest) -> tuple[bool, str]:
                    "; more than the fleet can ever hold")
 
 
+def shape_key(job: JobRequest) -> tuple[object, ...]:
+    """What a placement decision depends on besides the fleet: jobs with the same key
+    fit or wait together (queue passes memoise refusals by it)."""
+    return (job.num_gpus, job.num_nodes, job.gpus_per_node, job.segment_nodes, job.locality)
+
+
 def queue_order(jobs: Iterable[JobRequest]) -> list[JobRequest]:
     """Priority first, then submit time; jobs that tie are taken biggest first (best
     fit decreasing packs a batch far better than arrival order), then as given."""
@@ -159,8 +165,7 @@ def schedule(
         if not work.idle_total and not any(work.partial.values()):
             out.waiting[job.id] = "no free GPU in the fleet"
             continue
-        key = (job.num_gpus, job.num_nodes, job.gpus_per_node, job.segment_nodes,
-               job.locality)
+        key = shape_key(job)
         if key in failed:
             out.waiting[job.id] = failed[key]
             continue
@@ -188,8 +193,7 @@ def _backfill_pass(work: Fleet, pending: list[JobRequest], now: float, reserve_a
     failed: dict[tuple[object, ...], str] = {}
     for job in lxf_order(pending, now):
         run = job.expected_duration if job.expected_duration is not None else math.inf
-        key = (job.num_gpus, job.num_nodes, job.gpus_per_node, job.segment_nodes,
-               job.locality)
+        key = shape_key(job)
         reason = failed.get(key)  # capacity only shrinks during a pass
         if reason is None:
             plan = bf.try_start(job, run)
@@ -248,15 +252,11 @@ def what_if(fleet: Fleet, pending: Iterable[JobRequest], job: JobRequest, now: f
                   room={"rackwise": rack_room, "slurm-block": block_room}.get(policy))
     for other in ahead[-WHAT_IF_AHEAD:]:
         run = other.expected_duration if other.expected_duration is not None else math.inf
-        bf.reserve(other, run, other.submit_time or now, _shape_key(other))
+        bf.reserve(other, run, other.submit_time or now, shape_key(other))
     run = job.expected_duration if job.expected_duration is not None else math.inf
-    hold = bf.reserve(job, run, now, _shape_key(job))
+    hold = bf.reserve(job, run, now, shape_key(job))
     return WhatIf(job.id, None, reason, hold.start if hold else None, largest, unit,
                   len(ahead))
-
-
-def _shape_key(job: JobRequest) -> tuple[object, ...]:
-    return (job.num_gpus, job.num_nodes, job.gpus_per_node, job.segment_nodes, job.locality)
 
 
 def _largest_free(fleet: Fleet, job: JobRequest) -> tuple[int, str]:

@@ -304,13 +304,7 @@ class Backfill:
         blocks = [b for test in tests for b in getattr(test, "blocks", [([], 0, None)])]
         one_rack = (min(-(-n // seg) * seg if seg else n for _, n, seg in blocks)
                     if blocks and all(len(ids) == 1 for ids, _, _ in blocks) else None)
-        if one_rack is not None:
-            # Single-rack blocks: a rack holds it once its one_rack-th node is free.
-            first = min((ends[one_rack - 1] for ends in
-                         (self._rack_ends[ids[0]] for ids, _, _ in blocks)
-                         if len(ends) >= one_rack), default=math.inf)
-        else:
-            first = min((self._first_room(b) for b in blocks), default=self.now)
+        first = min((self._first_room(b) for b in blocks), default=self.now)
         ends = self._ends
         lo = max(bisect.bisect_right(ends, earliest), bisect.bisect_left(ends, first))
         times = sorted(set(ends[lo:bisect.bisect_right(ends, horizon)])

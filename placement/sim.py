@@ -26,6 +26,7 @@ from placement.place import (
     can_ever_fit,
     place,
     reservation,
+    shape_key,
 )
 from placement.policies import POLICIES
 from placement.policies.common import min_racks
@@ -282,13 +283,8 @@ class Simulation:
 
     # -- queue --------------------------------------------------------------------------
 
-    @staticmethod
-    def _key(job: JobRequest) -> tuple[Any, ...]:
-        return (job.num_gpus, job.num_nodes, job.gpus_per_node, job.segment_nodes,
-                job.locality)
-
     def _enqueue(self, st: JobState) -> None:
-        group = self.groups.setdefault(self._key(st.job), [])
+        group = self.groups.setdefault(shape_key(st.job), [])
         # Keep the group sorted by order; requeued jobs go back to their place.
         lo, hi = 0, len(group)
         while lo < hi:
@@ -331,7 +327,7 @@ class Simulation:
         return out
 
     def _take(self, st: JobState) -> None:
-        group = self.groups[self._key(st.job)]
+        group = self.groups[shape_key(st.job)]
         group.remove(st)
         self.queued -= 1
 
@@ -391,7 +387,7 @@ class Simulation:
                 continue
             self.bf_last = st.order if self.bf_last is None else max(self.bf_last, st.order)
             job = st.job
-            key = self._key(job)
+            key = shape_key(job)
             run = self._expected_run(st)
             if run < cannot.get(key, math.inf):
                 # Cheap necessary conditions before a full placement decision.

@@ -130,25 +130,31 @@ def submit_job_once(actor, spec: JobSpec) -> tuple[Job, bool]:
     return job, True
 
 
+def unsaved_job(actor, spec: JobSpec, tenant: Tenant, shape, **extra) -> Job:
+    """The row a submission of ``spec`` (its ``shape`` normalised) would create, not
+    saved: submission saves it, a what-if asks the engine about it."""
+    return Job(
+        name=spec.name,
+        owner=actor,
+        tenant=tenant,
+        num_gpus=shape.num_gpus,
+        num_nodes=shape.num_nodes,
+        gpus_per_node=shape.gpus_per_node,
+        segment_nodes=shape.segment_nodes,
+        locality=spec.locality,
+        priority=spec.priority,
+        preemptible=spec.preemptible,
+        checkpoint_interval_s=spec.checkpoint_interval_s,
+        expected_duration_s=spec.expected_duration_s,
+        cluster_spec={"slurm": dict(spec.slurm)} if spec.slurm else {},
+        **extra,
+    )
+
+
 def _create(actor, spec: JobSpec, tenant: Tenant, shape, key: str | None, digest: str) -> Job:
     with transaction.atomic():
-        job = Job.objects.create(
-            idempotency_key=key,
-            request_digest=digest,
-            name=spec.name,
-            owner=actor,
-            tenant=tenant,
-            num_gpus=shape.num_gpus,
-            num_nodes=shape.num_nodes,
-            gpus_per_node=shape.gpus_per_node,
-            segment_nodes=shape.segment_nodes,
-            locality=spec.locality,
-            priority=spec.priority,
-            preemptible=spec.preemptible,
-            checkpoint_interval_s=spec.checkpoint_interval_s,
-            expected_duration_s=spec.expected_duration_s,
-            cluster_spec={"slurm": dict(spec.slurm)} if spec.slurm else {},
-        )
+        job = unsaved_job(actor, spec, tenant, shape, idempotency_key=key, request_digest=digest)
+        job.save(force_insert=True)
         audit.record(actor, "job.submit", job, after=job_snapshot(job) | {"num_gpus": job.num_gpus})
         events.jobs_changed([job.pk])
         dispatch.schedule_soon()

@@ -222,22 +222,11 @@ def what_if(actor, spec: job_services.JobSpec) -> dict:
     it: the same checks as submission (tenant, shape, bounds by the fleet), then the
     engine on the current snapshot with the pending queue and the running jobs'
     expected ends (``placement.place.what_if``). Nothing is written."""
-    job_services.resolve_tenant(actor, spec.tenant)
+    tenant = job_services.resolve_tenant(actor, spec.tenant)
     shape = normalise_shape(spec, fleet_capacity())
     now = time.time()
-    request = pm.JobRequest(
-        id="what-if",
-        num_gpus=shape.num_gpus,
-        num_nodes=shape.num_nodes,
-        gpus_per_node=shape.gpus_per_node,
-        segment_nodes=shape.segment_nodes,
-        locality=spec.locality,
-        priority=spec.priority,
-        preemptible=spec.preemptible,
-        checkpoint_minutes=spec.checkpoint_interval_s / 60.0,
-        submit_time=now,
-        expected_duration=float(spec.expected_duration_s) if spec.expected_duration_s else None,
-    )
+    unsaved = job_services.unsaved_job(actor, spec, tenant, shape, submitted_at=datetime.fromtimestamp(now, tz=UTC))
+    request = dataclasses.replace(engine.job_request(unsaved), id="what-if")
     busy = action_services.open_action_job_ids()
     pending = [
         engine.job_request(job)
