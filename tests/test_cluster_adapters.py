@@ -323,6 +323,37 @@ def test_a_step_the_cluster_could_not_be_reached_for_is_retried_with_backoff_and
     assert [e["status"] for e in action.log] == ["retrying", "done", "done"]
 
 
+class WatchingAdapter(InstantAdapter):
+    """Records, after each step commits, what another reader would see."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str]] = []
+
+    def after_step(self, action, index, step) -> None:
+        job = Job.objects.get(pk=step.job)
+        self.seen.append((Action.objects.get(pk=action.pk).state, job.state))
+
+
+def test_the_last_step_and_the_action_s_success_commit_together(fleet, submitter):
+    """The job never shows running while its placement still shows executing
+    (seen by the real-Slurm test: it found the job running, the action not done)."""
+    nodes = list(fleet[0].nodes.order_by("slot")[:1])
+    job = job_services.submit_job(submitter, job_services.JobSpec(name="watched", num_gpus=4, tenant="llm"))
+    action = action_services.propose(
+        kind=ActionKind.PLACEMENT,
+        title="place",
+        steps=[st.Allocate(job=job.pk, nodes={n.pk: [0, 1, 2, 3] for n in nodes}, hostnames=[n.hostname for n in nodes]),
+               st.Start(job=job.pk)],
+        jobs=[job.pk],
+    )
+    adapter = WatchingAdapter()
+
+    while action_services.execute_next_step(action.pk, adapter=adapter).more:
+        pass
+
+    assert adapter.seen == [(ActionState.EXECUTING, JobState.PLACED), (ActionState.SUCCEEDED, JobState.RUNNING)]
+
+
 def test_the_execute_action_task_sends_itself_again_with_the_backoff_as_countdown(fleet, monkeypatch):
     from fleet import tasks
 

@@ -325,14 +325,16 @@ def execute_next_step(action_id: int, adapter: ClusterAdapter | None = None) -> 
             locked.save(update_fields=["step_index", "progress", "step_started_at", "log", "updated_at"])
             audit.record(None, "action.step", locked, after={"step": index, "op": step.op}, message=step.describe())
             events.actions_changed([locked.pk])
+            last = index + 1 >= len(steps)
+            if last:
+                # In the same transaction: nobody sees the job started by an
+                # action still executing.
+                _finish(action.pk)
     except ServiceError as exc:
         _fail(action.pk, index, step.op, str(exc))
         return StepResult(False, "failed")
     adapter.after_step(action, index, step)
-    if index + 1 >= len(steps):
-        _finish(action.pk)
-        return StepResult(False, "succeeded")
-    return StepResult(True)
+    return StepResult(False, "succeeded") if last else StepResult(True)
 
 
 def _put_off(action_id: int, index: int, step: Step, error: str) -> StepResult:
