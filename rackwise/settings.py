@@ -220,6 +220,10 @@ RACKWISE_DEFRAG_FRAGMENTATION_THRESHOLD = env_float("RACKWISE_DEFRAG_FRAGMENTATI
 RACKWISE_DEFRAG_WAIT_THRESHOLD_S = env_int("RACKWISE_DEFRAG_WAIT_THRESHOLD_S", 1800, minimum=1)
 RACKWISE_DEFRAG_BUDGET_GPU_HOURS = env_float("RACKWISE_DEFRAG_BUDGET_GPU_HOURS", 200.0, minimum=0.0)
 RACKWISE_DEFRAG_MAX_MOVES = env_int("RACKWISE_DEFRAG_MAX_MOVES", 8, minimum=1)
+# The console's attention view counts pending jobs that have waited this long.
+RACKWISE_WAIT_WARN_S = env_int("RACKWISE_WAIT_WARN_S", 3600, minimum=1)
+# The console asks to confirm an approval whose cost passes this many GPU-hours.
+RACKWISE_CONFIRM_GPU_HOURS = env_float("RACKWISE_CONFIRM_GPU_HOURS", 50.0, minimum=0.0)
 # Executing actions silent this long are re-enqueued by reconcile.
 RACKWISE_STALL_S = env_int("RACKWISE_STALL_S", 60, minimum=1)
 # Event webhooks (operators register endpoints at /api/webhooks/): how long to

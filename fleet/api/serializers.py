@@ -307,6 +307,29 @@ class MeSerializer(serializers.Serializer):
     tenants = serializers.ListField(child=serializers.CharField())
 
 
+class AwaitingApprovalSerializer(serializers.Serializer):
+    count = serializers.IntegerField()
+    oldest_id = serializers.IntegerField(allow_null=True)
+    oldest_age_s = serializers.IntegerField()
+    oldest_age = serializers.CharField(help_text="The oldest's age in words, e.g. '32 min'.")
+
+
+class AttentionItemSerializer(serializers.Serializer):
+    key = serializers.CharField()
+    count = serializers.IntegerField()
+    text = serializers.CharField()
+    url = serializers.CharField(help_text="The console page to act on it.")
+
+
+class AttentionSerializer(serializers.Serializer):
+    awaiting_approval = AwaitingApprovalSerializer()
+    jobs_recovering = serializers.IntegerField()
+    jobs_waiting_long = serializers.IntegerField(help_text="Pending jobs that waited longer than wait_warn_s.")
+    wait_warn_s = serializers.IntegerField()
+    nodes = serializers.DictField(child=serializers.IntegerField(), help_text="Suspect, failed and in-repair nodes.")
+    items = AttentionItemSerializer(many=True)
+
+
 class RackFragmentationSerializer(serializers.Serializer):
     rack = serializers.CharField()
     free_gpus = serializers.IntegerField()

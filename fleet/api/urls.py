@@ -24,6 +24,7 @@ urlpatterns = [
     path("actions/<int:pk>/callback/", actions.ActionCallbackView.as_view(), name="action-callback"),
     path("nodes/<int:pk>/heartbeat/", agent.NodeHeartbeatView.as_view(), name="node-heartbeat"),
     path("nodes/<int:pk>/agent-token/", agent.NodeAgentTokenView.as_view(), name="node-agent-token"),
+    path("attention/", views.AttentionView.as_view(), name="attention"),
     path("me/", views.MeView.as_view(), name="me"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),

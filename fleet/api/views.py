@@ -17,6 +17,7 @@ from fleet.export import export_job
 from fleet.filtersets import AuditEventFilterSet, JobFilterSet, NodeFilterSet, RackFilterSet
 from fleet.models import GPU, Allocation, AuditEvent, Job, Node, Rack
 from fleet.permissions import may_cancel, role_of, sees_all_tenants, visible_audit_events, visible_jobs
+from fleet.services import attention as attention_services
 from fleet.services import jobs as job_services
 from fleet.services import nodes as node_services
 from fleet.services import scheduling as scheduling_services
@@ -244,6 +245,16 @@ class FragmentationView(APIView):
     @extend_schema(responses=s.FragmentationSerializer)
     def get(self, request):
         return Response(s.FragmentationSerializer(fragmentation_report().to_dict()).data)
+
+
+class AttentionView(APIView):
+    """What needs a person now: actions awaiting approval (and the oldest's age),
+    recovering jobs, jobs waiting longer than RACKWISE_WAIT_WARN_S, and nodes
+    suspect, failed or in repair; each with the console page to act on it."""
+
+    @extend_schema(responses=s.AttentionSerializer)
+    def get(self, request):
+        return Response(s.AttentionSerializer(attention_services.attention(request.user)).data)
 
 
 class MeView(APIView):

@@ -3,11 +3,16 @@
 // live progress bar and step log while it executes.
 
 import { attachClicks, attachTooltip, cells, describeCell, rackSvg } from "./grid.js";
-import { api, startLive } from "./live.js";
+import { api, messages, showFieldErrors, startLive } from "./live.js";
 
 const live = startLive();
-const plans = JSON.parse(document.getElementById("plans").textContent);
+const plans = {}; // action id -> {steps, jobs, state}, from each card's data-plan
+for (const el of document.querySelectorAll("[data-action-id][data-plan]")) plans[el.dataset.actionId] = JSON.parse(el.dataset.plan);
 const touched = {}; // action id -> [rack ids], fixed at first paint
+const filters = document.querySelector("[data-testid=action-filters]").dataset;
+const decisions = document.querySelector("[data-testid=decisions]");
+const OPEN = ["proposed", "approved", "executing"];
+const escape = (text) => String(text ?? "").replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
 // op -> what a step of that kind does to the racks' picture, from the server's
 // list of step kinds (GET /api/step-kinds/): allocate, swap, release, drain,
 // undrain or none. Filled before the first paint.
@@ -80,7 +85,7 @@ function paint(id) {
   const ids = touched[id];
   const box = el.querySelector("[data-testid=beforeafter]");
   const side = (name, racks) => `<div><h3>${name}</h3><div class="side">${ids.map((r) => racks.get(r)
-    ? `<figure class="grid" data-rack-id="${r}" data-side="${name.toLowerCase()}" data-version="${live.versions.get(r)}" data-testid="grid-${name.toLowerCase()}"><figcaption>${racks.get(r).name}</figcaption>${rackSvg(racks.get(r), { cell: 11 })}</figure>` : "").join("")}</div></div>`;
+    ? `<figure class="grid" data-rack-id="${r}" data-side="${name.toLowerCase()}" data-version="${live.versions.get(r)}" data-testid="grid-${name.toLowerCase()}"><figcaption>${escape(racks.get(r).name)}</figcaption>${rackSvg(racks.get(r), { cell: 11 })}</figure>` : "").join("")}</div></div>`;
   if (["proposed", "approved"].includes(plan.state)) {
     box.innerHTML = side("Before", live.racks) + side("After", simulate(live.racks, plan.steps));
   } else {
@@ -95,37 +100,85 @@ async function refresh(id) {
   show(a);
 }
 
+/** An action's new state on its card or compact row (a row has no steps or log). */
 function show(a) {
   const el = document.querySelector(`[data-action-id="${a.id}"]`);
   if (!el) return;
   const was = el.dataset.state;
   el.dataset.state = a.state;
-  el.querySelector("[data-testid=action-state]").textContent = a.state;
-  el.querySelector("[data-testid=action-state]").className = `badge ${a.state}`;
+  const badge = el.querySelector("[data-testid=action-state]");
+  badge.textContent = a.state;
+  badge.className = `badge ${a.state}`;
   el.querySelector("[data-testid=progress]").value = a.progress;
   const total = Array.isArray(a.steps) ? a.steps.length : a.steps;
   el.querySelector("[data-testid=progress-text]").textContent = `${a.step_index} / ${total} steps`;
   const decide = el.querySelector(".decide");
   if (decide) decide.hidden = a.state !== "proposed";
-  if (Array.isArray(a.steps)) {
-    el.querySelector("[data-testid=steps]").innerHTML = a.steps.map((s) => `<li class="${s.done ? "done" : s.index === a.step_index && a.state === "executing" ? "current" : ""}">${s.text}</li>`).join("");
+  const steps = el.querySelector("[data-testid=steps]");
+  if (steps && Array.isArray(a.steps)) {
+    steps.innerHTML = a.steps.map((s) => `<li class="${s.done ? "done" : s.index === a.step_index && a.state === "executing" ? "current" : ""}">${escape(s.text)}</li>`).join("");
   }
-  if (Array.isArray(a.log)) {
-    el.querySelector("[data-testid=steplog]").innerHTML = a.log.map((l) => `<div>${(l.at || "").slice(11, 19)} ${l.message || ""}</div>`).join("");
+  const steplog = el.querySelector("[data-testid=steplog]");
+  if (steplog && Array.isArray(a.log)) {
+    steplog.innerHTML = a.log.map((l) => `<div>${escape((l.at || "").slice(11, 19))} ${escape(l.message)}</div>`).join("");
   }
   if (plans[a.id]) plans[a.id].state = a.state;
   if (was !== a.state) paint(a.id);
 }
 
+/** Whether the page's filters would list an action in this state and of this kind. */
+function listed(a) {
+  const state = filters.state || "open";
+  const stateOk = state === "all" || (state === "open" ? OPEN.includes(a.state) : a.state === state);
+  return stateOk && (!filters.kind || filters.kind === a.kind);
+}
+
+const adding = new Set();
+
+/** A new action the page lists: its card (or compact row) from the server, added on top. */
+async function add(id) {
+  if (adding.has(id)) return;
+  adding.add(id);
+  try {
+    const res = await fetch(`/actions/${id}/fragment/`, { credentials: "same-origin" });
+    if (!res.ok || document.querySelector(`[data-action-id="${id}"]`)) return;
+    const template = document.createElement("template");
+    template.innerHTML = (await res.text()).trim();
+    const el = template.content.firstElementChild;
+    if (res.headers.get("X-Rackwise-Compact") === "1") {
+      document.querySelector("[data-testid=auto-actions] tbody").prepend(el);
+    } else {
+      plans[id] = JSON.parse(el.dataset.plan);
+      document.querySelector("[data-testid=no-actions]")?.remove();
+      decisions.querySelector("h2").after(el);
+      paint(id);
+    }
+    counts();
+  } finally {
+    adding.delete(id);
+  }
+}
+
+function counts() {
+  document.querySelector("[data-testid=decisions-count]").textContent = decisions.querySelectorAll("article[data-action-id]").length;
+  document.querySelector("[data-testid=automatic-count]").textContent = document.querySelectorAll("[data-testid=auto-action]").length;
+}
+
 live.on("action", (event) => {
   const a = event.action;
-  if (!plans[a.id]) return;
+  if (!document.querySelector(`[data-action-id="${a.id}"]`)) {
+    if (listed(a)) add(String(a.id)).catch(() => {});
+    return;
+  }
   show(a);
-  refresh(a.id).catch(() => {});
+  if (plans[a.id]) refresh(a.id).catch(() => {});
 });
 live.on("rack", (rack) => {
   for (const [id, ids] of Object.entries(touched)) if (ids.includes(rack.rack)) paint(id);
 });
+
+/** The API's first message (its detail, or the first field's). */
+const firstMessage = (err) => err.data?.detail || messages(err.data || {})[0] || err.message;
 
 document.addEventListener("click", async (e) => {
   const button = e.target.closest("[data-decide]");
@@ -134,13 +187,66 @@ document.addEventListener("click", async (e) => {
   const id = el.dataset.actionId;
   const error = el.querySelector("[data-testid=decide-error]");
   error.textContent = "";
+  // A costly approval takes a second click on the button, which says the cost.
+  const limit = Number(decisions.dataset.confirmGpuHours);
+  const cost = Number(el.dataset.cost);
+  if (button.dataset.decide === "approve" && cost > limit && button.dataset.confirming !== "1") {
+    button.dataset.confirming = "1";
+    button.textContent = `Confirm: lose ${cost.toFixed(1)} GPU-hours`;
+    return;
+  }
   button.disabled = true;
   try {
     show(await api(`/api/actions/${id}/${button.dataset.decide}/`, { method: "POST", body: { note: el.querySelector("[data-testid=note]").value } }));
   } catch (err) {
-    error.textContent = err.message;
+    error.textContent = firstMessage(err);
   } finally {
     button.disabled = false;
+    if (button.dataset.confirming) { delete button.dataset.confirming; button.textContent = "Approve"; }
+  }
+});
+
+const defragForm = document.querySelector("[data-testid=defrag-form]");
+defragForm?.addEventListener("submit", async (e) => {
+  e.preventDefault();
+  const result = defragForm.querySelector("[data-testid=defrag-result]");
+  const body = {};
+  for (const [name, value] of new FormData(defragForm)) if (value.trim() !== "") body[name] = Number(value);
+  showFieldErrors(defragForm, null);
+  result.textContent = "planning…";
+  const button = defragForm.querySelector("button[type=submit]");
+  button.disabled = true;
+  try {
+    const answer = await api("/api/actions/defrag/", { method: "POST", body });
+    if (answer.proposed === false) {
+      result.textContent = `No plan: ${answer.reason}`;
+    } else {
+      result.innerHTML = `Planned <a href="#action-${answer.id}">action #${answer.id}</a>: ${escape(answer.title)}. It waits below for approval.`;
+      await add(String(answer.id));
+      document.getElementById(`action-${answer.id}`)?.scrollIntoView({ block: "start" });
+    }
+  } catch (err) {
+    result.textContent = "";
+    showFieldErrors(defragForm, err);
+  } finally {
+    button.disabled = false;
+  }
+});
+
+document.addEventListener("change", async (e) => {
+  const select = e.target.closest("[data-policy-kind]");
+  if (!select) return;
+  const kind = select.dataset.policyKind;
+  const status = document.querySelector(`[data-policy-status="${kind}"]`);
+  status.className = "muted";
+  status.textContent = "saving…";
+  try {
+    const policy = await api("/api/approval-policy/", { method: "PUT", body: { kind, mode: select.value } });
+    select.value = policy[kind];
+    status.textContent = "saved";
+  } catch (err) {
+    status.className = "error";
+    status.textContent = firstMessage(err);
   }
 });
 

@@ -41,6 +41,31 @@ export async function api(path, { method = "GET", body } = {}) {
   return data;
 }
 
+/** Every message in an API error body (DRF nests lists and dicts). */
+export function messages(value) {
+  if (Array.isArray(value)) return value.flatMap(messages);
+  if (value && typeof value === "object") return Object.values(value).flatMap(messages);
+  return [String(value)];
+}
+
+/** Show an API error on a form: a 400's messages next to their fields
+ * (``[data-field-error=<field>]``), the rest, named, in ``[data-field-error=detail]``;
+ * any other error's message there. ``err`` null clears them. */
+export function showFieldErrors(form, err) {
+  for (const slot of form.querySelectorAll("[data-field-error]")) slot.textContent = "";
+  if (!err) return;
+  const detail = form.querySelector("[data-field-error=detail]");
+  if (err.status !== 400 || !err.data || typeof err.data !== "object") {
+    detail.textContent = err.message;
+    return;
+  }
+  for (const [field, value] of Object.entries(err.data)) {
+    const slot = form.querySelector(`[data-field-error="${CSS.escape(field)}"]`) || detail;
+    const named = slot === detail && field !== "detail" && field !== "non_field_errors";
+    slot.textContent = [slot.textContent, ...messages(value).map((m) => (named ? `${field}: ${m}` : m))].filter(Boolean).join(" ");
+  }
+}
+
 export class FleetLive {
   /** rackIds: only these racks (null: all; []: none, and no snapshot). */
   constructor(rackIds = null) {
@@ -132,6 +157,8 @@ export class FleetLive {
       const event = JSON.parse(msg.data);
       if (event.type === "rack") this.apply(event);
       else if (event.type in this.listeners) this.emit(event.type, event);
+      // For the nav badge and the attention banner (attention.js), on any page.
+      if (event.type === "action" || event.type === "job") document.dispatchEvent(new CustomEvent(`rackwise:${event.type}`, { detail: event }));
     };
     ws.onclose = (e) => {
       clearInterval(this.ping);

@@ -13,7 +13,7 @@
 //
 // Tests wait on body[data-ready] and the data-state of each delivery row.
 
-import { api } from "./live.js";
+import { api, showFieldErrors } from "./live.js";
 
 const list = document.querySelector("[data-testid=webhooks]");
 const empty = document.querySelector("[data-testid=no-webhooks]");
@@ -32,12 +32,6 @@ const clock = (iso) => (iso ? iso.slice(11, 19) : "");
 const BADGE = { dead: "dead failed", retrying: "retrying pending" };
 
 /** Every message in a DRF error body (lists, nested objects, strings). */
-function messages(value) {
-  if (Array.isArray(value)) return value.flatMap(messages);
-  if (value && typeof value === "object") return Object.values(value).flatMap(messages);
-  return [String(value)];
-}
-
 function deliveryRows(deliveries) {
   if (!deliveries.length) return `<tr><td colspan="10" class="muted">No deliveries yet.</td></tr>`;
   return deliveries.map((d) => `<tr data-testid="delivery-row" data-delivery-id="${d.id}" data-state="${esc(d.state)}" data-event="${esc(d.event_type)}">
@@ -208,7 +202,7 @@ document.querySelector("[data-testid=register-secret]").addEventListener("click"
 
 form.addEventListener("submit", async (e) => {
   e.preventDefault();
-  for (const slot of form.querySelectorAll("[data-field-error]")) slot.textContent = "";
+  showFieldErrors(form, null);
   const submit = form.querySelector("[data-testid=register-submit]");
   const body = {
     url: form.elements.url.value.trim(),
@@ -223,14 +217,7 @@ form.addEventListener("submit", async (e) => {
     showSecret(document.querySelector("[data-testid=register-secret]"), created, "Signing secret");
     form.reset();
   } catch (err) {
-    if (err.status === 400 && err.data && typeof err.data === "object") {
-      for (const [field, value] of Object.entries(err.data)) {
-        const slot = form.querySelector(`[data-field-error="${CSS.escape(field)}"]`) || form.querySelector("[data-field-error=detail]");
-        slot.textContent = [slot.textContent, ...messages(value).map((m) => (slot.dataset.fieldError === field ? m : `${field}: ${m}`))].filter(Boolean).join(" ");
-      }
-    } else {
-      form.querySelector("[data-field-error=detail]").textContent = err.message;
-    }
+    showFieldErrors(form, err);
   } finally {
     submit.disabled = false;
   }

@@ -1,0 +1,113 @@
+"""What needs a person now: the console's nav badge, the Fleet page's banner and
+``GET /api/attention/``. Each entry counts things and links to where to act on
+them; the reader sees only what the permissions let them see."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db.models import Count, Min
+from django.urls import reverse
+from django.utils import timezone
+
+from fleet.choices import ActionState, JobState, NodeState
+from fleet.models import Action, Job, Node
+from fleet.permissions import visible_actions, visible_jobs
+
+NODE_STATES = (NodeState.SUSPECT, NodeState.FAILED, NodeState.IN_REPAIR)
+
+
+def age_text(seconds: float) -> str:
+    """A wait in the console's words: 45 s, 12 min, 3 h 5 min, 2 d 4 h."""
+    s = int(max(0, seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min"
+    if s < 86400:
+        h, m = divmod(s // 60, 60)
+        return f"{h} h {m} min" if m else f"{h} h"
+    d, h = divmod(s // 3600, 24)
+    return f"{d} d {h} h" if h else f"{d} d"
+
+
+def awaiting_approval(user, now: datetime | None = None) -> dict:
+    """Proposed actions the user may see: how many, and the oldest's id and age.
+    (Cheap: one aggregate; the nav badge asks it on every page.)"""
+    now = now or timezone.now()
+    proposed = visible_actions(user, Action.objects.filter(state=ActionState.PROPOSED))
+    oldest = proposed.order_by("created_at", "id").values("id", "created_at").first()
+    count = proposed.count() if oldest else 0
+    age = (now - oldest["created_at"]).total_seconds() if oldest else 0.0
+    return {
+        "count": count,
+        "oldest_id": oldest["id"] if oldest else None,
+        "oldest_age_s": round(age),
+        "oldest_age": age_text(age) if oldest else "",
+    }
+
+
+def attention(user, now: datetime | None = None) -> dict:
+    """Everything that needs a person, as counts with a link each.
+
+    * actions awaiting approval (the oldest's age);
+    * jobs recovering from a failure;
+    * pending jobs that waited longer than ``RACKWISE_WAIT_WARN_S``;
+    * nodes suspect, failed or in repair.
+    ``items`` lists the non-zero ones in that order, with the text and the link
+    the console shows."""
+    now = now or timezone.now()
+    warn_s = settings.RACKWISE_WAIT_WARN_S
+    approval = awaiting_approval(user, now)
+    jobs = visible_jobs(user, Job.objects.all())
+    recovering = jobs.filter(state=JobState.RECOVERING).count()
+    long_waits = jobs.filter(state=JobState.PENDING, submitted_at__lt=now - timedelta(seconds=warn_s)).aggregate(
+        n=Count("id"), oldest=Min("submitted_at")
+    )
+    nodes = {s: 0 for s in NODE_STATES}
+    for row in Node.objects.filter(state__in=NODE_STATES).values("state").annotate(n=Count("id")):
+        nodes[row["state"]] = row["n"]
+
+    actions_url, jobs_url = reverse("actions"), reverse("jobs")
+    items = []
+    if approval["count"]:
+        items.append({
+            "key": "approval",
+            "count": approval["count"],
+            "text": f"{approval['count']} awaiting approval, the oldest for {approval['oldest_age']}",
+            "url": f"{actions_url}?state=proposed#action-{approval['oldest_id']}",
+        })
+    if recovering:
+        items.append({
+            "key": "recovering",
+            "count": recovering,
+            "text": f"{recovering} job{'s' if recovering != 1 else ''} recovering from a failure",
+            "url": f"{jobs_url}?state={JobState.RECOVERING}",
+        })
+    if long_waits["n"]:
+        n = long_waits["n"]
+        items.append({
+            "key": "waiting",
+            "count": n,
+            "text": f"{n} job{'s' if n != 1 else ''} waiting longer than {age_text(warn_s)}, "
+            f"the longest for {age_text((now - long_waits['oldest']).total_seconds())}",
+            "url": f"{jobs_url}?state={JobState.PENDING}",
+        })
+    for state in NODE_STATES:
+        if nodes[state]:
+            label = NodeState(state).label.lower()
+            items.append({
+                "key": f"nodes_{state}",
+                "count": nodes[state],
+                "text": f"{nodes[state]} node{'s' if nodes[state] != 1 else ''} {label}",
+                "url": f"{reverse('home')}?state={state}",
+            })
+    return {
+        "awaiting_approval": approval,
+        "jobs_recovering": recovering,
+        "jobs_waiting_long": long_waits["n"],
+        "wait_warn_s": warn_s,
+        "nodes": nodes,
+        "items": items,
+    }
