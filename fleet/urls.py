@@ -8,6 +8,7 @@ urlpatterns = [
     path("", views.FleetView.as_view(), name="home"),
     path("racks/<int:pk>/", views.RackView.as_view(), name="rack"),
     path("jobs/", views.JobListView.as_view(), name="jobs"),
+    path("jobs/submit/", views.JobSubmitView.as_view(), name="job-submit"),
     path("jobs/<int:pk>/", views.JobDetailView.as_view(), name="job"),
     path("actions/", views.ActionListView.as_view(), name="actions"),
     path("audit/", views.AuditView.as_view(), name="audit"),

@@ -6,27 +6,34 @@ the console snapshot (``/api/console/racks/``) and kept current by the live feed
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+
+from django.conf import settings
 from django.core.exceptions import PermissionDenied
 from django.db.models import Q
 from django.shortcuts import get_object_or_404
+from django.utils import timezone
 from django.views.generic import TemplateView
 
 from fleet import redact
 from fleet.api.webhooks import WebhookDeliverySerializer, WebhookEndpointSerializer
 from fleet.choices import (
     ACTIVE_JOB_STATES,
+    FINISHED_JOB_STATES,
     OPEN_ACTION_STATES,
     ActionState,
     JobState,
+    Locality,
     NodeState,
     Role,
     WebhookEvent,
 )
 from fleet.export import EXPORTABLE_STATES, export_job
 from fleet.filtersets import ActionPageFilterForm, AuditEventFilterSet, JobPageFilterForm
-from fleet.models import Action, Allocation, AuditEvent, Job, Rack, WebhookEndpoint
+from fleet.models import Action, Allocation, AuditEvent, Job, Rack, Tenant, WebhookEndpoint
 from fleet.permissions import (
     has_role,
+    may_cancel,
     tenant_ids_of,
     visible_actions,
     visible_audit_events,
@@ -34,6 +41,7 @@ from fleet.permissions import (
     visible_tenant_names,
 )
 from fleet.services.actions import describe_step
+from fleet.services.capacity import fleet_capacity
 from fleet.services.summary import fleet_summary, rack_summaries
 
 PAGE_ROWS = 200
@@ -143,6 +151,10 @@ class JobListView(FilteredPageMixin, RoleRequiredMixin, TemplateView):
             jobs=jobs,
             # For jobs.js, which keeps the rows live and must match new jobs as this view does.
             active_states=" ".join(ACTIVE_JOB_STATES),
+            finished_states=FINISHED_JOB_STATES,
+            # A submitter sees only its tenants' jobs, so may_cancel holds for every
+            # row it sees; the API decides again on the click.
+            can_submit=has_role(self.request.user, Role.SUBMITTER),
             page_full=len(jobs) == PAGE_ROWS,
             states=JobState.choices,
             state=state,
@@ -169,6 +181,37 @@ def waiting_reason(job: Job) -> str:
     return f"{words}. {job.state_reason}".strip() if job.state_reason else words
 
 
+def span_text(seconds: float) -> str:
+    """A duration as the job page writes it (job.js has the same rule):
+    "45 s", "12 min", "3 h 5 min", "2 d 4 h"."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s} s"
+    m = s // 60
+    if m < 60:
+        return f"{m} min"
+    h, m = divmod(m, 60)
+    if h < 24:
+        return f"{h} h {m} min" if m else f"{h} h"
+    d, h = divmod(h, 24)
+    return f"{d} d {h} h" if h else f"{d} d"
+
+
+def job_times(job: Job, now: datetime) -> dict:
+    """The job page's times, kept current by job.js from the same fields: the run
+    time from the first start to the end (or now), the expected end from the
+    first start and the expected duration, and the wait from submission to the
+    first start (or to the end of a job that never started, or now)."""
+    started, ended = job.started_at, job.finished_at
+    expected = timedelta(seconds=job.expected_duration_s) if job.expected_duration_s else None
+    return {
+        "run_time": span_text(((ended or now) - started).total_seconds()) if started else "",
+        "expected_duration": span_text(expected.total_seconds()) if expected else "",
+        "expected_end": started + expected if started and expected else None,
+        "waited": span_text(((started or ended or now) - job.submitted_at).total_seconds()),
+    }
+
+
 class JobDetailView(RoleRequiredMixin, TemplateView):
     """A job: its placement on the grids, why it waits, and its history."""
 
@@ -187,6 +230,8 @@ class JobDetailView(RoleRequiredMixin, TemplateView):
         )
         rack_ids = [rack_id for rack_id, _name in racks]
         tenants = tenant_ids_of(self.request.user)  # once, not per action
+        actions = [redact.action_for(a, tenants) for a in job.actions.prefetch_related("jobs")[:50]]
+        now = timezone.now()
         context.update(
             job=job,
             racks=racks,
@@ -194,7 +239,14 @@ class JobDetailView(RoleRequiredMixin, TemplateView):
             export=export_job(job) if job.state in EXPORTABLE_STATES and rack_ids else None,
             waiting=waiting_reason(job),
             history=AuditEvent.objects.filter(object_type="job", object_id=str(job.pk))[:200],
-            actions=[redact.action_for(a, tenants) for a in job.actions.prefetch_related("jobs")[:50]],
+            actions=actions,
+            # The scheduler leaves a job alone while an open action holds it.
+            open_states=OPEN_ACTION_STATES,
+            held_by=sorted((a for a in actions if a.state in OPEN_ACTION_STATES), key=lambda a: a.created_at),
+            times=job_times(job, now),
+            now=now,
+            can_cancel=may_cancel(self.request.user, job),
+            finished_states=FINISHED_JOB_STATES,
         )
         return context
 
@@ -275,4 +327,28 @@ class WebhooksView(RoleRequiredMixin, TemplateView):
             ]
             webhooks.append(WebhookEndpointSerializer(endpoint).data | {"deliveries": deliveries})
         context.update(webhooks=webhooks, events=WebhookEvent.choices, delivery_rows=DELIVERY_ROWS)
+        return context
+
+
+class JobSubmitView(RoleRequiredMixin, TemplateView):
+    """The job submission form (submitters and operators). static/rackwise/submit.js
+    asks ``POST /api/jobs/what-if/`` as it is filled in and submits to
+    ``POST /api/jobs/``: the API validates every value against the fleet and its
+    messages are shown as they come."""
+
+    template_name = "fleet/submit.html"
+    minimum_role = Role.SUBMITTER
+
+    def get_context_data(self, **kwargs):
+        context = super().get_context_data(**kwargs)
+        user = self.request.user
+        # The tenants a submission may name (fleet.services.jobs.resolve_tenant).
+        tenants = Tenant.objects.all() if has_role(user, Role.OPERATOR) else user.tenants.all()
+        context.update(
+            tenants=list(tenants.order_by("name").values_list("name", flat=True)),
+            localities=Locality.choices,
+            slurm=settings.RACKWISE_CLUSTER == "slurm",
+            # A starting value for the form, not a limit: the API bounds it.
+            gpus_per_node=fleet_capacity().dominant_gpus_per_node or 4,
+        )
         return context

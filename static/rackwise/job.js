@@ -10,9 +10,18 @@
 // The "Hand to the cluster" panel is re-read from the export API whenever the
 // job's racks or state change, so it never shows nodes the job has left.
 //
+// The times (submitted, started, run time, expected end, waited) are drawn
+// from the job's timestamps and tick while it waits or runs; the timestamps are
+// re-read from the API when the state changes. The open actions that hold the
+// job ("waiting on action #N since ...") are re-read when an action event names
+// the job, and on a reconnect. Cancel (for those the server says may) goes
+// through the API (cancel.js).
+//
 // Tests read the [data-live-rack] sections (data-rack-id, data-version),
-// [data-testid=no-racks], the badge's text and the export panel's texts.
+// [data-testid=no-racks], the badge's text, the export panel's texts,
+// [data-time] cells and [data-testid=held-by].
 
+import { cancelButtons } from "./cancel.js";
 import { api } from "./live.js";
 import { live } from "./racks.js";
 
@@ -58,6 +67,88 @@ function refreshExport() {
     exportPart("export-kubernetes").textContent = k8s.manifest_yaml;
   }, 300);
 }
+
+const timesBox = document.querySelector("[data-testid=job-times]");
+const FINISHED = timesBox.dataset.finishedStates.split(" ");
+const ms = (iso) => (iso ? Date.parse(iso) : null);
+// The server's clock less this browser's: durations agree with the server's.
+const skew = ms(timesBox.dataset.now) - Date.now();
+const times = {
+  submitted: ms(timesBox.dataset.submitted),
+  started: ms(timesBox.dataset.started),
+  finished: ms(timesBox.dataset.finished),
+  expectedS: Number(timesBox.dataset.expectedS) || null,
+};
+// As the server writes times (UTC, as the API gives them).
+const stamp = (t) => new Date(t).toISOString().slice(0, 19).replace("T", " ");
+
+/** A duration in words: the rule of fleet.views.span_text. */
+function spanText(seconds) {
+  const s = Math.max(0, Math.floor(seconds));
+  if (s < 60) return `${s} s`;
+  let m = Math.floor(s / 60);
+  if (m < 60) return `${m} min`;
+  let h = Math.floor(m / 60);
+  m %= 60;
+  if (h < 24) return m ? `${h} h ${m} min` : `${h} h`;
+  const d = Math.floor(h / 24);
+  h %= 24;
+  return h ? `${d} d ${h} h` : `${d} d`;
+}
+
+/** The times as fleet.views.job_times computes them. */
+function showTimes() {
+  const now = Date.now() + skew;
+  const { submitted, started, finished, expectedS } = times;
+  const cell = (name) => timesBox.querySelector(`[data-time="${name}"]`);
+  cell("submitted").textContent = stamp(submitted);
+  cell("started").textContent = started ? stamp(started) : "not yet";
+  cell("run").textContent = started ? spanText(((finished ?? now) - started) / 1000) : "–";
+  cell("expected-end").textContent = !expectedS ? "no expected duration"
+    : started ? stamp(started + expectedS * 1000) : `${spanText(expectedS)} after it starts`;
+  cell("waited").textContent = spanText(((started ?? finished ?? now) - submitted) / 1000);
+}
+
+function setTimes(job) {
+  Object.assign(times, {
+    submitted: ms(job.submitted_at), started: ms(job.started_at), finished: ms(job.finished_at),
+    expectedS: job.expected_duration_s || null,
+  });
+  showTimes();
+}
+
+let timesTimer = null;
+/** Re-read the timestamps soon (one request per burst of events). */
+function refreshTimes() {
+  clearTimeout(timesTimer);
+  timesTimer = setTimeout(() => api(`/api/jobs/${jobId}/`).then(setTimes, () => {}), 300);
+}
+
+const heldBy = document.querySelector("[data-testid=held-by]");
+const heldUrl = `/api/actions/?job=${jobId}&${heldBy.dataset.openStates.split(" ").map((st) => `state=${st}`).join("&")}`;
+let heldTimer = null;
+
+function heldItem(a) {
+  const li = document.createElement("li");
+  li.dataset.actionId = a.id;
+  const link = Object.assign(document.createElement("a"), { href: `${heldBy.dataset.actionsUrl}?state=all#${a.id}`, textContent: `action #${a.id}` });
+  li.append("waiting on ", link, ` (${a.kind}, ${a.state}) since ${stamp(ms(a.created_at))}`);
+  return li;
+}
+
+/** Re-read the open actions that hold the job, oldest first, as the server lists them. */
+function refreshHeldBy() {
+  clearTimeout(heldTimer);
+  heldTimer = setTimeout(async () => {
+    const page = await api(heldUrl).catch(() => null);
+    if (!page) return;
+    const open = page.results.sort((a, b) => ms(a.created_at) - ms(b.created_at));
+    heldBy.replaceChildren(...open.map(heldItem));
+    heldBy.hidden = open.length === 0;
+  }, 300);
+}
+
+const cancelButton = document.querySelector("[data-testid=job-cancel]");
 
 /** A section for a rack the job now holds, in rack id order like the server's. */
 function addRack(rack) {
@@ -105,6 +196,10 @@ function showJob(job) {
   }
   if (HOLDING.includes(job.state) && !HOLDING.includes(was)) resync().catch(() => {});
   if (job.state !== was) refreshExport();
+  if (cancelButton) cancelButton.hidden = FINISHED.includes(job.state);
+  // The API's job carries the timestamps; an event does not.
+  if ("submitted_at" in job) setTimes(job);
+  else if (job.state !== was) refreshTimes();
 }
 
 /** Where the API says the job is; a rack the page lacks means lost rack events,
@@ -123,6 +218,15 @@ live.on("job", (event) => {
   jobEvents++;
   showJob(event.job);
 });
+live.on("action", (event) => {
+  if (String(jobId) in (event.action.job_tenants || {})) refreshHeldBy();
+});
 // The first open may come after a change made since the page was rendered; a
 // reconnect, after lost events.
-live.on("hello", () => { resync({ withState: true }).catch(() => {}); });
+live.on("hello", () => {
+  resync({ withState: true }).catch(() => {});
+  refreshHeldBy();
+});
+if (cancelButton) cancelButtons(cancelButton.parentElement, showJob);
+showTimes();
+setInterval(showTimes, 10000);

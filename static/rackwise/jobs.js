@@ -7,8 +7,12 @@
 // moves under the operator's cursor. A job not in the table that now matches the
 // filters only counts towards a "N new jobs match — show" banner that reloads.
 //
+// Rows of unfinished jobs carry a Cancel button for submitters and operators
+// (cancel.js); it goes when the job finishes.
+//
 // Tests read window.rackwise.jobsApplied (job events handled) and the banner.
 
+import { cancelButtons } from "./cancel.js";
 import { startLive } from "./live.js";
 
 const table = document.querySelector("[data-testid=jobs]");
@@ -18,6 +22,7 @@ const filters = {
   q: table.dataset.filterQ.trim(),
   active: table.dataset.activeStates.split(" "),
 };
+const finished = table.dataset.finishedStates.split(" ");
 // On a full page, a job older than the last row would land past the end: not "new".
 const oldestShown = table.hasAttribute("data-page-full")
   ? Math.min(...[...table.querySelectorAll("[data-job-id]")].map((tr) => Number(tr.dataset.jobId)))
@@ -57,6 +62,8 @@ function updateRow(tr, job) {
   // A redacted event carries no reason; keep what the server rendered.
   if (job.state_reason !== undefined) tr.querySelector("[data-testid=job-reason]").textContent = job.state_reason || "";
   tr.dataset.state = job.state;
+  const cancel = tr.querySelector("[data-cancel-job]");
+  if (cancel) cancel.hidden = finished.includes(job.state);
   tr.classList.toggle("stale", !stateMatches(job.state));
   // Restart the highlight when two events come close together.
   tr.classList.remove("flash");
@@ -88,6 +95,11 @@ live.on("job", onJob);
 // be stale, so offer the reload.
 live.on("hello", () => {
   if (++hellos > 1) { reconnected = true; showBanner(); }
+});
+// The API's answer to a cancel, shown at once (its job event follows).
+cancelButtons(table, (job) => {
+  const tr = table.querySelector(`tr[data-job-id="${job.id}"]`);
+  if (tr) updateRow(tr, job);
 });
 banner.querySelector("a").addEventListener("click", (e) => { e.preventDefault(); location.reload(); });
 Object.defineProperty(window.rackwise, "jobsApplied", { get: () => applied });

@@ -1,0 +1,170 @@
+// The job submission form (submitters and operators). Everything is the API's:
+//
+// 1. As fields change (debounced) and on "Check", the form's values go to
+//    POST /api/jobs/what-if/, which validates them as a submission would and
+//    answers what would happen now; its one-line summary is shown.
+// 2. Submit posts the same values to POST /api/jobs/ (with an Idempotency-Key
+//    made once per page, so a retry after a lost answer cannot queue a second
+//    job) and opens the new job's page.
+// 3. A 400's messages are shown exactly as the API gives them, each next to its
+//    field (nested ones by path, "slurm.script"); a message for a field the form
+//    does not show, and non-field errors, go to the top. An automatic check does
+//    not mark fields the user has not touched yet; "Check" and Submit mark all.
+// 4. Only the newest request's answer is shown, so a slow check cannot
+//    overwrite a later one or a submission's errors.
+//
+// Tests wait on [data-testid=what-if][data-state] (idle, checking, answered,
+// refused) and read the [data-field-error] slots.
+
+import { api } from "./live.js";
+
+const form = document.querySelector("[data-testid=submit-form]");
+const panel = form.querySelector("[data-testid=what-if]");
+const summary = panel.querySelector("[data-testid=what-if-summary]");
+const reason = panel.querySelector("[data-testid=what-if-reason]");
+const submit = form.querySelector("[data-testid=submit]");
+const top = form.querySelector("[data-field-error~=detail]");
+const CHECK_AFTER_MS = 400;
+const newKey = () => globalThis.crypto?.randomUUID?.() ?? `${Date.now()}-${Math.random().toString(36).slice(2)}`;
+let key = newKey();
+const touched = new Set(); // error slots next to fields the user has changed
+let asked = 0; // requests made; only the newest one's answer is shown
+let timer = null;
+
+const shape = () => form.elements.shape.value;
+const value = (name) => form.elements[name]?.value.trim() ?? "";
+
+/** The request body: the fields that have a value, as typed (the API parses
+ * and bounds them, so its message is about what the user wrote). */
+function body() {
+  const data = { name: value("name"), locality: value("locality"), preemptible: form.elements.preemptible.checked };
+  const fields = ["tenant", "priority", "expected_duration_s",
+    ...(shape() === "gpus" ? ["num_gpus"] : ["num_nodes", "gpus_per_node", "segment_nodes"])];
+  for (const name of fields) if (value(name) !== "") data[name] = value(name);
+  if (form.elements.script) {
+    // Sent as written (leading spaces matter in a script); empty: the API says what it needs.
+    const script = form.elements.script.value;
+    data.slurm = script.trim() ? { script } : {};
+  }
+  return data;
+}
+
+/** [path, messages] for every field of a DRF error body ("slurm.script" for
+ * nested serializers). */
+function fieldErrors(value, path = "") {
+  if (Array.isArray(value) && value.every((m) => typeof m !== "object")) return [[path, value.map(String)]];
+  if (value && typeof value === "object") {
+    return Object.entries(value).flatMap(([k, v]) => fieldErrors(v, path ? `${path}.${k}` : k));
+  }
+  return [[path, [String(value)]]];
+}
+
+function clearErrors() {
+  for (const slot of form.querySelectorAll("[data-field-error]")) slot.textContent = "";
+}
+
+/** The error body's messages next to their fields; returns how many were
+ * shown (an automatic check leaves untouched fields unmarked). */
+function showErrors(data, { all }) {
+  let shown = 0;
+  for (const [path, messages] of fieldErrors(data)) {
+    let slot = form.querySelector(`[data-field-error~="${CSS.escape(path)}"]`);
+    let text = messages.join(" ");
+    if (!slot || slot.closest("[hidden]")) {
+      // A field the form does not show now (num_gpus of a nodes x GPUs shape).
+      slot = top;
+      text = `${path}: ${text}`;
+    } else if (!all && slot !== top && !touched.has(slot)) {
+      continue;
+    }
+    slot.textContent = [slot.textContent, text].filter(Boolean).join(" ");
+    shown++;
+  }
+  return shown;
+}
+
+function showAnswer(state, text, why = "") {
+  panel.dataset.state = state;
+  summary.textContent = text;
+  reason.textContent = why;
+}
+
+/** 1. What would happen now. ``all``: mark every field the API refuses. */
+async function check({ all = false } = {}) {
+  clearTimeout(timer);
+  const mine = ++asked;
+  panel.dataset.state = "checking";
+  let answer;
+  try {
+    answer = await api("/api/jobs/what-if/", { method: "POST", body: body() });
+  } catch (err) {
+    if (mine !== asked) return;
+    clearErrors();
+    if (err.status === 400 && err.data && typeof err.data === "object") {
+      const shown = showErrors(err.data, { all });
+      showAnswer("refused", shown ? "not checked: the API refused the values marked." : "fill in the form to see what would happen.");
+    } else {
+      showAnswer("refused", `not checked: ${err.message}`);
+    }
+    return;
+  }
+  if (mine !== asked) return;
+  clearErrors();
+  showAnswer("answered", answer.summary, answer.reason && answer.reason !== answer.summary ? `(${answer.reason})` : "");
+}
+
+function checkSoon() {
+  clearTimeout(timer);
+  timer = setTimeout(() => check().catch(() => {}), CHECK_AFTER_MS);
+}
+
+/** The expected duration in words beside the seconds. */
+function durationWords() {
+  const s = Number(value("expected_duration_s"));
+  const words = form.querySelector("[data-testid=duration-words]");
+  words.textContent = Number.isFinite(s) && s >= 60
+    ? `about ${s >= 3600 ? `${Math.round(s / 360) / 10} h` : `${Math.round(s / 60)} min`}` : "";
+}
+
+function showShape() {
+  for (const el of form.querySelectorAll("[data-shape]")) el.hidden = el.dataset.shape !== shape();
+}
+
+form.addEventListener("input", (e) => {
+  const slot = e.target.closest(".field")?.querySelector("[data-field-error]");
+  if (slot) touched.add(slot);
+  if (e.target.name === "shape") showShape();
+  if (e.target.name === "expected_duration_s") durationWords();
+  checkSoon();
+});
+form.querySelector("[data-testid=what-if-check]").addEventListener("click", () => check({ all: true }).catch(() => {}));
+
+// 2. Submit, and open the job.
+form.addEventListener("submit", async (e) => {
+  e.preventDefault();
+  clearTimeout(timer);
+  const mine = ++asked; // drops any check in flight
+  submit.disabled = true;
+  try {
+    const job = await api("/api/jobs/", { method: "POST", body: { ...body(), idempotency_key: key } });
+    location.assign(`/jobs/${job.id}/`);
+  } catch (err) {
+    if (mine !== asked) return;
+    clearErrors();
+    if (err.status === 400 && err.data && typeof err.data === "object") showErrors(err.data, { all: true });
+    else top.textContent = err.message;
+    showAnswer("refused", "not submitted: see the messages by the fields.");
+    submit.disabled = false;
+  }
+});
+
+// Back from the new job's page: this is a new submission.
+addEventListener("pageshow", (e) => {
+  if (!e.persisted) return;
+  key = newKey();
+  submit.disabled = false;
+});
+
+showShape();
+durationWords();
+document.body.dataset.ready = "1";
