@@ -11,6 +11,7 @@ urlpatterns = [
     path("jobs/submit/", views.JobSubmitView.as_view(), name="job-submit"),
     path("jobs/<int:pk>/", views.JobDetailView.as_view(), name="job"),
     path("actions/", views.ActionListView.as_view(), name="actions"),
+    path("actions/<int:pk>/fragment/", views.ActionFragmentView.as_view(), name="action-fragment"),
     path("audit/", views.AuditView.as_view(), name="audit"),
     path("webhooks/", views.WebhooksView.as_view(), name="webhooks"),
     path("login/", auth_views.LoginView.as_view(authentication_form=LoginForm), name="login"),

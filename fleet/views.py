@@ -6,11 +6,12 @@ the console snapshot (``/api/console/racks/``) and kept current by the live feed
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied
-from django.db.models import Q
+from django.db.models import Count, Max, Q
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from django.views.generic import TemplateView
@@ -21,7 +22,9 @@ from fleet.choices import (
     ACTIVE_JOB_STATES,
     FINISHED_JOB_STATES,
     OPEN_ACTION_STATES,
+    ActionKind,
     ActionState,
+    ApprovalMode,
     JobState,
     Locality,
     NodeState,
@@ -41,6 +44,8 @@ from fleet.permissions import (
     visible_tenant_names,
 )
 from fleet.services.actions import describe_step
+from fleet.services.actions import policies as action_policies
+from fleet.services.attention import age_text, attention
 from fleet.services.capacity import fleet_capacity
 from fleet.services.summary import fleet_summary, rack_summaries
 
@@ -84,6 +89,8 @@ class FleetView(RoleRequiredMixin, TemplateView):
         racks = list(Rack.objects.all())
         summaries = rack_summaries()
         context["summary"] = fleet_summary()
+        context["attention"] = attention(self.request.user)
+        context["wait_warn"] = age_text(settings.RACKWISE_WAIT_WARN_S)
         context["racks"] = [(rack, summaries[rack.id]) for rack in racks]
         context["sites"] = sorted({r.site for r in racks if r.site})
         context["rows"] = sorted({r.row for r in racks if r.row})
@@ -251,9 +258,28 @@ class JobDetailView(RoleRequiredMixin, TemplateView):
         return context
 
 
+def compact(action: Action) -> bool:
+    """An automatic decision: a placement the policy ran without a person. The
+    Actions page folds these into a compact table, so those that need someone
+    stand out."""
+    return action.kind in (ActionKind.PLACEMENT, ActionKind.PLACEMENT_SPILL) and action.state != ActionState.PROPOSED
+
+
+def _for_page(actions: list[Action]) -> list[Action]:
+    """What the action templates read besides the model: steps in words and
+    the plan the page's grids simulate."""
+    for a in actions:
+        a.step_texts = [describe_step(step) for step in a.steps]
+        a.plan_json = json.dumps({"steps": a.steps, "jobs": [j.pk for j in a.jobs.all()], "state": a.state})
+    return actions
+
+
 class ActionListView(FilteredPageMixin, RoleRequiredMixin, TemplateView):
-    """The approval queue: each plan as before/after grids, its cost and benefit;
-    Approve/Reject for operators; live progress while it executes."""
+    """The approval queue: each decision as before/after grids, its cost and
+    benefit; Approve/Reject for operators (confirmed above
+    RACKWISE_CONFIRM_GPU_HOURS); automatic placements in a compact table; new
+    proposals added live (``ActionFragmentView``); and for operators, a defrag
+    request and the approval policy."""
 
     template_name = "fleet/actions.html"
 
@@ -274,17 +300,50 @@ class ActionListView(FilteredPageMixin, RoleRequiredMixin, TemplateView):
             context["filter_errors"] = form.errors_text()
         # Other tenants' jobs by id only, as in /api/actions/ (fleet.redact).
         tenants = tenant_ids_of(self.request.user)
-        actions = [redact.action_for(a, tenants) for a in qs[:50]]
-        for a in actions:
-            a.step_texts = [describe_step(step) for step in a.steps]
+        actions = _for_page([redact.action_for(a, tenants) for a in qs[:PAGE_ROWS]])
+        policies = action_policies()
+        sizes = Rack.objects.aggregate(racks=Count("id"), nodes=Max("nodes_per_domain"))
         context.update(
-            actions=actions,
+            cards=[a for a in actions if not compact(a)],
+            rows=[a for a in actions if compact(a)],
             state=state,
             kind=kind,
             states=ActionState.choices,
-            plans={a.pk: {"steps": a.steps, "jobs": [j.pk for j in a.jobs.all()], "state": a.state} for a in actions},
+            kinds=ActionKind.choices,
+            policy=[(value, label, policies[value]) for value, label in ActionKind.choices],
+            modes=ApprovalMode.choices,
+            confirm_gpu_hours=settings.RACKWISE_CONFIRM_GPU_HOURS,
+            limits={
+                "racks": sizes["racks"] or 1,
+                "nodes_per_rack": sizes["nodes"] or 1,
+                "budget": settings.RACKWISE_DEFRAG_BUDGET_GPU_HOURS,
+                "max_moves": settings.RACKWISE_DEFRAG_MAX_MOVES,
+            },
         )
         return context
+
+
+class ActionFragmentView(RoleRequiredMixin, TemplateView):
+    """One action as the Actions page draws it (a card, or a compact row for an
+    automatic placement), for the page to add a new proposal without a reload;
+    the same templates as the page, so there is one renderer."""
+
+    def get_template_names(self):
+        return ["fleet/_action_row.html" if self.compact else "fleet/_action_card.html"]
+
+    def get_context_data(self, **kwargs):
+        context = super().get_context_data(**kwargs)
+        qs = visible_actions(self.request.user, Action.objects.prefetch_related("jobs"))
+        action = get_object_or_404(qs, pk=kwargs["pk"])
+        action = _for_page([redact.action_for(action, tenant_ids_of(self.request.user))])[0]
+        self.compact = compact(action)
+        context["a"] = action
+        return context
+
+    def get(self, request, *args, **kwargs):
+        response = super().get(request, *args, **kwargs)
+        response["X-Rackwise-Compact"] = "1" if self.compact else "0"
+        return response
 
 
 class AuditView(RoleRequiredMixin, TemplateView):

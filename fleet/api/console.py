@@ -15,7 +15,7 @@ from rest_framework.views import APIView
 from fleet.events import rack_state, visible_to
 from fleet.models import Rack
 from fleet.permissions import sees_all_tenants
-from fleet.services.metrics import samples_since
+from fleet.services.metrics import chart_markers, samples_since
 
 MAX_SAMPLE_HOURS = 720.0
 MAX_RACK_ID = 2**63 - 1  # the id column is a bigint
@@ -53,12 +53,15 @@ class ConsoleRacksView(APIView):
 
 
 class FleetSamplesView(APIView):
-    """Utilization and fragmentation samples of the last ``hours`` (default 24)."""
+    """Samples of the last ``hours`` (default 24): utilization, fragmentation,
+    queue depth and the pending jobs' wait percentiles; and the node failures and
+    defrags to mark on the charts."""
 
     @extend_schema(
         parameters=[OpenApiParameter("hours", float, description="How far back; 1 to 720 (else a 400).")],
         responses=inline_serializer(
-            "FleetSamples", {"samples": serializers.ListField(child=serializers.DictField())}
+            "FleetSamples", {"samples": serializers.ListField(child=serializers.DictField()),
+                             "markers": serializers.ListField(child=serializers.DictField())}
         ),
     )
     def get(self, request):
@@ -74,8 +77,10 @@ class FleetSamplesView(APIView):
             {
                 "samples": [
                     {"at": s.at.isoformat(), "utilization": s.utilization, "fragmentation": s.fragmentation,
-                     "gpus_used": s.gpus_used, "jobs_pending": s.jobs_pending}
+                     "gpus_used": s.gpus_used, "jobs_pending": s.jobs_pending,
+                     "wait_p50_s": s.wait_p50_s, "wait_p95_s": s.wait_p95_s}
                     for s in samples_since(hours)
-                ]
+                ],
+                "markers": chart_markers(hours),
             }
         )

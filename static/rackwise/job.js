@@ -131,7 +131,7 @@ let heldTimer = null;
 function heldItem(a) {
   const li = document.createElement("li");
   li.dataset.actionId = a.id;
-  const link = Object.assign(document.createElement("a"), { href: `${heldBy.dataset.actionsUrl}?state=all#${a.id}`, textContent: `action #${a.id}` });
+  const link = Object.assign(document.createElement("a"), { href: `${heldBy.dataset.actionsUrl}?state=all#action-${a.id}`, textContent: `action #${a.id}` });
   li.append("waiting on ", link, ` (${a.kind}, ${a.state}) since ${stamp(ms(a.created_at))}`);
   return li;
 }
