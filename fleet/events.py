@@ -11,7 +11,8 @@ the caller.
 
 Message shapes (``type`` is the event kind):
 
-* ``rack``: ``{"rack": id, "name", "version", "nodes": [[node_id, slot, hostname, state, [[health, job_id|null], ...]], ...], "jobs": {job_id: {"name", "tenant", "state"}}}``
+* ``rack``: ``{"rack": id, "name", "version", "nodes": [[node_id, slot, hostname, state, [[health, job_id|null], ...]], ...], "jobs": {job_id: {"name", "tenant", "state", "color"}}}``
+  (``color``: the job's palette slot in this rack, see ``fleet.palette``)
 * ``job``: ``{"job": {"id", "name", "tenant", "state", "state_reason", "num_gpus"}}``
 * ``action``: ``{"action": {"id", "kind", "state", "title", "progress", "step_index", "steps", "error", "job_tenants": {job_id: tenant_id}}}``
   (a submitter gets other tenants' jobs withheld, see ``fleet.redact``)
@@ -28,7 +29,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
 
-from fleet import redact
+from fleet import palette, redact
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,9 @@ def rack_state(rack_ids: Iterable[int]) -> list[dict]:
         nodes[rack_id].append([node_id, slot, hostname, state, gpus[node_id]])
     out = []
     for rack in Rack.objects.filter(pk__in=ids).values("id", "name", "version", "spare_nodes"):
-        held = {cell[1] for node in nodes[rack["id"]] for cell in node[4] if cell[1] is not None}
+        # Colours are chosen per rack from this rack's cells alone, so a rack's
+        # event and the snapshot always agree (fleet.palette).
+        colors = palette.job_colors([[cell[1] for cell in node[4]] for node in nodes[rack["id"]]])
         out.append(
             {
                 "type": "rack",
@@ -84,7 +87,7 @@ def rack_state(rack_ids: Iterable[int]) -> list[dict]:
                 "version": rack["version"],
                 "spare_nodes": rack["spare_nodes"],
                 "nodes": nodes[rack["id"]],
-                "jobs": {str(k): jobs[k] for k in sorted(held)},
+                "jobs": {str(k): jobs[k] | {"color": colors[k]} for k in sorted(colors)},
             }
         )
     return out

@@ -1,7 +1,7 @@
 // The fleet page: totals, overview map, filters, and one lazily drawn grid per
 // rack, kept live by live.js.
 
-import { attachClicks, attachTooltip, cells, describeCell, rackSvg, restoreCursor, utilisation } from "./grid.js";
+import { attachClicks, attachTooltip, cells, describeCell, rackStats, rackSvg, restoreCursor, utilisation } from "./grid.js";
 import { api, startLive } from "./live.js";
 import { drawChart } from "./chart.js";
 
@@ -41,9 +41,24 @@ const observer = new IntersectionObserver((entries) => {
   }
 }, { rootMargin: "300px" });
 
+/** A rack card's footer counts, from its rack event (grid.js rackStats). */
+function cardStats(rack) {
+  const el = document.querySelector(`article.rack[data-rack-id="${rack.rack}"]`);
+  if (!el) return;
+  const s = rackStats(rack);
+  const set = (k, v) => { const b = el.querySelector(`[data-stat="${k}"]`); if (b) b.textContent = v; };
+  set("slice", s.freeSlice); set("failed", s.failed); set("draining", s.draining); set("spares", s.spares);
+  el.querySelector("[data-stat-box=failed]").classList.toggle("bad", s.failed > 0);
+  el.querySelector("[data-stat-box=draining]").classList.toggle("warn", s.draining > 0);
+  el.dataset.problems = s.problems ? "1" : "0";
+}
+
 live.on("rack", (rack) => {
   overview(rack);
+  cardStats(rack);
   if (visible.has(rack.rack)) paint(rack.rack); else dirty.add(rack.rack);
+  // The order and "problems only" depend on the cells: follow them, a burst at a time.
+  if (form.sort.value || form.problems.checked) scheduleFilters();
   scheduleTotals();
 });
 live.on("job", scheduleTotals);
@@ -67,8 +82,43 @@ async function refreshTotals() {
 }
 setInterval(refreshTotals, 30000);
 
-// Filters: site, row, node state, tenant, search by job or host.
+// Filters: site, row, node state, tenant, search by job or host, problems only;
+// and the racks' order.
 const form = document.querySelector("[data-testid=filters]");
+const racksEl = document.querySelector(".rack-grid");
+const rackOrder = new Map([...racksEl.querySelectorAll("article.rack")].map((el, i) => [el.dataset.rackId, i]));
+
+/** Rack cards in the order the Sort field asks (most free slice, most failed or
+ * draining nodes, fewest spares first), ties and racks not yet known in rack
+ * order. */
+function sortRacks(cards) {
+  const key = form.sort.value;
+  const base = (el) => rackOrder.get(el.dataset.rackId);
+  if (!key) return [...cards].sort((a, b) => base(a) - base(b));
+  const value = (el) => {
+    const rack = live.racks.get(Number(el.dataset.rackId));
+    if (!rack) return Infinity;
+    const s = rackStats(rack);
+    return { slice: -s.freeSlice, failed: -s.failed, draining: -s.draining, spares: s.spares }[key];
+  };
+  const keyed = cards.map((el) => [value(el), base(el), el]);
+  keyed.sort((a, b) => a[0] - b[0] || a[1] - b[1]);
+  return keyed.map((k) => k[2]);
+}
+
+/** Put the cards in ``sorted`` order, moving only if it changed. */
+function placeRacks(sorted) {
+  const now = [...racksEl.querySelectorAll("article.rack")];
+  if (sorted.every((el, i) => el === now[i])) return;
+  racksEl.append(...sorted);
+}
+
+let filtersTimer = null;
+function scheduleFilters() {
+  if (filtersTimer) return;
+  filtersTimer = setTimeout(() => { filtersTimer = null; applyFilters(); }, 1000);
+}
+
 function currentMatch(rack) {
   const q = (form.q.value || "").trim().toLowerCase();
   if (!q) return null;
@@ -87,6 +137,7 @@ function applyFilters() {
     if (ok && rack && state) ok = state === "free" ? rack.nodes.some((n) => n[3] === "healthy" && n[4].every((g) => g[1] === null)) : rack.nodes.some((n) => n[3] === state);
     if (ok && rack && tenant) ok = Object.values(rack.jobs).some((j) => j.tenant === tenant);
     if (ok && rack && q) ok = currentMatch(rack).size > 0;
+    if (ok && rack && form.problems.checked) ok = rackStats(rack).problems;
     el.hidden = !ok;
     const sq = document.querySelector(`.overview [data-ov="${el.dataset.rackId}"]`);
     if (sq) sq.classList.toggle("filtered", !ok);
@@ -94,6 +145,7 @@ function applyFilters() {
     if (ok && rack && visible.has(rack.rack)) paint(rack.rack);
   }
   document.querySelector("[data-testid=shown]").textContent = shown;
+  placeRacks(sortRacks([...racksEl.querySelectorAll("article.rack")]));
 }
 form.addEventListener("input", applyFilters);
 form.addEventListener("submit", (e) => { e.preventDefault(); applyFilters(); });
@@ -107,7 +159,6 @@ document.querySelector(".overview").addEventListener("click", (e) => {
   el.querySelector(".grid").focus();
 });
 
-const racksEl = document.querySelector(".rack-grid");
 attachTooltip(racksEl, (node, gpu) => {
   const rack = live.racks.get(live.nodeRack.get(node));
   const c = rack && cells(rack).find((x) => x.node === node && x.gpu === gpu);

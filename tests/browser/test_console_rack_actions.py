@@ -1,0 +1,114 @@
+"""The rack page's node controls: an operator drains a node with a reason and the
+grid shows it draining; a refusal is shown on the row; a viewer gets no
+controls, and the API refuses the drain anyway. The fleet page's rack cards
+count the node and "problems only" finds its rack."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleet.choices import NodeState
+from fleet.models import Node
+from fleet.services.jobs import JobSpec, apply_placement, submit_job
+from fleet.services.nodes import drain_node
+from tests.browser.helpers import in_thread, log_in_as, open_live, post_api
+
+pytestmark = pytest.mark.browser
+
+
+def _four_node_job(rack, submitter):
+    nodes = list(Node.objects.filter(rack=rack).order_by("slot")[:4])
+    job = in_thread(submit_job, submitter, JobSpec(name="llama-70b", num_nodes=4, gpus_per_node=4, tenant="llm"))
+    in_thread(apply_placement, None, job.pk, {n.pk: [0, 1, 2, 3] for n in nodes}, reason="test setup")
+    return job, nodes
+
+
+def test_an_operator_drains_a_node_from_the_rack_page_and_the_grid_shows_it_draining(page, fleet, operator, submitter):
+    rack = fleet[0]
+    job, nodes = _four_node_job(rack, submitter)
+    node = nodes[1]
+    log_in_as(page, operator)
+    open_live(page, f"/racks/{rack.pk}/")
+    # The big job is labelled on the grid, and its table row carries its grid colour.
+    assert page.locator(f"text.job-label[data-job-label='{job.pk}']").text_content().startswith(f"#{job.pk}")
+    cell_fill = page.evaluate(f"getComputedStyle(document.querySelector('g.cell[data-job=\"{job.pk}\"] rect')).fill")
+    swatch = page.locator(f"[data-testid=rack-jobs] [data-job-swatch='{job.pk}']")
+    assert swatch.evaluate("el => getComputedStyle(el).backgroundColor") == cell_fill
+
+    row = page.locator(f"[data-testid=node-row][data-node-id='{node.pk}']")
+    row.locator("[data-testid=node-reason]").fill("fan noise, RMA 4711")
+    row.locator("[data-testid=node-drain]").click()
+
+    page.wait_for_function(
+        f"""() => {{
+          const c = window.rackwise.cellState({node.pk}, 0);
+          const dom = [...document.querySelectorAll('g.cell[data-node="{node.pk}"]')];
+          return c && c.mark === 'draining' && dom.length === 4
+            && dom.every(g => g.dataset.state === 'draining' && g.querySelector('text.mark').textContent === 'D');
+        }}"""
+    )
+    assert row.locator("[data-node-state]").text_content() == "Draining"
+    assert row.locator("[data-node-reason]").text_content() == "fan noise, RMA 4711"
+    assert row.locator("[data-testid=node-reason]").input_value() == ""
+    fresh = Node.objects.get(pk=node.pk)
+    assert (fresh.state, fresh.state_reason) == (NodeState.DRAINING, "fan noise, RMA 4711")
+
+    # A refused change: the API's message next to the row, nothing changed.
+    row.locator("[data-testid=node-return]").click()
+    error = row.locator("[data-testid=node-error]")
+    error.wait_for(state="visible")
+    assert "only a failed, in-repair or suspect node can be returned to service" in error.text_content()
+    assert Node.objects.get(pk=node.pk).state == NodeState.DRAINING
+    assert page.js_errors == []
+
+
+def test_a_viewer_sees_no_node_controls_and_the_api_refuses_the_drain(page, fleet, viewer):
+    rack = fleet[0]
+    node = rack.nodes.get(slot=3)
+    log_in_as(page, viewer)
+    open_live(page, f"/racks/{rack.pk}/")
+    assert page.locator("[data-testid=node-row]").count() == 18
+    assert page.locator("[data-testid=node-actions]").count() == 0
+    assert page.locator("[data-node-action]").count() == 0
+
+    status, body = post_api(page, f"/api/nodes/{node.pk}/drain/", {"reason": "forged"})
+    assert status == 403, body
+    assert Node.objects.get(pk=node.pk).state == NodeState.HEALTHY
+
+
+def test_fleet_cards_count_failed_draining_and_spares_live_and_problems_only_finds_the_rack(page, fleet, operator, submitter):
+    r1, r2 = fleet
+    _four_node_job(r1, submitter)
+    drained = r2.nodes.get(slot=5)
+    in_thread(drain_node, operator, drained.pk, "firmware")
+    log_in_as(page, operator)
+    open_live(page)
+    card1, card2 = (page.locator(f"article.rack[data-rack-id='{r.pk}']") for r in fleet)
+
+    def stat(card, k):
+        return card.locator(f"[data-stat={k}]").text_content()
+
+    # r1: 4 nodes busy, 14 idle of which 2 spares; r2: 1 drained, 17 idle of which 2 spares.
+    assert [stat(card1, k) for k in ("slice", "failed", "draining", "spares")] == ["12", "0", "0", "2"]
+    assert [stat(card2, k) for k in ("slice", "failed", "draining", "spares")] == ["15", "0", "1", "2"]
+    # The drained node is marked with its letter even in the fleet page's small cells.
+    assert card2.locator(f"g.cell[data-node='{drained.pk}'] text.mark").first.text_content() == "D"
+
+    page.check("[data-testid=problems-only]")
+    assert card1.is_hidden() and card2.is_visible()
+    assert page.text_content("[data-testid=shown]") == "1"
+    page.uncheck("[data-testid=problems-only]")
+    page.select_option("[data-testid=sort]", "slice")
+    order = page.eval_on_selector_all("article.rack", "els => els.map(el => Number(el.dataset.rackId))")
+    assert order == [r2.pk, r1.pk]
+
+    # Live: a node of r1 fails; its card counts it, and "problems only" now shows it too.
+    page.check("[data-testid=problems-only]")
+    failed = r1.nodes.get(slot=10)
+    status, body = post_api(page, f"/api/nodes/{failed.pk}/mark-failed/", {"reason": "XID 79"})
+    assert status == 200, body
+    page.wait_for_function(f"document.querySelector('article.rack[data-rack-id=\"{r1.pk}\"] [data-stat=failed]').textContent === '1'")
+    page.wait_for_function(f"!document.querySelector('article.rack[data-rack-id=\"{r1.pk}\"]').hidden")
+    assert page.text_content("[data-testid=shown]") == "2"
+    assert stat(card1, "slice") == "11"
+    assert page.js_errors == []
