@@ -1,5 +1,7 @@
 // The fleet page: totals, overview map, filters, and one lazily drawn grid per
-// rack, kept live by live.js.
+// rack, kept live by live.js. Each rack card's footer counts its free slice,
+// failed, draining and spare nodes (cardStats, from every rack event); the cards
+// can be sorted by those (sortRacks) and filtered to "problems only".
 
 import { attachClicks, attachTooltip, cells, describeCell, rackStats, rackSvg, restoreCursor, utilisation } from "./grid.js";
 import { api, startLive } from "./live.js";
@@ -116,7 +118,8 @@ function placeRacks(sorted) {
 let filtersTimer = null;
 function scheduleFilters() {
   if (filtersTimer) return;
-  filtersTimer = setTimeout(() => { filtersTimer = null; applyFilters(); }, 1000);
+  // Cells changed, not the search: the rack events have repainted what changed.
+  filtersTimer = setTimeout(() => { filtersTimer = null; applyFilters(false); }, 1000);
 }
 
 function currentMatch(rack) {
@@ -127,7 +130,7 @@ function currentMatch(rack) {
   for (const [id, j] of Object.entries(rack.jobs)) if (`#${id}` === q || id === q.replace("#", "") || (j.name || "").toLowerCase().includes(q)) m.add(`j${id}`);
   return m;
 }
-function applyFilters() {
+function applyFilters(repaint = true) {
   const site = form.site.value, row = form.row.value, state = form.state.value, tenant = form.tenant.value;
   const q = form.q.value.trim();
   let shown = 0;
@@ -142,12 +145,12 @@ function applyFilters() {
     const sq = document.querySelector(`.overview [data-ov="${el.dataset.rackId}"]`);
     if (sq) sq.classList.toggle("filtered", !ok);
     if (ok) shown++;
-    if (ok && rack && visible.has(rack.rack)) paint(rack.rack);
+    if (repaint && ok && rack && visible.has(rack.rack)) paint(rack.rack);
   }
   document.querySelector("[data-testid=shown]").textContent = shown;
   placeRacks(sortRacks([...racksEl.querySelectorAll("article.rack")]));
 }
-form.addEventListener("input", applyFilters);
+form.addEventListener("input", () => applyFilters());
 form.addEventListener("submit", (e) => { e.preventDefault(); applyFilters(); });
 
 // Overview map: a square per rack; click scrolls to it.
