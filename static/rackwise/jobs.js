@@ -13,9 +13,12 @@
 // Tests read window.rackwise.jobsApplied (job events handled) and the banner.
 
 import { cancelButtons } from "./cancel.js";
+import { paintSwatches } from "./grid.js";
 import { startLive } from "./live.js";
 
 const table = document.querySelector("[data-testid=jobs]");
+// Each job's swatch in its stable colour (this page follows no rack).
+paintSwatches(table);
 const filters = {
   state: table.dataset.filterState,
   tenant: table.dataset.filterTenant,

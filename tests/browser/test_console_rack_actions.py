@@ -47,8 +47,11 @@ def test_an_operator_drains_a_node_from_the_rack_page_and_the_grid_shows_it_drai
             && dom.every(g => g.dataset.state === 'draining' && g.querySelector('text.mark').textContent === 'D');
         }}"""
     )
+    # The row is filled from the API's answer, which may come after the live event.
+    page.wait_for_function(
+        f"document.querySelector('[data-testid=node-row][data-node-id=\"{node.pk}\"] [data-node-reason]').textContent === 'fan noise, RMA 4711'"
+    )
     assert row.locator("[data-node-state]").text_content() == "Draining"
-    assert row.locator("[data-node-reason]").text_content() == "fan noise, RMA 4711"
     assert row.locator("[data-testid=node-reason]").input_value() == ""
     fresh = Node.objects.get(pk=node.pk)
     assert (fresh.state, fresh.state_reason) == (NodeState.DRAINING, "fan noise, RMA 4711")
