@@ -25,13 +25,12 @@ cycle (Slurm bounds a cycle by ``bf_max_job_test``, default 500, and by time).
 from __future__ import annotations
 
 import bisect
-import heapq
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from placement.model import HEALTHY, Fleet, JobRequest, Node, Rack
+from placement.model import HEALTHY, Allocation, Fleet, JobRequest, Node, Rack
 from placement.plans import PlacementPlan, not_placed
 from placement.policies.common import Context
 
@@ -39,6 +38,8 @@ from placement.policies.common import Context
 BF_WINDOW_S = 1440 * 60.0
 BF_MIN_AGE_RESERVE_S = 0.0
 BF_MAX_RESERVATIONS = 16
+# The stand-in job that holds reserved idle nodes during a decision (Backfill).
+HELD_JOB = "\x00held"
 
 def expansion_factor(waited: float, run: float, tau: float = 600.0) -> float:
     """A pending job's bounded slowdown so far, ``max(1, (waited + run) / max(run,
@@ -230,6 +231,8 @@ class Backfill:
         """Where ``job`` may start now without delaying any reservation."""
         held = self.held_during(self.now, self.now + duration)
         groups = self.fleet.groups
+        if held and not any(job.is_small(gpn) for gpn in groups):
+            return self._start_around(job, held)
         if held:
             nodes = self.fleet.nodes
             touched = {nodes[nid].rack for nid in held}
@@ -238,6 +241,28 @@ class Backfill:
                             if r.id in touched else r for r in racks]
                       for gpn, racks in groups.items()}
         return decide(self.fleet, job, self.fn, groups, self.ctx, self.name)
+
+    def _start_around(self, job: JobRequest, held: dict[str, int]) -> PlacementPlan:
+        """A gang's decision with the held nodes taken out: a gang uses idle nodes
+        only, so the idle held ones are allocated to a stand-in job for the decision
+        and given back after it. The fleet then looks exactly as a view of it without
+        them would (a non-preemptible gang lends no node), and the policy reads its
+        indexes instead of scanning views; the fleet is left as it was, and its
+        change tracking does not see the stand-in."""
+        fleet = self.fleet
+        nodes = fleet.nodes
+        taken = {nid: tuple(range(nodes[nid].gpus)) for nid in held if nodes[nid].idle}
+        if not taken:
+            return decide(fleet, job, self.fn, fleet.groups, self.ctx, self.name)
+        stand_in = Allocation(JobRequest(HELD_JOB, num_nodes=len(taken), gpus_per_node=max(
+            len(g) for g in taken.values()), preemptible=False), taken)
+        changed, fleet.changed = fleet.changed, None
+        fleet.allocate(stand_in)
+        try:
+            return decide(fleet, job, self.fn, fleet.groups, self.ctx, self.name)
+        finally:
+            fleet.release(HELD_JOB)
+            fleet.changed = changed
 
     @staticmethod
     def _now_view(rack: Rack, held: dict[str, int], small: int | None) -> _View:
@@ -309,6 +334,7 @@ class Backfill:
         lo = max(bisect.bisect_right(ends, earliest), bisect.bisect_left(ends, first))
         times = sorted(set(ends[lo:bisect.bisect_right(ends, horizon)])
                        | {h.end for h in self.holds if earliest < h.end <= horizon})
+        views_at: dict[tuple[str, int], _View] = {}  # see below
         for t in times:
             # Cheap bounds first: enough nodes idle by then (in one block of the job's
             # level), then the same without the held ones.
@@ -326,13 +352,20 @@ class Backfill:
                     avail[self.fleet.nodes[nid].rack] -= 1
                 if not any(test(avail) for test in tests):
                     continue
+            # avail[r] now bounds the nodes of r's view (it is their count when a held
+            # node was taken off): a rack with none gets an empty view, and without
+            # holds a view depends on the count alone (its nodes free first), so a
+            # later time reuses it.
+            cache = views_at if not held else {}
             if one_rack is not None:
                 # Only a rack that holds the whole job by itself can take it.
                 groups = {gpn: views for gpn, racks in self.fleet.groups.items()
-                          if (views := [self._later_view(r, free_at, t, held)
+                          if (views := [self._later_view(r, free_at, t, held, avail[r.id],
+                                                         cache)
                                         for r in racks if avail[r.id] >= one_rack])}
             else:
-                groups = {gpn: [self._later_view(r, free_at, t, held) for r in racks]
+                groups = {gpn: [self._later_view(r, free_at, t, held, avail[r.id], cache)
+                                for r in racks]
                           for gpn, racks in self.fleet.groups.items()}
             plan = decide(self.fleet, job, self.fn, groups, self.ctx, self.name)
             if plan.placed:
@@ -359,23 +392,31 @@ class Backfill:
             ends = self._rack_ends[ids[0]]
             m = -(-n // seg) * seg if seg else n
             return ends[m - 1] if m <= len(ends) else math.inf
-        count = dict.fromkeys(ids, 0)
-        total = 0
-        out = math.inf
-        for t, rid in heapq.merge(*([(e, r) for e in self._rack_ends[r]] for r in ids)):
-            c = count[rid] = count[rid] + 1
-            total += (1 if not seg else (seg if c % seg == 0 else 0))
-            if total >= n:
-                out = t
-                break
+        # A rack adds a whole segment when its seg-th, 2seg-th, ... node frees up: the
+        # answer is the ceil(n / seg)-th of those times over the block's racks (with
+        # no segments, the n-th node end; over the whole fleet, read from the ends).
+        unit = seg or 1
+        want = -(-n // unit)
+        if unit == 1 and len(ids) == len(self._rack_ends):
+            times = self._ends
+        else:
+            times = sorted(t for r in ids for t in self._rack_ends[r][unit - 1::unit])
+        out = times[want - 1] if want <= len(times) else math.inf
         self._room_memo[(tuple(ids), n, seg)] = out
         return out
 
     @staticmethod
-    def _later_view(rack: Rack, free_at: dict[str, float], t: float,
-                    held: set[str]) -> _View:
-        nodes = [n for n in rack.nodes if free_at[n.id] <= t and n.id not in held]
-        return _View(rack, {n.index for n in nodes}, nodes)
+    def _later_view(rack: Rack, free_at: dict[str, float], t: float, held: set[str],
+                    bound: int, cache: dict[tuple[str, int], _View]) -> _View:
+        """The rack at ``t``: its nodes free by then and not held. ``bound`` is at
+        least their count; ``cache`` holds views by (rack, count) when nothing is
+        held."""
+        view = cache.get((rack.id, bound))
+        if view is None:
+            nodes = ([n for n in rack.nodes if free_at[n.id] <= t and n.id not in held]
+                     if bound else [])
+            view = cache[(rack.id, bound)] = _View(rack, {n.index for n in nodes}, nodes)
+        return view
 
     def _ready_list(self, g: int) -> list[tuple[float, int, Node]]:
         """(when the running jobs leave ``g`` GPUs free, group position, node) for the

@@ -379,7 +379,7 @@ class Simulation:
         bf = self.bf
         fleet = self.fleet
         gpn = cfg.gpus_per_node
-        idle_total = sum(r.free_count for r in fleet.racks)
+        idle_total = fleet.idle_total
         max_partial = max((f for f, s in fleet.partial.items() if s), default=0)
         cannot: dict[tuple[Any, ...], float] = {}  # shape -> shortest run that failed
         for st in todo:
@@ -406,7 +406,7 @@ class Simulation:
                     self._take(st)
                     self._start(now, st, plan.allocation(job))
                     bf.started(job.id)
-                    idle_total = sum(r.free_count for r in fleet.racks)
+                    idle_total = fleet.idle_total
                     max_partial = max((f for f, s in fleet.partial.items() if s), default=0)
                     continue
                 cannot[key] = run
