@@ -293,16 +293,26 @@ class Fleet:
         return self._slot[rack_id][index]
 
     def copy(self) -> Fleet:
-        """An independent copy (what-if planning)."""
+        """An independent copy (what-if planning). The indexes are copied, not rebuilt
+        allocation by allocation: they are kept exact on every mutation (the
+        invariant ``placement.validate.validate_indexes`` checks), and each node's
+        jobs keep their order, that of ``allocations``. Allocations are shared, as
+        with ``allocate``."""
         racks = [
             Rack(r.id, [Node(n.id, n.rack, n.index, n.gpus, n.health) for n in r.nodes],
                  spare_nodes=r.spare_nodes)
             for r in self.racks
         ]
-        out = Fleet(racks)
-        # restore: a job may sit on a node that failed since (it awaits recovery).
-        for alloc in self.allocations.values():
-            out.allocate(alloc, restore=True)
+        out = Fleet(racks)  # builds the fixed indexes (shapes, slots, positions)
+        for rack, src in zip(out.racks, self.racks, strict=True):
+            for node, was in zip(rack.nodes, src.nodes, strict=True):
+                node.used, node.jobs = was.used, dict(was.jobs)  # __init__ clears them
+            rack.free = set(src.free)
+            rack.lent_nodes = src.lent_nodes
+        out.allocations = dict(self.allocations)
+        out.partial = {f: set(ids) for f, ids in self.partial.items() if ids}
+        out.by_free = {g: list(index) for g, index in self.by_free.items()}
+        out.idle_total = self.idle_total
         return out
 
     # -- queries --------------------------------------------------------------------
