@@ -87,10 +87,30 @@ function paint(id) {
   const side = (name, racks) => `<div><h3>${name}</h3><div class="side">${ids.map((r) => racks.get(r)
     ? `<figure class="grid" data-rack-id="${r}" data-side="${name.toLowerCase()}" data-version="${live.versions.get(r)}" data-testid="grid-${name.toLowerCase()}"><figcaption>${escape(racks.get(r).name)}</figcaption>${rackSvg(racks.get(r), { cell: 11 })}</figure>` : "").join("")}</div></div>`;
   if (["proposed", "approved"].includes(plan.state)) {
-    box.innerHTML = side("Before", live.racks) + side("After", simulate(live.racks, plan.steps));
+    const after = simulate(live.racks, plan.steps);
+    box.innerHTML = side("Before", live.racks) + side("After", after);
+    markMoved(box, after);
   } else {
     box.innerHTML = side("Now", live.racks);
   }
+  const now = el.querySelector("[data-testid=free-racks-now]");
+  if (now) now.textContent = wholeFreeRacks();
+}
+
+/** Outline the cells of the "after" grids whose job the plan changes. */
+function markMoved(box, after) {
+  for (const fig of box.querySelectorAll("[data-side=after]")) {
+    const rackId = Number(fig.dataset.rackId);
+    const before = new Map(cells(live.racks.get(rackId)).map((c) => [`${c.node}:${c.gpu}`, c.job]));
+    for (const c of cells(after.get(rackId))) {
+      if (before.get(`${c.node}:${c.gpu}`) !== c.job) fig.querySelector(`g.cell[data-node="${c.node}"][data-gpu="${c.gpu}"]`)?.classList.add("moved");
+    }
+  }
+}
+
+/** Racks whose healthy nodes are all idle, now (a defrag card's live figure). */
+function wholeFreeRacks() {
+  return [...live.racks.values()].filter((r) => r.nodes.every((n) => n[3] !== "healthy" || n[4].every((g) => g[1] === null))).length;
 }
 
 function paintAll() { for (const id of Object.keys(plans)) paint(id); }

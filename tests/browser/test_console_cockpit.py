@@ -17,7 +17,7 @@ pytestmark = pytest.mark.browser
 
 
 def test_an_operator_plans_a_defrag_from_the_console_and_approves_it_there(page, fleet, fragmented, operator, worker):
-    a, _b, _c = fragmented
+    a, _b, c = fragmented
     log_in_as(page, operator)
     open_live(page, "/actions/")
     page.locator("[data-testid=defrag-panel] summary").click()
@@ -32,15 +32,29 @@ def test_an_operator_plans_a_defrag_from_the_console_and_approves_it_there(page,
     assert "greater than or equal to 1" in error.text_content()
     assert not Action.objects.filter(kind=ActionKind.DEFRAG).exists()
 
-    # Room for the waiting gangs (no target): the plan opens here.
-    form.locator("input[name=free_racks]").fill("")
+    # Two whole free racks cannot be had (B may not move): the plan frees one
+    # and says plainly that it misses the target.
+    form.locator("input[name=free_racks]").fill("2")
     form.locator("[data-testid=defrag-submit]").click()
     page.wait_for_selector("[data-testid=decisions] article[data-kind=defrag]")
-    plan = Action.objects.get(kind=ActionKind.DEFRAG)
+    short = Action.objects.get(kind=ActionKind.DEFRAG)
     assert error.text_content() == ""
+    assert "this plan misses it" in page.locator(f"#action-{short.pk} [data-testid=target-missed]").text_content()
+
+    # Room for the waiting gangs (no target): this plan replaces it and opens here.
+    form.locator("input[name=free_racks]").fill("")
+    form.locator("[data-testid=defrag-submit]").click()
+    page.wait_for_selector(f"[data-testid=decisions] article[data-kind=defrag][data-state=proposed]:not(#action-{short.pk})")
+    plan = Action.objects.filter(kind=ActionKind.DEFRAG).exclude(pk=short.pk).get()
+    assert Action.objects.get(pk=short.pk).state == ActionState.EXPIRED
     assert f"action #{plan.pk}" in form.locator("[data-testid=defrag-result]").text_content()
     card = page.locator(f"#action-{plan.pk}")
     assert card.locator(f"[data-testid=grid-after] g.cell[data-job='{a.pk}']").count() == 16
+    # The moved cells are outlined in the "after" grid: A's new cells in r2 and its old ones in r1.
+    assert card.locator("[data-testid=grid-after] g.cell.moved").count() == 32
+    assert card.locator("[data-testid=grid-before] g.cell.moved").count() == 0
+    assert "this plan meets it" in card.locator("[data-testid=defrag-target]").text_content()
+    assert card.locator("[data-testid=free-racks-now]").text_content() == "0"
     page.wait_for_function(f"document.querySelector('[data-testid=nav-badge]').dataset.count === '{Action.objects.filter(state=ActionState.PROPOSED).count()}'")
 
     # Costly: the first click asks to confirm the GPU-hours (the page's threshold
@@ -53,6 +67,10 @@ def test_an_operator_plans_a_defrag_from_the_console_and_approves_it_there(page,
     approve.click()
     page.wait_for_function(f"document.getElementById('action-{plan.pk}').dataset.state === 'succeeded'", timeout=30000)
     assert Action.objects.get(pk=plan.pk).decided_by_name == operator.username
+    # The target stays in view; the waiting gang C takes the room the plan made.
+    assert card.locator("[data-testid=defrag-target]").is_visible()
+    page.wait_for_function(f"window.rackwise.jobCells({c.pk}).length === 64 && window.rackwise.jobCells({c.pk}).every(x => x.rack === {fleet[0].pk})", timeout=30000)
+    assert card.locator("[data-testid=free-racks-now]").text_content() == "0"
 
 
 def test_a_proposal_made_elsewhere_appears_without_a_reload_and_the_badge_counts_it(page, fleet, operator):
