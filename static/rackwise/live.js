@@ -48,22 +48,44 @@ export function messages(value) {
   return [String(value)];
 }
 
-/** Show an API error on a form: a 400's messages next to their fields
- * (``[data-field-error=<field>]``), the rest, named, in ``[data-field-error=detail]``;
- * any other error's message there. ``err`` null clears them. */
-export function showFieldErrors(form, err) {
+/** [path, messages] for every field of a DRF error body ("slurm.script" for a
+ * nested serializer's field). */
+export function errorPaths(value, path = "") {
+  if (Array.isArray(value) && value.every((m) => typeof m !== "object")) return [[path, value.map(String)]];
+  if (value && typeof value === "object") {
+    return Object.entries(value).flatMap(([k, v]) => errorPaths(v, path ? `${path}.${k}` : k));
+  }
+  return [[path, [String(value)]]];
+}
+
+/** Show an API error on a form: a 400's messages next to their fields (the
+ * slot whose ``data-field-error`` lists the field's path), the rest, named, in
+ * the ``detail`` slot, as are fields whose slot is hidden; any other error's
+ * message there. ``err`` null clears them. ``skip(slot)`` leaves a field's slot
+ * unmarked (a form checked as it is typed marks only what was touched).
+ * Returns how many messages were shown. */
+export function showFieldErrors(form, err, { skip = () => false } = {}) {
   for (const slot of form.querySelectorAll("[data-field-error]")) slot.textContent = "";
-  if (!err) return;
-  const detail = form.querySelector("[data-field-error=detail]");
+  if (!err) return 0;
+  const detail = form.querySelector("[data-field-error~=detail]");
   if (err.status !== 400 || !err.data || typeof err.data !== "object") {
     detail.textContent = err.message;
-    return;
+    return 1;
   }
-  for (const [field, value] of Object.entries(err.data)) {
-    const slot = form.querySelector(`[data-field-error="${CSS.escape(field)}"]`) || detail;
-    const named = slot === detail && field !== "detail" && field !== "non_field_errors";
-    slot.textContent = [slot.textContent, ...messages(value).map((m) => (named ? `${field}: ${m}` : m))].filter(Boolean).join(" ");
+  let shown = 0;
+  for (const [path, texts] of errorPaths(err.data)) {
+    let slot = form.querySelector(`[data-field-error~="${CSS.escape(path)}"]`);
+    let text = texts.join(" ");
+    if (!slot || slot.closest("[hidden]")) {
+      slot = detail;
+      if (path !== "detail" && path !== "non_field_errors") text = `${path}: ${text}`;
+    } else if (slot !== detail && skip(slot)) {
+      continue;
+    }
+    slot.textContent = [slot.textContent, text].filter(Boolean).join(" ");
+    shown++;
   }
+  return shown;
 }
 
 export class FleetLive {

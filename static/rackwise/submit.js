@@ -16,14 +16,13 @@
 // Tests wait on [data-testid=what-if][data-state] (idle, checking, answered,
 // refused) and read the [data-field-error] slots.
 
-import { api } from "./live.js";
+import { api, showFieldErrors } from "./live.js";
 
 const form = document.querySelector("[data-testid=submit-form]");
 const panel = form.querySelector("[data-testid=what-if]");
 const summary = panel.querySelector("[data-testid=what-if-summary]");
 const reason = panel.querySelector("[data-testid=what-if-reason]");
 const submit = form.querySelector("[data-testid=submit]");
-const top = form.querySelector("[data-field-error~=detail]");
 const CHECK_AFTER_MS = 400;
 const newKey = () => globalThis.crypto?.randomUUID?.() ?? `${Date.now()}-${Math.random().toString(36).slice(2)}`;
 let key = newKey();
@@ -49,39 +48,9 @@ function body() {
   return data;
 }
 
-/** [path, messages] for every field of a DRF error body ("slurm.script" for
- * nested serializers). */
-function fieldErrors(value, path = "") {
-  if (Array.isArray(value) && value.every((m) => typeof m !== "object")) return [[path, value.map(String)]];
-  if (value && typeof value === "object") {
-    return Object.entries(value).flatMap(([k, v]) => fieldErrors(v, path ? `${path}.${k}` : k));
-  }
-  return [[path, [String(value)]]];
-}
-
-function clearErrors() {
-  for (const slot of form.querySelectorAll("[data-field-error]")) slot.textContent = "";
-}
-
-/** The error body's messages next to their fields; returns how many were
- * shown (an automatic check leaves untouched fields unmarked). */
-function showErrors(data, { all }) {
-  let shown = 0;
-  for (const [path, messages] of fieldErrors(data)) {
-    let slot = form.querySelector(`[data-field-error~="${CSS.escape(path)}"]`);
-    let text = messages.join(" ");
-    if (!slot || slot.closest("[hidden]")) {
-      // A field the form does not show now (num_gpus of a nodes x GPUs shape).
-      slot = top;
-      text = `${path}: ${text}`;
-    } else if (!all && slot !== top && !touched.has(slot)) {
-      continue;
-    }
-    slot.textContent = [slot.textContent, text].filter(Boolean).join(" ");
-    shown++;
-  }
-  return shown;
-}
+/** The error's messages next to their fields; an automatic check (``all``
+ * false) leaves fields the user has not touched unmarked. */
+const showErrors = (err, { all }) => showFieldErrors(form, err, { skip: (slot) => !all && !touched.has(slot) });
 
 function showAnswer(state, text, why = "") {
   panel.dataset.state = state;
@@ -99,17 +68,17 @@ async function check({ all = false } = {}) {
     answer = await api("/api/jobs/what-if/", { method: "POST", body: body() });
   } catch (err) {
     if (mine !== asked) return;
-    clearErrors();
     if (err.status === 400 && err.data && typeof err.data === "object") {
-      const shown = showErrors(err.data, { all });
+      const shown = showErrors(err, { all });
       showAnswer("refused", shown ? "not checked: the API refused the values marked." : "fill in the form to see what would happen.");
     } else {
+      showFieldErrors(form, null);
       showAnswer("refused", `not checked: ${err.message}`);
     }
     return;
   }
   if (mine !== asked) return;
-  clearErrors();
+  showFieldErrors(form, null);
   showAnswer("answered", answer.summary, answer.reason && answer.reason !== answer.summary ? `(${answer.reason})` : "");
 }
 
@@ -150,9 +119,7 @@ form.addEventListener("submit", async (e) => {
     location.assign(`/jobs/${job.id}/`);
   } catch (err) {
     if (mine !== asked) return;
-    clearErrors();
-    if (err.status === 400 && err.data && typeof err.data === "object") showErrors(err.data, { all: true });
-    else top.textContent = err.message;
+    showErrors(err, { all: true });
     showAnswer("refused", "not submitted: see the messages by the fields.");
     submit.disabled = false;
   }
