@@ -84,10 +84,21 @@ def defragment(
     With ``now`` (and ``Allocation.started_at``) a move costs the work really lost
     since the job's last checkpoint, not the expected half interval.
     """
-    pending = queue_order(pending_jobs)
+    # Planned on the fleet itself: the trial undoes every move on the way out.
+    with fleet.trial():
+        return _plan(fleet, queue_order(pending_jobs), target, shapes, budget_gpu_hours,
+                     max_moves, restart_minutes, now)
+
+
+def _plan(fleet: Fleet, pending: list[JobRequest], target: Target | None,
+          shapes: Mapping[int, float] | Sequence[JobRequest] | None,
+          budget_gpu_hours: float, max_moves: int | None, restart_minutes: float,
+          now: float | None) -> DefragPlan:
+    """:func:`defragment`'s steps, on ``fleet`` under a trial: the figures of the
+    fleet as it was are read before the first move."""
+    work = fleet  # what the moves change (undone when the trial ends)
     shape_src: Mapping[int, float] | Sequence[JobRequest] | None = shapes or (
         pending or None)
-    work = fleet.copy()
     frag_before = fragmentation(fleet, shape_src).fraction
     racks_before = _whole_racks(fleet)
     placeable_before = {j.id for j in pending if place(work, _local(j)).placed}

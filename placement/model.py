@@ -9,6 +9,7 @@ a placement decision looks capacity up instead of scanning every rack or GPU.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import math
 from collections.abc import Iterable, Iterator, Mapping
@@ -266,6 +267,7 @@ class Fleet:
         self.max_spares: dict[int, int] = {g: max(r.spare_nodes for r in rs)
                                            for g, rs in self.groups.items()}
         self._group_nodes: dict[tuple[int, int], int] = {}
+        self._undo: _Undo | None = None  # see trial()
         for alloc in allocations:
             self.allocate(alloc)
 
@@ -473,6 +475,8 @@ class Fleet:
             if node.used & mask:
                 raise CapacityError(f"job {jid}: GPU on {nid} already held")
             masks.append((node, mask))
+        if self._undo is not None:
+            self._undo.save(alloc.nodes)
         self.allocations[jid] = alloc
         touched: dict[str, int] = {}
         lends = alloc.job.preemptible  # (or small: checked per node shape below)
@@ -500,6 +504,8 @@ class Fleet:
         """Free a job's GPUs and forget its allocation (KeyError if unknown)."""
         alloc = self.allocations[job_id]
         nodes = self.nodes
+        if self._undo is not None:
+            self._undo.save(alloc.nodes)
         # A node held whole by this job alone (gangs) takes the fast path below.
         states = {nid: None if (len(nodes[nid].jobs) == 1
                                 and nodes[nid].used == (1 << nodes[nid].gpus) - 1)
@@ -531,12 +537,32 @@ class Fleet:
         if health not in HEALTH_STATES:
             raise ValueError(f"health must be one of {HEALTH_STATES}")
         node = self.nodes[node_id]
+        if self._undo is not None:
+            self._undo.save((node_id,))
         before = self._state(node)
         node.health = health
         self._node_changed(node, before)
         if self.changed is not None:
             self.changed.add(node_id)
         return list(node.jobs)
+
+    @contextlib.contextmanager
+    def trial(self) -> Iterator[Fleet]:
+        """What-if changes on the fleet itself, without a copy: inside, mutate it as
+        usual; on exit every change is undone (nodes, racks and indexes as they were,
+        each node's jobs and ``allocations`` in their old order) and the change
+        tracking (``changed``) has seen none of it. Only the nodes touched are saved,
+        at their first change."""
+        if self._undo is not None:
+            raise RuntimeError("a trial is already running on this fleet")
+        undo = self._undo = _Undo(self)
+        changed, self.changed = self.changed, None
+        try:
+            yield self
+        finally:
+            self._undo = None
+            undo.rollback()
+            self.changed = changed
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Fleet:
@@ -563,6 +589,51 @@ class Fleet:
             ],
             "allocations": [a.to_dict() for a in self.allocations.values()],
         }
+
+
+class _Undo:
+    """What :meth:`Fleet.trial` puts back: the allocations and the idle count as
+    they were, and each touched node's and rack's state from before its first
+    change."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+        self.allocations = dict(fleet.allocations)
+        self.idle_total = fleet.idle_total
+        self.nodes: dict[str, tuple[Node, int, dict[str, int], str]] = {}
+        self.racks: dict[str, tuple[Rack, set[int], int]] = {}
+
+    def save(self, node_ids: Iterable[str]) -> None:
+        for nid in node_ids:
+            if nid not in self.nodes:
+                node = self.fleet.nodes[nid]
+                self.nodes[nid] = (node, node.used, dict(node.jobs), node.health)
+                if node.rack not in self.racks:
+                    rack = self.fleet.rack_by_id[node.rack]
+                    self.racks[rack.id] = (rack, set(rack.free), rack.lent_nodes)
+
+    def rollback(self) -> None:
+        fleet = self.fleet
+        for node, used, jobs, health in self.nodes.values():
+            key = fleet._partial_key(node)
+            if key:
+                fleet.partial[key].discard(node.id)
+            node.used, node.health = used, health
+            node.jobs.clear()
+            node.jobs.update(jobs)
+            key = fleet._partial_key(node)
+            if key:
+                fleet.partial.setdefault(key, set()).add(node.id)
+        for rack, free, lent in self.racks.values():
+            old = len(rack.free)
+            rack.free.clear()
+            rack.free.update(free)
+            rack.lent_nodes = lent
+            if old != len(free):
+                fleet._reindex(rack, old, len(free))
+        fleet.idle_total = self.idle_total
+        fleet.allocations.clear()
+        fleet.allocations.update(self.allocations)
 
 
 def racks_needed(nodes: int, nodes_per_rack: int) -> int:

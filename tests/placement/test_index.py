@@ -84,3 +84,50 @@ def test_decisions_from_the_index_match_a_scan(history: tuple[Fleet, random.Rand
             indexed = fn(fleet, job, racks, Context(random.Random(1), reserved, None))
             scanned = fn(fleet, job, list(racks), Context(random.Random(1), reserved, None))
             assert indexed.to_dict() == scanned.to_dict(), name
+
+
+def _state(fleet: Fleet) -> tuple[object, ...]:
+    """Everything the indexes hold, and the orders decisions could see."""
+    return (fleet.to_dict(), list(fleet.allocations),
+            [(n.id, n.used, list(n.jobs.items()), n.health) for n in fleet.nodes.values()],
+            [(r.id, sorted(r.free), r.lent_nodes) for r in fleet.racks],
+            {f: sorted(ids) for f, ids in fleet.partial.items() if ids},
+            fleet.by_free, fleet.idle_total)
+
+
+@SETTINGS
+@given(histories())
+def test_a_copy_has_the_state_a_rebuild_gives(history: tuple[Fleet, random.Random]) -> None:
+    # Fleet.copy copies the indexes; rebuilding allocates every job again, in order.
+    fleet, _ = history
+    copy = fleet.copy()
+    assert _state(copy) == _state(Fleet.from_dict(fleet.to_dict())) == _state(fleet)
+    assert validate_indexes(copy) == []
+
+
+@SETTINGS
+@given(histories(), st.integers(0, 30))
+def test_a_trial_leaves_the_fleet_as_it_was(history: tuple[Fleet, random.Random],
+                                            steps: int) -> None:
+    fleet, rng = history
+    fleet.changed = set()
+    before = _state(fleet)
+    ids = sorted(fleet.nodes)
+    with fleet.trial():
+        for i in range(steps):
+            op = rng.random()
+            if op < 0.5:
+                job = JobRequest(f"t{i}", num_gpus=rng.choice(SIZES), preemptible=rng.random() < 0.7)
+                plan = place(fleet, job)
+                if plan.placed:
+                    fleet.allocate(plan.allocation(job))
+            elif op < 0.8 and fleet.allocations:
+                alloc = fleet.release(rng.choice(sorted(fleet.allocations)))
+                if rng.random() < 0.5:
+                    fleet.allocate(alloc, restore=True)  # back, now last in every order
+            else:
+                fleet.set_health(rng.choice(ids), rng.choice(["failed", "draining", "healthy"]))
+        assert validate_indexes(fleet) == []
+    assert _state(fleet) == before
+    assert validate_indexes(fleet) == []
+    assert fleet.changed == set()  # the tracking saw none of it
