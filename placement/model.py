@@ -98,7 +98,7 @@ class Rack:
 
     def slice_offer(self) -> int:
         """Idle nodes this rack offers a non-preemptible big gang, keeping its spares."""
-        return max(0, len(self.free) - self.unlent_spares())
+        return max(0, self.free_count - self.unlent_spares())
 
     def free_gpus(self) -> int:
         return sum(n.free_gpus for n in self.nodes)

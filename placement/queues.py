@@ -97,6 +97,48 @@ class _View:
     slice_offer = Rack.slice_offer
 
 
+class _LaterView:
+    """A rack as it will be at ``t``: its nodes free by then that no reservation
+    holds. Their count is known from the node ends; which nodes they are is worked
+    out only when a policy asks (for the racks it picks), since a decision over a
+    whole shape group reads every rack's count but only a few racks' nodes."""
+
+    __slots__ = ("_free", "_free_at", "_held", "_nodes", "_rack", "_t", "free_count",
+                 "gpus_per_node", "id", "lent_nodes", "size", "spare_nodes")
+
+    def __init__(self, rack: Rack, count: int, free_at: dict[str, float], t: float,
+                 held: set[str]) -> None:
+        self.id = rack.id
+        self.size = rack.size
+        self.spare_nodes = rack.spare_nodes
+        self.lent_nodes = rack.lent_nodes
+        self.gpus_per_node = rack.gpus_per_node
+        self.free_count = count
+        self._rack, self._free_at, self._t, self._held = rack, free_at, t, held
+        self._nodes: list[Node] | None = None if count else []
+        self._free: set[int] | None = None
+
+    @property
+    def nodes(self) -> list[Node]:
+        if self._nodes is None:
+            self._nodes = [n for n in self._rack.nodes
+                           if self._free_at[n.id] <= self._t and n.id not in self._held]
+        return self._nodes
+
+    @property
+    def free(self) -> set[int]:
+        if self._free is None:
+            self._free = {n.index for n in self.nodes}
+        return self._free
+
+    @property
+    def node_ids(self) -> set[str]:
+        return {n.id for n in self.nodes}
+
+    unlent_spares = Rack.unlent_spares
+    slice_offer = Rack.slice_offer
+
+
 def decide(fleet: Fleet, job: JobRequest, fn: PolicyFn, racks_by_gpn: dict[int, list[Any]],
            ctx: Context, name: str) -> PlacementPlan:
     """``fn`` over each rack shape (as :func:`placement.place.place` does); the plan
@@ -334,7 +376,7 @@ class Backfill:
         lo = max(bisect.bisect_right(ends, earliest), bisect.bisect_left(ends, first))
         times = sorted(set(ends[lo:bisect.bisect_right(ends, horizon)])
                        | {h.end for h in self.holds if earliest < h.end <= horizon})
-        views_at: dict[tuple[str, int], _View] = {}  # see below
+        views_at: dict[tuple[str, int], _LaterView] = {}  # see below
         for t in times:
             # Cheap bounds first: enough nodes idle by then (in one block of the job's
             # level), then the same without the held ones.
@@ -347,15 +389,14 @@ class Backfill:
             busy = [nid for nid in held if free_at[nid] <= t]
             if len(busy) and bisect.bisect_right(self._ends, t) - len(busy) < need:
                 continue
-            if tests and busy:
+            if busy:
                 for nid in busy:
                     avail[self.fleet.nodes[nid].rack] -= 1
-                if not any(test(avail) for test in tests):
+                if tests and not any(test(avail) for test in tests):
                     continue
-            # avail[r] now bounds the nodes of r's view (it is their count when a held
-            # node was taken off): a rack with none gets an empty view, and without
-            # holds a view depends on the count alone (its nodes free first), so a
-            # later time reuses it.
+            # avail[r] is now the count of r's nodes free by t and not held. Without
+            # holds a view depends on that count alone (the nodes that free first),
+            # so a later time reuses it.
             cache = views_at if not held else {}
             if one_rack is not None:
                 # Only a rack that holds the whole job by itself can take it.
@@ -407,15 +448,12 @@ class Backfill:
 
     @staticmethod
     def _later_view(rack: Rack, free_at: dict[str, float], t: float, held: set[str],
-                    bound: int, cache: dict[tuple[str, int], _View]) -> _View:
-        """The rack at ``t``: its nodes free by then and not held. ``bound`` is at
-        least their count; ``cache`` holds views by (rack, count) when nothing is
-        held."""
-        view = cache.get((rack.id, bound))
+                    count: int, cache: dict[tuple[str, int], _LaterView]) -> _LaterView:
+        """The rack at ``t`` (``count`` of its nodes free by then and not held), from
+        ``cache`` by (rack, count) if it has it."""
+        view = cache.get((rack.id, count))
         if view is None:
-            nodes = ([n for n in rack.nodes if free_at[n.id] <= t and n.id not in held]
-                     if bound else [])
-            view = cache[(rack.id, bound)] = _View(rack, {n.index for n in nodes}, nodes)
+            view = cache[(rack.id, count)] = _LaterView(rack, count, free_at, t, held)
         return view
 
     def _ready_list(self, g: int) -> list[tuple[float, int, Node]]:

@@ -105,7 +105,7 @@ def _one_rack(fleet: Fleet, job: JobRequest, racks: list[Rack], n: int,
         cands: Iterable[tuple[int, int, Rack]] = fleet.racks_with_idle(gpn, n)
     else:
         slack = -1  # a filtered list: scan it
-        cands = ((len(r.free), pos, r) for pos, r in enumerate(racks) if len(r.free) >= n)
+        cands = ((r.free_count, pos, r) for pos, r in enumerate(racks) if r.free_count >= n)
     for free, pos, rack in cands:
         if slack >= 0 and best is not None and free - slack >= best[0]:
             break
@@ -171,7 +171,7 @@ def _many_racks(fleet: Fleet, job: JobRequest, racks: list[Rack], n: int, ctx: C
                                                job.preemptible), k
             elif desc is None:
                 desc = sorted(((_offer(r, ctx, may_borrow(r, min(n, size), job.preemptible)),
-                                pos[r.id], r) for r in racks if r.free),
+                                pos[r.id], r) for r in racks if r.free_count),
                               key=lambda x: (-x[0], x[1]))
             picks = _unequal(desc[:k], n, k)
             note = f" (no {k} racks hold {'+'.join(map(str, sizes))}, so unequal)"
@@ -230,7 +230,7 @@ def _assign(fleet: Fleet | None, racks: list[Rack], sizes: list[int], ctx: Conte
     else:
         cands = racks
     for r in cands:
-        if len(r.free) < smallest:
+        if r.free_count < smallest:
             continue
         o = _offer(r, ctx, may_borrow(r, biggest, preemptible))
         if o >= smallest:
