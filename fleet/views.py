@@ -82,16 +82,33 @@ class FilteredPageMixin:
 
 
 class FleetView(RoleRequiredMixin, TemplateView):
+    """Every rack, grouped by site and row. A fleet of more than ``open_limit``
+    racks starts with its groups collapsed to their headers (the cards wait in a
+    ``<template>`` until a group opens, see fleet.js)."""
+
     template_name = "fleet/fleet.html"
+    open_limit = 48
 
     def get_context_data(self, **kwargs):
         context = super().get_context_data(**kwargs)
         racks = list(Rack.objects.all())
-        summaries = rack_summaries()
         context["summary"] = fleet_summary()
         context["attention"] = attention(self.request.user)
         context["wait_warn"] = age_text(settings.RACKWISE_WAIT_WARN_S)
-        context["racks"] = [(rack, summaries[rack.id]) for rack in racks]
+        # The cards' and groups' counts come from the live snapshot (fleet.js), so
+        # no per-rack summary here (it cost ~0.3 s for 1,000 racks).
+        context["racks"] = racks
+        # Racks come ordered by site, row, position: a group is a run of them.
+        groups: dict[tuple[str, str], list[Rack]] = {}
+        for rack in racks:
+            groups.setdefault((rack.site, rack.row), []).append(rack)
+        context["groups"] = [
+            {"site": site, "row": row, "racks": members,
+             "gpus_total": sum(r.nodes_per_domain * r.gpus_per_node for r in members)}
+            for (site, row), members in groups.items()
+        ]
+        context["open_limit"] = self.open_limit
+        context["collapsed"] = len(racks) > self.open_limit
         context["sites"] = sorted({r.site for r in racks if r.site})
         context["rows"] = sorted({r.row for r in racks if r.row})
         context["node_states"] = NodeState.choices
