@@ -547,6 +547,32 @@ class Fleet:
         return list(node.jobs)
 
     @contextlib.contextmanager
+    def holding_back(self, node_ids: Iterable[str]) -> Iterator[Fleet]:
+        """Inside, the idle ones of ``node_ids`` are out of their racks' idle sets,
+        the racks-by-idle index and the idle count; on exit they are back. The nodes
+        themselves do not change: this is for a gang's decision, which takes idle
+        nodes from ``rack.free`` only, to see those nodes as held for someone else
+        (backfill's reservations) while reading the indexes."""
+        taken: dict[str, list[int]] = {}
+        for nid in node_ids:
+            node = self.nodes[nid]
+            if node.index in self.rack_by_id[node.rack].free:
+                taken.setdefault(node.rack, []).append(node.index)
+        for rid, slots in taken.items():
+            rack = self.rack_by_id[rid]
+            rack.free.difference_update(slots)
+            self._reindex(rack, len(rack.free) + len(slots), len(rack.free))
+            self.idle_total -= len(slots)
+        try:
+            yield self
+        finally:
+            for rid, slots in taken.items():
+                rack = self.rack_by_id[rid]
+                rack.free.update(slots)
+                self._reindex(rack, len(rack.free) - len(slots), len(rack.free))
+                self.idle_total += len(slots)
+
+    @contextlib.contextmanager
     def trial(self) -> Iterator[Fleet]:
         """What-if changes on the fleet itself, without a copy: inside, mutate it as
         usual; on exit every change is undone (nodes, racks and indexes as they were,

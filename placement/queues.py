@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from placement.model import HEALTHY, Allocation, Fleet, JobRequest, Node, Rack
+from placement.model import HEALTHY, Fleet, JobRequest, Node, Rack
 from placement.plans import PlacementPlan, not_placed
 from placement.policies.common import Context
 
@@ -38,8 +38,6 @@ from placement.policies.common import Context
 BF_WINDOW_S = 1440 * 60.0
 BF_MIN_AGE_RESERVE_S = 0.0
 BF_MAX_RESERVATIONS = 16
-# The stand-in job that holds reserved idle nodes during a decision (Backfill).
-HELD_JOB = "\x00held"
 
 def expansion_factor(waited: float, run: float, tau: float = 600.0) -> float:
     """A pending job's bounded slowdown so far, ``max(1, (waited + run) / max(run,
@@ -285,26 +283,12 @@ class Backfill:
         return decide(self.fleet, job, self.fn, groups, self.ctx, self.name)
 
     def _start_around(self, job: JobRequest, held: dict[str, int]) -> PlacementPlan:
-        """A gang's decision with the held nodes taken out: a gang uses idle nodes
-        only, so the idle held ones are allocated to a stand-in job for the decision
-        and given back after it. The fleet then looks exactly as a view of it without
-        them would (a non-preemptible gang lends no node), and the policy reads its
-        indexes instead of scanning views; the fleet is left as it was, and its
-        change tracking does not see the stand-in."""
-        fleet = self.fleet
-        nodes = fleet.nodes
-        taken = {nid: tuple(range(nodes[nid].gpus)) for nid in held if nodes[nid].idle}
-        if not taken:
-            return decide(fleet, job, self.fn, fleet.groups, self.ctx, self.name)
-        stand_in = Allocation(JobRequest(HELD_JOB, num_nodes=len(taken), gpus_per_node=max(
-            len(g) for g in taken.values()), preemptible=False), taken)
-        changed, fleet.changed = fleet.changed, None
-        fleet.allocate(stand_in)
-        try:
-            return decide(fleet, job, self.fn, fleet.groups, self.ctx, self.name)
-        finally:
-            fleet.release(HELD_JOB)
-            fleet.changed = changed
+        """A gang's decision with the held nodes out of the fleet's idle sets for it
+        (:meth:`Fleet.holding_back`): a gang takes idle nodes only, so it sees what a
+        view without them would show, and the policy reads the fleet's indexes instead
+        of scanning views."""
+        with self.fleet.holding_back(held):
+            return decide(self.fleet, job, self.fn, self.fleet.groups, self.ctx, self.name)
 
     @staticmethod
     def _now_view(rack: Rack, held: dict[str, int], small: int | None) -> _View:
