@@ -271,8 +271,11 @@ def _best_rack(work: Fleet, nodes: int, gpn: int, targeted: set[str],
              and (r.healthy >= nodes if nodes >= 0 else r.free_count < r.healthy)]
     racks.sort(key=lambda r: (_need(r, nodes, borrow), work.rack_pos[r.id]))
     best: tuple[Rack, list[_Step], float] | None = None
-    racks = [r for r in racks if _freeable(work, r) >= _need(r, nodes, borrow)]
-    for rack in racks[:CANDIDATE_RACKS]:
+    # The first racks whose preemptible occupants could free enough, counted only as
+    # far as needed (each trial below is undone before the next rack is counted).
+    for rack in itertools.islice((r for r in racks
+                                  if _freeable(work, r) >= _need(r, nodes, borrow)),
+                                 CANDIDATE_RACKS):
         if _need(rack, nodes, borrow) == 0:
             return rack, [], 0.0
         if any(not work.allocations[j].job.preemptible for n in rack.nodes for j in n.jobs):

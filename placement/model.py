@@ -546,31 +546,32 @@ class Fleet:
             self.changed.add(node_id)
         return list(node.jobs)
 
-    @contextlib.contextmanager
-    def holding_back(self, node_ids: Iterable[str]) -> Iterator[Fleet]:
-        """Inside, the idle ones of ``node_ids`` are out of their racks' idle sets,
-        the racks-by-idle index and the idle count; on exit they are back. The nodes
-        themselves do not change: this is for a gang's decision, which takes idle
-        nodes from ``rack.free`` only, to see those nodes as held for someone else
-        (backfill's reservations) while reading the indexes."""
+    def hold_back(self, slots: Mapping[str, Iterable[int]]) -> dict[str, list[int]]:
+        """Take the idle ones of these nodes (rack id -> slots) out of their racks'
+        idle sets, the racks-by-idle index and the idle count, until
+        :meth:`give_back` gets the answer. The nodes themselves do not change: this
+        is for a gang's decision, which takes idle nodes from ``rack.free`` only, to
+        see those nodes as held for someone else (backfill's reservations) while
+        reading the indexes. Mutate nothing in between."""
         taken: dict[str, list[int]] = {}
-        for nid in node_ids:
-            node = self.nodes[nid]
-            if node.index in self.rack_by_id[node.rack].free:
-                taken.setdefault(node.rack, []).append(node.index)
-        for rid, slots in taken.items():
+        for rid, want in slots.items():
             rack = self.rack_by_id[rid]
-            rack.free.difference_update(slots)
-            self._reindex(rack, len(rack.free) + len(slots), len(rack.free))
-            self.idle_total -= len(slots)
-        try:
-            yield self
-        finally:
-            for rid, slots in taken.items():
-                rack = self.rack_by_id[rid]
-                rack.free.update(slots)
-                self._reindex(rack, len(rack.free) - len(slots), len(rack.free))
-                self.idle_total += len(slots)
+            free = rack.free
+            got = [i for i in want if i in free]
+            if got:
+                taken[rid] = got
+                free.difference_update(got)
+                self._reindex(rack, len(free) + len(got), len(free))
+                self.idle_total -= len(got)
+        return taken
+
+    def give_back(self, taken: dict[str, list[int]]) -> None:
+        """Undo :meth:`hold_back`."""
+        for rid, got in taken.items():
+            rack = self.rack_by_id[rid]
+            rack.free.update(got)
+            self._reindex(rack, len(rack.free) - len(got), len(rack.free))
+            self.idle_total += len(got)
 
     @contextlib.contextmanager
     def trial(self) -> Iterator[Fleet]:

@@ -25,8 +25,9 @@ cycle (Slurm bounds a cycle by ``bf_max_job_test``, default 500, and by time).
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -155,6 +156,15 @@ def decide(fleet: Fleet, job: JobRequest, fn: PolicyFn, racks_by_gpn: dict[int, 
     return best or not_placed(job, name, "; ".join(reasons) or "no rack of a usable shape")
 
 
+def _distinct(values: Iterator[float]) -> Iterator[float]:
+    """Sorted ``values`` without repeats (read lazily: a search stops early)."""
+    last = None
+    for v in values:
+        if v != last:
+            last = v
+            yield v
+
+
 def _move(ends: list[float], old: float, new: float) -> None:
     """Replace one ``old`` by ``new`` in the sorted list ``ends``."""
     del ends[bisect.bisect_left(ends, old)]
@@ -233,6 +243,10 @@ class Backfill:
         self.room = room
         self._rack_ends: dict[str, list[float]] = {}
         self.holds: list[Hold] = []
+        # Which holds overlap -> GPUs they hold per node (held_during); id of such a
+        # dict -> its nodes' slots by rack (_start_around).
+        self._held: dict[tuple[int, ...], dict[str, int]] = {}
+        self._held_slots: dict[int, dict[str, list[int]]] = {}
         self.ctx = Context(now=now)
         self._free_at: dict[str, float] | None = None
         self._ends: list[float] = []
@@ -252,10 +266,12 @@ class Backfill:
 
     def held_during(self, start: float, end: float) -> dict[str, int]:
         """GPUs held per node by reservations that overlap ``[start, end)``."""
-        out: dict[str, int] = {}
-        for h in self.holds:
-            if h.start < end and h.end > start:
-                for nid, g in h.gpus.items():
+        sig = tuple(i for i, h in enumerate(self.holds) if h.start < end and h.end > start)
+        out = self._held.get(sig)
+        if out is None:  # holds never change, only get added: keep it by which overlap
+            out = self._held[sig] = {}
+            for i in sig:
+                for nid, g in self.holds[i].gpus.items():
                     out[nid] = out.get(nid, 0) + g
         return out
 
@@ -272,7 +288,7 @@ class Backfill:
         held = self.held_during(self.now, self.now + duration)
         groups = self.fleet.groups
         if held and not any(job.is_small(gpn) for gpn in groups):
-            return self._start_around(job, held)
+            return self._start_around(job, held)  # (held is never empty for a gang)
         if held:
             nodes = self.fleet.nodes
             touched = {nodes[nid].rack for nid in held}
@@ -284,11 +300,22 @@ class Backfill:
 
     def _start_around(self, job: JobRequest, held: dict[str, int]) -> PlacementPlan:
         """A gang's decision with the held nodes out of the fleet's idle sets for it
-        (:meth:`Fleet.holding_back`): a gang takes idle nodes only, so it sees what a
+        (:meth:`Fleet.hold_back`): a gang takes idle nodes only, so it sees what a
         view without them would show, and the policy reads the fleet's indexes instead
         of scanning views."""
-        with self.fleet.holding_back(held):
-            return decide(self.fleet, job, self.fn, self.fleet.groups, self.ctx, self.name)
+        slots = self._held_slots.get(id(held))
+        if slots is None:
+            slots = {}
+            for nid in held:
+                node = self.fleet.nodes[nid]
+                slots.setdefault(node.rack, []).append(node.index)
+            self._held_slots[id(held)] = slots  # held lives as long as self._held
+        fleet = self.fleet
+        taken = fleet.hold_back(slots)
+        try:
+            return decide(fleet, job, self.fn, fleet.groups, self.ctx, self.name)
+        finally:
+            fleet.give_back(taken)
 
     @staticmethod
     def _now_view(rack: Rack, held: dict[str, int], small: int | None) -> _View:
@@ -358,8 +385,9 @@ class Backfill:
         first = min((self._first_room(b) for b in blocks), default=self.now)
         ends = self._ends
         lo = max(bisect.bisect_right(ends, earliest), bisect.bisect_left(ends, first))
-        times = sorted(set(ends[lo:bisect.bisect_right(ends, horizon)])
-                       | {h.end for h in self.holds if earliest < h.end <= horizon})
+        times = _distinct(heapq.merge(
+            (ends[i] for i in range(lo, bisect.bisect_right(ends, horizon))),
+            sorted({h.end for h in self.holds if earliest < h.end <= horizon})))
         views_at: dict[tuple[str, int], _LaterView] = {}  # see below
         for t in times:
             # Cheap bounds first: enough nodes idle by then (in one block of the job's

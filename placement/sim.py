@@ -203,6 +203,9 @@ class Simulation:
         self.bf_last: tuple[float, float, int] | None = None  # last job it looked at
         self.fresh: list[JobState] = []  # queued since the last pass
         self.fifo_blocked: str | None = None  # kueue-tas: the head that does not fit
+        # Backfill's room tests by (shape, rack group): they read only the shape and
+        # the racks' sizes, which never change.
+        self.room_tests: dict[tuple[Any, ...], Callable[[dict[str, int]], bool]] = {}
 
     # -- events -------------------------------------------------------------------------
 
@@ -366,8 +369,7 @@ class Simulation:
                                min_age_reserve_s=age,
                                max_reservations=(cfg.rackwise_max_reservations if rackwise
                                                  else cfg.bf_max_reservations),
-                               room=rack_room if rackwise else block_room,
-                               ends=self.node_ends)
+                               room=self._room, ends=self.node_ends)
             if lxf:
                 tau = cfg.rackwise_lxf_tau_s
                 todo = sorted((st for g in self.groups.values() for st in g),
@@ -414,6 +416,14 @@ class Simulation:
                 # rackwise reserves for gangs only: a single-node job fits on any
                 # node, and its rising expansion factor moves it up the queue.
                 bf.reserve(job, run, st.submit, key)
+
+    def _room(self, job: JobRequest, racks: list[Any]) -> Callable[[dict[str, int]], bool]:
+        key = (shape_key(job), id(racks))
+        test = self.room_tests.get(key)
+        if test is None:
+            room = rack_room if self.policy == "rackwise" else block_room
+            test = self.room_tests[key] = room(job, racks)
+        return test
 
     def _spans(self, job: JobRequest, racks_used: int) -> bool:
         gpn = self.cfg.gpus_per_node
