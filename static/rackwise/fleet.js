@@ -14,9 +14,10 @@
 // 3. The overview map is one tab stop (roving tabindex); arrows move inside it,
 //    Enter opens the rack's group and focuses its grid.
 // 4. Kiosk (?kiosk=1): no chrome, every group open, and the largest cell size
-//    at which all shown racks fit the viewport, found by bisection on the laid
-//    out page (the grid placeholders take their size from --step, so measuring
-//    needs no repaint).
+//    at which all shown racks fit the viewport (fitKiosk). The grid
+//    placeholders take their size from --step, so measuring needs no repaint.
+// 5. Rack events repaint the grids on screen at the next frame; the others
+//    when they scroll into view (IntersectionObserver).
 
 import { attachClicks, attachTooltip, cells, describeCell, gridSize, rackStats, rackSvg, restoreCursor, utilisation } from "./grid.js";
 import { api, startLive } from "./live.js";
@@ -93,7 +94,7 @@ function paintSoon(rackId) {
 function flushPaints() {
   cancelAnimationFrame(paintFrame);
   paintFrame = null;
-  for (const id of toPaint) if (visible.has(id)) paint(id);
+  for (const id of toPaint) if (visible.has(id)) paint(id); else dirty.add(id);
   toPaint.clear();
 }
 
@@ -210,10 +211,16 @@ function scheduleTotals() {
 async function refreshTotals() {
   try {
     const [s, f] = await Promise.all([api("/api/fleet/summary/"), api("/api/fleet/fragmentation/")]);
-    const set = (k, v) => { const el = document.querySelector(`[data-total="${k}"]`); if (el) el.textContent = v; };
+    let changed = false;
+    const set = (k, v) => {
+      const el = document.querySelector(`[data-total="${k}"]`);
+      if (el && el.textContent !== String(v)) { el.textContent = v; changed = true; }
+    };
     set("gpus_used", s.gpus_used); set("gpus_total", s.gpus_total); set("gpus_free", s.gpus_free);
     set("gpus_failed", s.gpus_failed); set("pending", s.jobs_by_state.pending); set("running", s.jobs_by_state.running);
     set("fragmentation", `${(f.fraction * 100).toFixed(0)}%`); set("largest", `${f.largest_job_gpus} GPUs (${Math.floor(f.largest_job_gpus / 4)} nodes)`);
+    // The totals sit above the racks: longer figures can take another line.
+    if (kiosk && changed) scheduleFit();
   } catch (e) { /* shown again on the next tick */ }
 }
 setInterval(refreshTotals, 30000);
@@ -317,11 +324,11 @@ function applyFilters(repaint = true) {
   for (const g of groups) {
     g.el.hidden = g.shown === 0;
     g.el.querySelector("[data-agg=shown]").textContent = g.shown < g.ids.length ? `, ${g.shown} shown` : "";
-    const open = g.explicit ?? auto;
+    const open = g.shown > 0 && (g.explicit ?? auto);
     if (open !== g.open) setOpen(g, open);
   }
   placeRacks();
-  if (kiosk) scheduleFit();
+  if (kiosk && shown !== fittedFor) scheduleFit();
 }
 
 /** The form's values into the query string (defaults left out, other
@@ -416,8 +423,10 @@ function fits() {
   const root = document.scrollingElement;
   return root.scrollHeight <= window.innerHeight && root.scrollWidth <= window.innerWidth;
 }
+let fittedFor = -1;   // how many racks the last fit was for
 function fitKiosk() {
   const shown = [...cards.values()].filter((el) => el.isConnected && !el.hidden);
+  fittedFor = shown.length;
   if (!shown.length) return;
   const gap = parseFloat(getComputedStyle(groupsEl).rowGap) || 0;
   const width = groupsEl.clientWidth;

@@ -68,6 +68,7 @@ def test_a_large_fleet_is_grouped_collapsed_to_live_aggregates_and_a_rack_name_s
     assert west_c.locator("article.rack:visible").count() == 1
     assert west_c.locator("article.rack:visible header a").text_content() == "west-C07"
     assert page.locator("[data-testid=group]:visible").count() == 1
+    assert page.locator("[aria-expanded=true]").count() == 1  # the others stay collapsed, east/A too
     assert page.js_errors == []
 
 
