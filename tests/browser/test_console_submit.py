@@ -29,6 +29,8 @@ def test_an_engineer_submits_through_the_form_sees_the_what_if_and_cancels_from_
 
     form.get_by_test_id("field-name").fill(GANG["name"])
     form.get_by_test_id("shape-nodes").check()
+    # Only the chosen shape's fields show (a .field's display once beat [hidden]).
+    assert form.get_by_test_id("field-num_gpus").is_hidden()
     form.get_by_test_id("field-num_nodes").fill("16")
     # A segment that does not divide the job: the API's message, next to the field.
     form.get_by_test_id("field-segment_nodes").fill("7")
