@@ -33,7 +33,7 @@ const groupsEl = document.querySelector("[data-testid=groups]");
 const overviewEl = document.querySelector(".overview");
 const openLimit = Number(groupsEl.dataset.openLimit);
 
-// Cell sizes (px) of the density control; the card padding follows in fleet.css.
+// Cell sizes (px) of the density control; the card padding follows in rackwise.css.
 const DENSITY = { comfortable: 9, compact: 6, tiny: 4 };
 // Below this cell size a card shows its name and grid only (the group header counts).
 const SMALL_CELL = 6;
