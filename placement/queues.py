@@ -345,6 +345,10 @@ class Backfill:
         for rid in racks:
             self._rack_ends[rid] = sorted(self._free_at[n.id]
                                           for n in self.fleet.rack_by_id[rid].nodes)
+        if self._shared is not None and self.fleet.changed is not None:
+            # The shared node ends were refreshed when first read, and only this start
+            # changed these nodes since: they hold what a refresh would recompute.
+            self.fleet.changed.difference_update(alloc.nodes)
 
     # -- later ------------------------------------------------------------------------
 
@@ -382,7 +386,17 @@ class Backfill:
         blocks = [b for test in tests for b in getattr(test, "blocks", [([], 0, None)])]
         one_rack = (min(-(-n // seg) * seg if seg else n for _, n, seg in blocks)
                     if blocks and all(len(ids) == 1 for ids, _, _ in blocks) else None)
-        first = min((self._first_room(b) for b in blocks), default=self.now)
+        if one_rack is not None:
+            # Every block one rack (the _first_room of each, inline): the first time
+            # one of them has room, holds aside.
+            first = math.inf
+            for ids, n, seg in blocks:
+                rack_ends = self._rack_ends[ids[0]]
+                m = -(-n // seg) * seg if seg else n
+                if m <= len(rack_ends) and rack_ends[m - 1] < first:
+                    first = rack_ends[m - 1]
+        else:
+            first = min((self._first_room(b) for b in blocks), default=self.now)
         ends = self._ends
         lo = max(bisect.bisect_right(ends, earliest), bisect.bisect_left(ends, first))
         times = _distinct(heapq.merge(
@@ -410,14 +424,16 @@ class Backfill:
             # holds a view depends on that count alone (the nodes that free first),
             # so a later time reuses it.
             cache = views_at if not held else {}
+            touched = {self.fleet.nodes[nid].rack for nid in held} if held else set()
             if one_rack is not None:
                 # Only a rack that holds the whole job by itself can take it.
                 groups = {gpn: views for gpn, racks in self.fleet.groups.items()
-                          if (views := [self._later_view(r, free_at, t, held, avail[r.id],
-                                                         cache)
+                          if (views := [self._later_view(r, free_at, t, held, touched,
+                                                         avail[r.id], cache)
                                         for r in racks if avail[r.id] >= one_rack])}
             else:
-                groups = {gpn: [self._later_view(r, free_at, t, held, avail[r.id], cache)
+                groups = {gpn: [self._later_view(r, free_at, t, held, touched, avail[r.id],
+                                                 cache)
                                 for r in racks]
                           for gpn, racks in self.fleet.groups.items()}
             plan = decide(self.fleet, job, self.fn, groups, self.ctx, self.name)
@@ -460,9 +476,15 @@ class Backfill:
 
     @staticmethod
     def _later_view(rack: Rack, free_at: dict[str, float], t: float, held: set[str],
-                    count: int, cache: dict[tuple[str, int], _LaterView]) -> _LaterView:
+                    touched: set[str], count: int, cache: dict[tuple[str, int], _LaterView]
+                    ) -> Rack | _LaterView:
         """The rack at ``t`` (``count`` of its nodes free by then and not held), from
-        ``cache`` by (rack, count) if it has it."""
+        ``cache`` by (rack, count) if it has it. A rack with no held node whose nodes
+        free by then are just the idle ones (no running job ends by ``t``; most racks,
+        whose idle nodes are their spares) is the rack itself: a gang's decision reads
+        its idle set, the same as the view's."""
+        if count == len(rack.free) and rack.id not in touched:
+            return rack
         view = cache.get((rack.id, count))
         if view is None:
             view = cache[(rack.id, count)] = _LaterView(rack, count, free_at, t, held)
