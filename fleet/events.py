@@ -29,7 +29,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
 
-from fleet import palette, redact
+from fleet import palette, read_cache, redact
 
 log = logging.getLogger(__name__)
 
@@ -129,9 +129,15 @@ def _visible_action(action: dict, tenant_ids: set[int]) -> dict:
     }
 
 
+def _changed() -> None:
+    """On commit, before the events go out: the read models' generation moves."""
+    transaction.on_commit(read_cache.bump, robust=True)
+
+
 def racks_changed(rack_ids: Iterable[int]) -> None:
     ids = set(rack_ids)
     if ids:
+        _changed()
         transaction.on_commit(lambda: [_send(event) for event in rack_state(ids)], robust=True)
 
 
@@ -152,6 +158,7 @@ def jobs_changed(job_ids: Iterable[int]) -> None:
     ids = set(job_ids)
     if not ids:
         return
+    _changed()
 
     def publish() -> None:
         from fleet.models import Job
@@ -181,6 +188,7 @@ def actions_changed(action_ids: Iterable[int]) -> None:
     ids = set(action_ids)
     if not ids:
         return
+    _changed()
 
     def publish() -> None:
         from fleet.models import Action

@@ -32,8 +32,7 @@ from prometheus_client.registry import Collector
 
 from fleet.choices import ActionKind, ActionState, JobState
 from fleet.models import Action, Job, Node
-from fleet.services.defrag import fragmentation_report
-from fleet.services.summary import fleet_summary
+from fleet.services import read_models
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +54,7 @@ class FleetCollector(Collector):
     """Every Rackwise metric family, computed from the database at scrape time."""
 
     def collect(self) -> Iterator:
-        summary = fleet_summary()  # one read for capacity and jobs by state
+        summary = read_models.summary()  # one read for capacity and jobs by state
         yield from self._capacity(summary)
         yield from self._fragmentation()
         yield from self._jobs(summary["jobs_by_state"])
@@ -87,7 +86,7 @@ class FleetCollector(Collector):
         )
 
     def _fragmentation(self) -> Iterator:
-        report = fragmentation_report()
+        report = read_models.fragmentation()
         yield GaugeMetricFamily(
             "rackwise_fragmentation",
             "Rack-level fragmentation: free GPUs the typical job shapes cannot use where they are, over free GPUs, 0..1.",

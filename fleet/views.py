@@ -43,11 +43,12 @@ from fleet.permissions import (
     visible_jobs,
     visible_tenant_names,
 )
+from fleet.services import read_models
 from fleet.services.actions import describe_step
 from fleet.services.actions import policies as action_policies
 from fleet.services.attention import age_text, attention
 from fleet.services.capacity import fleet_capacity
-from fleet.services.summary import fleet_summary, rack_summaries
+from fleet.services.summary import rack_summaries
 
 PAGE_ROWS = 200
 DELIVERY_ROWS = 10  # per webhook endpoint on its page
@@ -92,7 +93,7 @@ class FleetView(RoleRequiredMixin, TemplateView):
     def get_context_data(self, **kwargs):
         context = super().get_context_data(**kwargs)
         racks = list(Rack.objects.all())
-        context["summary"] = fleet_summary()
+        context["summary"] = read_models.summary()
         context["attention"] = attention(self.request.user)
         context["wait_warn"] = age_text(settings.RACKWISE_WAIT_WARN_S)
         # The cards' and groups' counts come from the live snapshot (fleet.js), so

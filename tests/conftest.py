@@ -26,6 +26,15 @@ from tests.webhook_receiver import LOOPBACK_NET, Receiver
 
 
 @pytest.fixture(autouse=True)
+def read_models_computed(settings):
+    """Tests here run in a transaction that never commits, so the read models'
+    generation (bumped on commit) never moves: they read the figures computed.
+    tests/test_read_models.py turns the read models on; the app servers and
+    workers the browser tests start use them, with no extra age (FAST_CLUSTER)."""
+    settings.RACKWISE_READ_MODELS = False
+
+
+@pytest.fixture(autouse=True)
 def fast_password_hashing(settings):
     # PBKDF2 is slow on purpose; tests create many users.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

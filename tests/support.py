@@ -25,6 +25,8 @@ FAST_CLUSTER = {
     "RACKWISE_SIM_STEP_SECONDS": "0.05",
     "RACKWISE_SIM_TIME_SCALE": "0.01",
     "RACKWISE_STALL_S": "3",
+    # Read models recomputed after every change (no once-a-second grace).
+    "RACKWISE_READ_MODEL_MAX_AGE_S": "0",
 }
 
 

@@ -20,9 +20,9 @@ from fleet.permissions import may_cancel, role_of, sees_all_tenants, visible_aud
 from fleet.services import attention as attention_services
 from fleet.services import jobs as job_services
 from fleet.services import nodes as node_services
+from fleet.services import read_models
 from fleet.services import scheduling as scheduling_services
-from fleet.services.defrag import fragmentation_report
-from fleet.services.summary import fleet_summary, rack_summaries
+from fleet.services.summary import rack_summaries
 
 
 class JobViewSet(
@@ -234,7 +234,7 @@ class FleetSummaryView(APIView):
 
     @extend_schema(responses=s.FleetSummarySerializer)
     def get(self, request):
-        return Response(s.FleetSummarySerializer(fleet_summary()).data)
+        return Response(s.FleetSummarySerializer(read_models.summary()).data)
 
 
 class FragmentationView(APIView):
@@ -244,7 +244,7 @@ class FragmentationView(APIView):
 
     @extend_schema(responses=s.FragmentationSerializer)
     def get(self, request):
-        return Response(s.FragmentationSerializer(fragmentation_report().to_dict()).data)
+        return Response(s.FragmentationSerializer(read_models.fragmentation().to_dict()).data)
 
 
 class AttentionView(APIView):

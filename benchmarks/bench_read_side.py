@@ -1,0 +1,140 @@
+"""The read side at 1,000 racks: /api/fleet/summary/, /api/fleet/fragmentation/,
+/metrics and the console's first snapshot, with the read models computed on
+every request (as before) and shared through the cache (a reader after a
+change pays for one computation; every other reader is served the stored one).
+
+    .venv/bin/python benchmarks/bench_read_side.py [--racks 1000] [--repeat 7]
+
+Builds its own database (``rackwise_read_bench``): racks created and filled
+through the services (jobs of 2-16 nodes placed and started until about 70 % of
+the nodes are busy, a few nodes failed), then times each request in this
+process with Django's test client (no network, so the figures are the server's
+work). Medians of ``--repeat`` requests; figures printed, not asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DB = "rackwise_read_bench"
+
+
+def _env() -> dict[str, str]:
+    return os.environ | {
+        "DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{DB}",
+        "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/11"),
+        "DEBUG": "0",
+        "SECRET_KEY": "bench",
+        "ALLOWED_HOSTS": "testserver",
+        "RACKWISE_DEMO": "0",
+        "LOG_LEVEL": "WARNING",
+        "SECURE_SSL_REDIRECT": "0",
+    }
+
+
+def setup() -> None:
+    import psycopg
+    import redis
+
+    with psycopg.connect("postgres://postgres@127.0.0.1:5432/postgres", autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {DB}")
+    redis.Redis.from_url(_env()["REDIS_URL"]).flushdb()
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=_env(), check=True)
+
+
+def fill(racks: int, rng: random.Random):
+    from fleet.models import Node
+    from fleet.services import jobs as job_services
+    from fleet.services import nodes as node_services
+    from fleet.services.inventory import create_rack
+    from fleet.services.users import ensure_user
+
+    t = time.perf_counter()
+    for i in range(racks):
+        create_rack(None, name=f"r{i:04d}", site=f"site{i // 250}", row=str(i // 25), position=i % 25)
+    user = ensure_user(None, "bench", role="operator", tenants=["bench"])[0]
+    free = {}
+    for node_id, rack_id in Node.objects.order_by("rack_id", "slot").values_list("id", "rack_id"):
+        free.setdefault(rack_id, []).append(node_id)
+    busy = jobs = 0
+    total = sum(len(v) for v in free.values())
+    for nodes in free.values():
+        target = round(0.7 * len(nodes))
+        used = 0
+        while used < target:
+            take = nodes[used:used + min(target - used, rng.choice([2, 4, 4, 8, 16]))]
+            job = job_services.submit_job(user, job_services.JobSpec(name=f"j{jobs}", tenant="bench", num_nodes=len(take), gpus_per_node=4))
+            job_services.apply_placement(None, job.pk, {node: [0, 1, 2, 3] for node in take}, reason="bench")
+            job_services.start_job(None, job.pk)
+            used += len(take)
+            jobs += 1
+        busy += used
+    for node_id in rng.sample(list(Node.objects.values_list("id", flat=True)), 20):
+        node_services.mark_node_failed(user, node_id, reason="bench")
+    print(f"fleet: {racks} racks, {total} nodes, {jobs} running jobs, {busy} busy nodes, 20 failed "
+          f"(built in {time.perf_counter() - t:.0f} s)")
+    return user
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--racks", type=int, default=1000)
+    parser.add_argument("--repeat", type=int, default=7)
+    args = parser.parse_args()
+    setup()
+    os.environ.update(_env())
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rackwise.settings")
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+    from django.conf import settings
+    from django.test import Client
+
+    from fleet import read_cache
+
+    user = fill(args.racks, random.Random(5))
+    client = Client()
+    client.force_login(user)
+
+    def timed(path: str, **headers) -> tuple[float, int]:
+        t = time.perf_counter()
+        response = client.get(path, headers=headers)
+        assert response.status_code == 200, (path, response.status_code)
+        return time.perf_counter() - t, len(response.content)
+
+    paths = ["/api/fleet/summary/", "/api/fleet/fragmentation/", "/metrics"]
+    rows = []
+    for path in paths:
+        settings.RACKWISE_READ_MODELS = False
+        computed = statistics.median(timed(path)[0] for _ in range(args.repeat))
+        settings.RACKWISE_READ_MODELS = True
+        settings.RACKWISE_READ_MODEL_MAX_AGE_S = 0  # a change is always recomputed here
+        after_change = []
+        for _ in range(args.repeat):
+            read_cache.bump()  # what a committed change does
+            after_change.append(timed(path)[0])
+        shared = statistics.median(timed(path)[0] for _ in range(args.repeat))
+        rows.append((path, computed, statistics.median(after_change), shared))
+    print(f"{'request':<28} {'computed':>10} {'1st after change':>17} {'shared':>9}   (median of {args.repeat}, ms)")
+    for path, computed, first, shared in rows:
+        print(f"{path:<28} {computed * 1000:>10.0f} {first * 1000:>17.0f} {shared * 1000:>9.1f}")
+    plain_s, plain = timed("/api/console/racks/")
+    zipped_s, zipped = timed("/api/console/racks/", accept_encoding="gzip")
+    print(f"console snapshot: {plain / 1024:.0f} KB plain ({plain_s * 1000:.0f} ms), "
+          f"{zipped / 1024:.0f} KB gzip ({zipped_s * 1000:.0f} ms)")
+    assert gzip.decompress(client.get("/api/console/racks/", headers={"accept-encoding": "gzip"}).content)
+
+
+if __name__ == "__main__":
+    main()
