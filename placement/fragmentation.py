@@ -78,11 +78,14 @@ def _normalise(
     return {k: v / total for k, v in out.items() if v > 0}
 
 
-def rack_fragmentation(rack: Rack, shapes: dict[Shape, float]) -> tuple[float, int, int]:
-    """(fragmented GPUs, free GPUs, largest rack-local job in GPUs) for one rack."""
+def rack_fragmentation(rack: Rack, shapes: dict[Shape, float],
+                       partial: list[int] | None = None) -> tuple[float, int, int]:
+    """(fragmented GPUs, free GPUs, largest rack-local job in GPUs) for one rack.
+    ``partial``: the free GPUs of its partly used nodes, if known (any order)."""
     g = rack.gpus_per_node
     idle = len(rack.free)
-    partial = [n.free_gpus for n in rack.nodes if n.used and n.free_gpus]
+    if partial is None:
+        partial = [n.free_gpus for n in rack.nodes if n.used and n.free_gpus]
     free = idle * g + sum(partial)
     frag = 0.0
     for (gpus, seg), w in shapes.items():
@@ -108,12 +111,17 @@ def fragmentation(
     """Fragmentation of the fleet for ``shapes`` (GPUs -> weight, or a list of jobs such
     as the pending queue or recent history; default :data:`DEFAULT_SHAPES`)."""
     norm = _normalise(shapes)
+    # Partly used nodes by rack, from the fleet's index rather than every node.
+    partial: dict[str, list[int]] = {}
+    for free, ids in fleet.partial.items():
+        for nid in ids:
+            partial.setdefault(fleet.nodes[nid].rack, []).append(free)
     per: list[RackFragmentation] = []
     total_frag = 0.0
     total_free = 0
     largest = 0
     for rack in fleet.racks:
-        frag, free, big = rack_fragmentation(rack, norm)
+        frag, free, big = rack_fragmentation(rack, norm, partial.get(rack.id, []))
         per.append(RackFragmentation(rack.id, free, len(rack.free), frag, big))
         total_frag += frag
         total_free += free

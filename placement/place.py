@@ -53,7 +53,7 @@ def place(
     if (reserved_until is not None and now is not None and job.expected_duration is not None
             and now + job.expected_duration <= reserved_until):
         reserved = ()  # it ends before the blocked job could start: backfill freely
-    ctx = Context(rng or random.Random(seed), frozenset(reserved), now)
+    ctx = Context(rng, frozenset(reserved), now, seed)
     best: PlacementPlan | None = None
     reasons: list[str] = []
     skip = frozenset(exclude)

@@ -40,12 +40,12 @@ def random_fit(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) -
         cands = small_candidates(fleet, racks, job.num_gpus, ctx)
         if not cands:
             return not_placed(job, "random", f"no node has {job.num_gpus} free GPUs")
-        node = ctx.rng.choice(cands)
+        node = ctx.random().choice(cands)
         return small_plan(job, "random", node, f"random node with room: {node.id}")
     n = job.nodes_needed(gpn)
     free = [fleet.node_at(r.id, i).id for r in racks if r.id not in ctx.reserved
             for i in sorted(r.free)]
     if len(free) < n:
         return not_placed(job, "random", f"only {len(free)} free nodes, {n} needed")
-    picked = ctx.rng.sample(free, n)
+    picked = ctx.random().sample(free, n)
     return blind_gang_plan(fleet, job, "random", picked, "random free nodes")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from placement.model import Fleet, JobRequest, Node, Rack
 from placement.plans import PlacementPlan
@@ -16,12 +16,20 @@ class Context:
 
     ``reserved``: racks whose idle nodes are held for a blocked job (queue look-ahead);
     ``now``: the clock, used by rackwise to decide when a preferred job may span
-    racks (None: decide as if the job had waited long enough).
+    racks (None: decide as if the job had waited long enough); ``rng``: the random
+    source of the policies that draw (None: ``Random(seed)``, made at the first
+    draw, :meth:`random`; seeding one costs more than most decisions).
     """
 
-    rng: random.Random = field(default_factory=lambda: random.Random(0))
+    rng: random.Random | None = None
     reserved: frozenset[str] = frozenset()
     now: float | None = None
+    seed: int = 0
+
+    def random(self) -> random.Random:
+        if self.rng is None:
+            self.rng = random.Random(self.seed)
+        return self.rng
 
 
 def min_racks(nodes: int, rack_size: int, segment: int | None) -> int:
