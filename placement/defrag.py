@@ -48,7 +48,10 @@ class _Step:
 
 
 def _whole_racks(fleet: Fleet) -> int:
-    return sum(1 for r in fleet.racks if r.free_count and r.free_count == r.healthy)
+    # Racks with an idle node and every healthy node idle (free_count == healthy),
+    # found without counting each rack's healthy nodes: the first busy one decides.
+    return sum(1 for r in fleet.racks if r.free and all(
+        n.index in r.free or n.health != HEALTHY for n in r.nodes))
 
 
 def _local(job: JobRequest) -> JobRequest:

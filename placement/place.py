@@ -6,7 +6,7 @@ import math
 import random
 from collections.abc import Iterable
 
-from placement.model import HEALTHY, Fleet, JobRequest
+from placement.model import HEALTHY, REQUIRED, Fleet, JobRequest
 from placement.plans import PlacementPlan, SchedulePlan, WhatIf, not_placed
 from placement.policies import POLICIES, Context
 from placement.policies.common import min_racks
@@ -53,10 +53,23 @@ def place(
     if (reserved_until is not None and now is not None and job.expected_duration is not None
             and now + job.expected_duration <= reserved_until):
         reserved = ()  # it ends before the blocked job could start: backfill freely
+    skip = frozenset(exclude)
+    if (skip and policy == "rackwise" and job.locality == REQUIRED
+            and not any(job.is_small(gpn) for gpn in fleet.groups)):
+        # A rack-local gang takes idle nodes only: rackwise's choice over the racks
+        # left is its choice over the whole fleet with the excluded racks' idle nodes
+        # held back, which it reads from the indexes instead of scanning a filtered
+        # list (the same plan: tests/placement/test_index.py).
+        taken = fleet.hold_back({rid: sorted(fleet.rack_by_id[rid].free) for rid in skip
+                                 if rid in fleet.rack_by_id})
+        try:
+            return place(fleet, job, policy, seed=seed, rng=rng, reserved=reserved,
+                         reserved_until=reserved_until, now=now)
+        finally:
+            fleet.give_back(taken)
     ctx = Context(rng, frozenset(reserved), now, seed)
     best: PlacementPlan | None = None
     reasons: list[str] = []
-    skip = frozenset(exclude)
     for gpn, racks in fleet.groups.items():
         if skip:
             racks = [r for r in racks if r.id not in skip]

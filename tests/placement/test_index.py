@@ -131,3 +131,32 @@ def test_a_trial_leaves_the_fleet_as_it_was(history: tuple[Fleet, random.Random]
     assert _state(fleet) == before
     assert validate_indexes(fleet) == []
     assert fleet.changed == set()  # the tracking saw none of it
+
+
+@SETTINGS
+@given(histories(), st.sampled_from([g for g in SIZES if g > 4]), st.booleans(),
+       st.integers(1, 4))
+def test_a_rack_local_gang_placed_outside_some_racks_gets_the_scans_plan(
+        history: tuple[Fleet, random.Random], gpus: int, preemptible: bool,
+        n_excluded: int) -> None:
+    # place(exclude=...) holds the excluded racks' idle nodes back and reads the
+    # indexes; the plan must be the one rackwise finds scanning the racks left.
+    fleet, rng = history
+    job = JobRequest("probe", num_gpus=gpus, locality="required", preemptible=preemptible)
+    skip = frozenset(rng.sample(sorted(fleet.rack_by_id), min(n_excluded, len(fleet.racks))))
+    before = _state(fleet)
+    got = place(fleet, job, exclude=skip)
+    assert _state(fleet) == before
+    best = None
+    for racks in fleet.groups.values():
+        left = [r for r in racks if r.id not in skip]
+        if not left or not job.nodes_needed(racks[0].gpus_per_node):
+            continue
+        plan = POLICIES["rackwise"](fleet, job, left, Context(None, frozenset(), None))
+        if plan.placed and (best is None or (len(plan.racks), len(plan.nodes))
+                            < (len(best.racks), len(best.nodes))):
+            best = plan
+    if best is None:
+        assert not got.placed
+    else:
+        assert got.to_dict() == best.to_dict()
