@@ -65,7 +65,9 @@ def wsgi_app(db):
 
 def _headers(user) -> dict[str, str]:
     token = ensure_user(None, user.username, role=_role(user), tenants=list(user.tenants.values_list("name", flat=True)))[1]
-    return {"Authorization": f"Token {getattr(token, 'key', token)}"}
+    # Uncompressed: the WSGI transport hands back the body as sent, and does not
+    # undo the gzip the console snapshot gets when a client accepts it.
+    return {"Authorization": f"Token {getattr(token, 'key', token)}", "Accept-Encoding": "identity"}
 
 
 def _role(user) -> str:
