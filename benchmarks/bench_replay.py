@@ -1,15 +1,18 @@
 """Replay speed: 70,000 tracegen jobs on 100 racks.
 
     .venv/bin/python benchmarks/bench_replay.py [--jobs 70000] [--racks 100]
-        [--load 0.85] [--policy rackwise|all]
+        [--load 0.85] [--policy rackwise|all] [--no-defrag] [--repeat 1]
 
 Generates the trace (seed 0), then times the replay of each policy; prints jobs per
-second of wall time and the simulator's own figures.
+second of wall time and the simulator's own figures. ``--no-defrag``: rackwise
+without the simulated defrag plans (``defrag_after_s=None``); ``--repeat N``: N
+replays each, the median wall time printed (the figures are the same every time).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -27,6 +30,8 @@ def main() -> None:
     ap.add_argument("--racks", type=int, default=100)
     ap.add_argument("--load", type=float, default=0.85)
     ap.add_argument("--policy", default="rackwise")
+    ap.add_argument("--no-defrag", action="store_true")
+    ap.add_argument("--repeat", type=int, default=1)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.csv"
@@ -36,10 +41,14 @@ def main() -> None:
         print(f"trace: {args.jobs:,} jobs, load {args.load}, {args.racks} racks "
               f"(generated and parsed in {time.perf_counter() - t:.1f} s)")
     policies = list(POLICY_NAMES) if args.policy == "all" else [args.policy]
+    cfg = SimConfig(racks=args.racks, **({"defrag_after_s": None} if args.no_defrag else {}))
     for policy in policies:
-        t = time.perf_counter()
-        m = simulate(trace, policy, SimConfig(racks=args.racks)).metrics
-        wall = time.perf_counter() - t
+        walls = []
+        for _ in range(max(1, args.repeat)):
+            t = time.perf_counter()
+            m = simulate(trace, policy, cfg).metrics
+            walls.append(time.perf_counter() - t)
+        wall = statistics.median(walls)
         print(f"{policy:<11} replay {wall:6.1f} s ({args.jobs / wall:,.0f} jobs/s); "
               f"completed {m['completed']:,}, rejected {m['rejected']}, "
               f"util {m['gpu_utilization']:.3f}, mean wait {m['mean_wait_s']:.0f} s, "
