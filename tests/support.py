@@ -193,3 +193,14 @@ class InstantAdapter:
 
     def job_states(self, jobs) -> dict:
         return {}
+
+
+def page_html(user, path: str) -> str:
+    """A console page as ``user`` sees it (it must answer 200)."""
+    from django.test import Client
+
+    client = Client()
+    client.force_login(user)
+    response = client.get(path)
+    assert response.status_code == 200, (path, response.status_code)
+    return response.content.decode()

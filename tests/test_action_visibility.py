@@ -19,6 +19,7 @@ from fleet.choices import ActionKind
 from fleet.models import Action, Node
 from fleet.services import actions as action_services
 from fleet.services.jobs import JobSpec, submit_job
+from tests.support import page_html
 
 SECRETS = ("vision-secret", "host-of-vision", "why-vision")  # what tenant llm must never read
 MINE = ("llm-secret", "host-of-llm")
@@ -127,25 +128,17 @@ def test_viewers_and_operators_read_every_action_in_full(actions, request, perso
     assert mixed["error"].startswith("step 1 failed on host-of-vision")
 
 
-def _page(user, path: str) -> str:
-    client = Client()
-    client.force_login(user)
-    response = client.get(path)
-    assert response.status_code == 200
-    return response.content.decode()
-
-
 def test_the_actions_page_withholds_other_tenants_jobs_from_a_submitter(actions, submitter, viewer):
-    html = _page(submitter, "/actions/?state=all")
+    html = page_html(submitter, "/actions/?state=all")
     for secret in SECRETS:
         assert secret not in html, secret
     assert f'data-action-id="{actions["foreign"]}"' not in html
     assert f'data-action-id="{actions["mixed"]}"' in html and "llm-secret" in html
-    assert "vision-secret" in _page(viewer, "/actions/?state=all")
+    assert "vision-secret" in page_html(viewer, "/actions/?state=all")
 
 
 def test_a_job_page_lists_its_actions_with_other_tenants_withheld(actions, submitter):
-    html = _page(submitter, f"/jobs/{actions['llm']}/")
+    html = page_html(submitter, f"/jobs/{actions['llm']}/")
     assert f"#{actions['mixed']}" in html
     for secret in SECRETS:
         assert secret not in html, secret

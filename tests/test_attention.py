@@ -7,7 +7,6 @@ import re
 from datetime import timedelta
 
 import pytest
-from django.test import Client
 from django.utils import timezone
 
 from fleet.choices import ActionKind, JobState, NodeState
@@ -15,6 +14,7 @@ from fleet.models import Action, Job, Node
 from fleet.services import actions as action_services
 from fleet.services.attention import age_text
 from fleet.services.jobs import JobSpec, submit_job
+from tests.support import page_html
 
 
 @pytest.fixture
@@ -87,26 +87,18 @@ def test_outsiders_and_anonymous_callers_are_refused(needs, outsider_client, ano
     assert anon_client.get("/api/attention/").status_code in (401, 403)
 
 
-def _page(user, path: str) -> str:
-    client = Client()
-    client.force_login(user)
-    response = client.get(path)
-    assert response.status_code == 200
-    return response.content.decode()
-
-
 def test_the_nav_badge_counts_the_proposals_on_every_page_and_hides_at_zero(needs, viewer, submitter, fleet):
     for path in ("/", "/jobs/", "/actions/", "/audit/", f"/racks/{fleet[0].pk}/"):
-        assert 'data-testid="nav-badge" data-count="3"' in _page(viewer, path), path
-    assert "3 awaiting approval · oldest 1 h 30 min" in _page(viewer, "/")
-    assert 'data-count="2"' in _page(submitter, "/")
+        assert 'data-testid="nav-badge" data-count="3"' in page_html(viewer, path), path
+    assert "3 awaiting approval · oldest 1 h 30 min" in page_html(viewer, "/")
+    assert 'data-count="2"' in page_html(submitter, "/")
     Action.objects.all().delete()
-    badge = re.search(r'<a class="nav-badge"[^>]*>([^<]*)</a>', _page(viewer, "/"))
+    badge = re.search(r'<a class="nav-badge"[^>]*>([^<]*)</a>', page_html(viewer, "/"))
     assert 'data-count="0"' in badge.group(0) and " hidden" in badge.group(0) and badge.group(1).strip() == "0 awaiting approval"
 
 
 def test_the_fleet_page_has_the_banner_and_the_totals(needs, operator):
-    html = _page(operator, "/")
+    html = page_html(operator, "/")
     assert 'data-testid="attention-banner"' in html
     assert "1 job recovering from a failure" in html
     assert f'href="/actions/?state=proposed#action-{needs["foreign"].pk}"' in html

@@ -283,18 +283,25 @@ def test_backoff_doubles_from_2_s_up_to_60_s():
     assert [action_services.retry_delay(n) for n in range(1, 9)] == [2, 4, 8, 16, 32, 60, 60, 60]
 
 
-def test_a_step_the_cluster_could_not_be_reached_for_is_retried_with_backoff_and_nothing_applied_meanwhile(
-    fleet, submitter
-):
-    nodes = list(fleet[0].nodes.order_by("slot")[:2])
-    job = job_services.submit_job(submitter, job_services.JobSpec(name="flaky", num_gpus=8, tenant="llm"))
+def _placement(fleet, submitter, name: str, nodes: int):
+    """A job of ``nodes`` whole nodes in the first rack, and its proposed
+    placement (allocate, then start)."""
+    held = list(fleet[0].nodes.order_by("slot")[:nodes])
+    job = job_services.submit_job(submitter, job_services.JobSpec(name=name, num_gpus=4 * nodes, tenant="llm"))
     action = action_services.propose(
         kind=ActionKind.PLACEMENT,
         title="place",
-        steps=[st.Allocate(job=job.pk, nodes={n.pk: [0, 1, 2, 3] for n in nodes}, hostnames=[n.hostname for n in nodes]),
+        steps=[st.Allocate(job=job.pk, nodes={n.pk: [0, 1, 2, 3] for n in held}, hostnames=[n.hostname for n in held]),
                st.Start(job=job.pk)],
         jobs=[job.pk],
     )
+    return job, action
+
+
+def test_a_step_the_cluster_could_not_be_reached_for_is_retried_with_backoff_and_nothing_applied_meanwhile(
+    fleet, submitter
+):
+    job, action = _placement(fleet, submitter, "flaky", nodes=2)
     adapter = FlakyAdapter(down=3)
 
     delays = []
@@ -337,15 +344,7 @@ class WatchingAdapter(InstantAdapter):
 def test_the_last_step_and_the_action_s_success_commit_together(fleet, submitter):
     """The job never shows running while its placement still shows executing
     (seen by the real-Slurm test: it found the job running, the action not done)."""
-    nodes = list(fleet[0].nodes.order_by("slot")[:1])
-    job = job_services.submit_job(submitter, job_services.JobSpec(name="watched", num_gpus=4, tenant="llm"))
-    action = action_services.propose(
-        kind=ActionKind.PLACEMENT,
-        title="place",
-        steps=[st.Allocate(job=job.pk, nodes={n.pk: [0, 1, 2, 3] for n in nodes}, hostnames=[n.hostname for n in nodes]),
-               st.Start(job=job.pk)],
-        jobs=[job.pk],
-    )
+    _job, action = _placement(fleet, submitter, "watched", nodes=1)
     adapter = WatchingAdapter()
 
     while action_services.execute_next_step(action.pk, adapter=adapter).more:

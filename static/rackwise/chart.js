@@ -10,7 +10,7 @@ const W = 640, H = 120, PAD = 34;
 
 const pct = (v) => `${(v * 100).toFixed(0)}%`;
 const count = (v) => `${Math.round(v)}`;
-export function duration(s) {
+function duration(s) {
   if (s < 60) return `${Math.round(s)} s`;
   if (s < 3600) return `${Math.round(s / 60)} min`;
   if (s < 86400) return `${(s / 3600).toFixed(s < 36000 ? 1 : 0)} h`;
