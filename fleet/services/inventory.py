@@ -8,6 +8,7 @@ from fleet.choices import RACK_KIND_DEFAULTS, RackKind
 from fleet.models import GPU, Node, Rack
 from fleet.services import audit
 from fleet.services.errors import Conflict, InvalidInput
+from fleet.services.racks import change_stamp
 
 
 def create_rack(
@@ -50,7 +51,10 @@ def create_rack(
             site=site,
             row=row,
             position=position,
+            # Stamped like a change, so a console's ?since= brings the new rack.
+            changed_xid=change_stamp(),
         )
+        rack.refresh_from_db(fields=["changed_xid"])
         created = Node.objects.bulk_create(
             Node(rack=rack, slot=slot, hostname=f"{prefix}-n{slot:02d}") for slot in range(nodes)
         )

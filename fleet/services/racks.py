@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from django.db import connection
 from django.db.models import F
+from django.db.models.expressions import RawSQL
 
 from fleet import events
 from fleet.choices import ActionState
@@ -14,17 +16,57 @@ from fleet.services import dispatch
 
 def bump_versions(rack_ids: Iterable[int]) -> None:
     """Advance the version of each rack touched by the current transaction, so a
-    live view that missed an update notices the gap and re-fetches.
+    live view that missed an update notices the gap and re-fetches; and stamp
+    them with this transaction (``change_stamp``), so a console that reconnects
+    asks only for what changed while it was away.
 
     Every change of a rack comes through here (a node failing or returning, a
     job's GPUs freed), so this is also where a proposal waiting on one of these
     racks is asked to be re-checked: the change may have made it obsolete."""
     ids = sorted(set(rack_ids))
     if ids:
-        Rack.objects.filter(id__in=ids).update(version=F("version") + 1)
+        Rack.objects.filter(id__in=ids).update(version=F("version") + 1, changed_xid=change_stamp())
         events.racks_changed(ids)
         if _proposals_waiting_in(ids):
             dispatch.recheck_proposals_soon(ids)
+
+
+def change_stamp() -> RawSQL:
+    """What ``Rack.changed_xid`` is set to by a change: the current transaction's
+    id on PostgreSQL. The console's ``?since=`` answers "which racks changed since
+    the cursor I gave you" with it (see ``change_cursor``).
+
+    Why not a sequence number, or the version: a transaction that took number 10
+    can commit after one that took 11, so a reader that saw 11 and answered
+    "since 12" would miss 10 for good. Transaction ids have the same problem, but
+    PostgreSQL says which are still running (the snapshot's xmin), and that is
+    what makes the cursor safe. In a savepoint this is still the top-level
+    transaction's id, the one whose commit makes the change visible.
+
+    On SQLite (``scripts/run``'s default) writers take the lock at BEGIN and hold
+    it to their commit, so a counter one above the largest stamp commits in the
+    order it was taken."""
+    if connection.vendor == "postgresql":
+        return RawSQL("pg_current_xact_id()::text::bigint", [])
+    return RawSQL(f"(SELECT COALESCE(MAX(changed_xid), 0) + 1 FROM {Rack._meta.db_table})", [])
+
+
+def change_cursor() -> int:
+    """A cursor for the console's ``?since=``: read it BEFORE the racks it covers.
+
+    On PostgreSQL it is the current snapshot's xmin, the oldest transaction still
+    running. Every transaction below it has ended, so whatever it changed is
+    visible to the rows read after this; every one whose change those rows miss
+    was running or not yet begun, so its id (and the ``changed_xid`` it sets) is
+    at least the cursor. Racks with ``changed_xid >= cursor`` are then all that
+    can have changed since: some the reader already has (harmless, it compares
+    versions), none missed. On SQLite: one above the largest stamp committed."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
+        else:
+            cursor.execute(f"SELECT COALESCE(MAX(changed_xid), 0) + 1 FROM {Rack._meta.db_table}")
+        return int(cursor.fetchone()[0])
 
 
 def _proposals_waiting_in(rack_ids: list[int]) -> bool:
