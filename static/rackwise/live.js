@@ -5,9 +5,13 @@
 //    one applied. A rack event carries the rack's whole state, so applying it is
 //    always right; a gap (version > applied + 1) still triggers a re-fetch of that
 //    rack, in case the missed messages were followed by nothing.
-// 3. On every (re)connect, re-fetch the snapshot: messages sent while the socket
-//    was down are lost for good. Disconnected: body[data-ws=closed], a banner,
-//    and a reconnect with backoff.
+// 3. On every reconnect, fetch what changed while the socket was down (messages
+//    sent meanwhile are lost for good): ?since=<the cursor of the last answer>
+//    answers only the racks changed since that answer, and rack_ids, every rack
+//    there is now, so a rack removed meanwhile is dropped. The first load is the
+//    whole snapshot, and so is a reconnect of a page that began following a rack
+//    after its last answer (that cursor says nothing of the new rack).
+//    Disconnected: body[data-ws=closed], a banner, and a reconnect with backoff.
 //
 // A page may follow only some racks (rackIds), none at all (rackIds = []: no
 // snapshot is fetched, for pages that only want job events), or change the set it
@@ -95,9 +99,11 @@ export class FleetLive {
     this.racks = new Map();      // id -> rack event
     this.versions = new Map();   // id -> last applied version
     this.nodeRack = new Map();   // node id -> rack id
-    this.listeners = { rack: [], other: [], job: [], action: [], status: [], hello: [] };
+    this.listeners = { rack: [], other: [], job: [], action: [], status: [], hello: [], removed: [] };
     this.gaps = 0;
     this.snapshots = 0;
+    this.cursor = null;          // the last refresh's cursor, for ?since=
+    this.covered = null;         // the racks that cursor covers (null: all)
     this.backoff = 500;
     this.socket = null;
     this.stopped = false;
@@ -116,19 +122,50 @@ export class FleetLive {
       let done = false;
       const finish = () => { if (!done) { done = true; resolve(); } };
       this.onFirstSnapshot = finish;
-      setTimeout(() => { if (!done) this.snapshot().then(finish, finish); }, 3000);
+      setTimeout(() => { if (!done) this.refresh().then(finish, finish); }, 3000);
       this.connect();
     });
   }
 
+  /** The whole state of ``ids`` (null: every rack), applied where newer: a gap's
+   * re-fetch of one rack, or a page looking for racks it does not follow. */
   async snapshot(ids = this.rackIds) {
-    // An empty ?ids= means every rack to the server: a page following no rack asks nothing.
+    return (await this.fetchRacks(ids, null)).racks.length;
+  }
+
+  /** What a (re)connect fetches: the racks changed since the last refresh's
+   * cursor if it covers every rack followed, else the whole snapshot of them.
+   * Racks followed that the server no longer has are dropped. */
+  async refresh() {
+    const ids = this.rackIds ? [...this.rackIds] : null;
     if (ids && !ids.length) return 0;
-    const q = ids ? `?ids=${ids.join(",")}` : "";
-    const data = await api(`/api/console/racks/${q}`);
+    const covered = this.cursor !== null
+      && (this.covered === null || (ids !== null && ids.every((id) => this.covered.has(id))));
+    const data = await this.fetchRacks(ids, covered ? this.cursor : null);
+    const present = new Set(data.rack_ids);
+    for (const id of [...this.racks.keys()]) if (!present.has(id) && (ids === null || ids.includes(id))) this.drop(id);
+    this.cursor = data.cursor;
+    this.covered = ids ? new Set(ids) : null;
+    return data.racks.length;
+  }
+
+  async fetchRacks(ids, since) {
+    // An empty ?ids= means every rack to the server: a page following no rack asks nothing.
+    if (ids && !ids.length) return { racks: [] };
+    const q = [ids ? `ids=${ids.join(",")}` : "", since !== null ? `since=${since}` : ""].filter(Boolean).join("&");
+    const data = await api(`/api/console/racks/${q ? `?${q}` : ""}`);
     this.snapshots++;
     for (const rack of data.racks) this.apply(rack, true);
-    return data.racks.length;
+    return data;
+  }
+
+  /** Forget a rack the server no longer has (a topology import removed it). Its
+   * version is kept, as by unfollow. */
+  drop(rackId) {
+    const rack = this.racks.get(rackId);
+    this.racks.delete(rackId);
+    if (rack) for (const n of rack.nodes) if (this.nodeRack.get(n[0]) === rackId) this.nodeRack.delete(n[0]);
+    this.emit("removed", rackId);
   }
 
   /** Follow one more rack from now on (its state is applied from the next event or snapshot). */
@@ -171,8 +208,8 @@ export class FleetLive {
     ws.onopen = () => {
       this.backoff = 500;
       setStatus("open");
-      // Anything sent while we were away is lost: repaint from the snapshot.
-      this.snapshot().then(() => this.onFirstSnapshot && this.onFirstSnapshot(), () => {});
+      // Anything sent while we were away is lost: fetch what changed meanwhile.
+      this.refresh().then(() => this.onFirstSnapshot && this.onFirstSnapshot(), () => {});
       this.ping = setInterval(() => ws.readyState === 1 && ws.send(JSON.stringify({ type: "ping" })), 25000);
     };
     ws.onmessage = (msg) => {
@@ -221,6 +258,7 @@ export function startLive(rackIds = null) {
     jobCells: (jobId) => [...live.racks.values()].flatMap((r) => cells(r).filter((c) => c.job === jobId).map((c) => ({ rack: r.rack, node: c.node, gpu: c.gpu }))),
     get gaps() { return live.gaps; },
     get snapshots() { return live.snapshots; },
+    get cursor() { return live.cursor; },
   };
   return live;
 }
