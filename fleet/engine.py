@@ -4,16 +4,21 @@ turn its plan back into row ids here."""
 
 from __future__ import annotations
 
+import threading
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from django.conf import settings
+from django.db import connection, transaction
 from django.db.models import Count
 
 from fleet.choices import HOLDING_JOB_STATES, NodeState
 from fleet.cluster.steps import Allocate
 from fleet.models import Allocation, Job, Node, Rack
 from placement import model as pm
+from placement.validate import validate_indexes
 
 # Database node states as the engine sees them: suspect and drained nodes take no
 # new work but their jobs stay (draining); a node in repair is failed.
@@ -81,25 +86,42 @@ def load_snapshot() -> Snapshot:
     hostnames: dict[str, str] = {}
     rack_names: dict[str, str] = {}
     nodes_by_rack: dict[int, list[pm.Node]] = defaultdict(list)
-    for node in Node.objects.annotate(gpu_count=Count("gpus")).order_by("rack_id", "slot"):
-        nid = str(node.pk)
-        hostnames[nid] = node.hostname
-        nodes_by_rack[node.rack_id].append(
-            pm.Node(nid, str(node.rack_id), node.slot, node.gpu_count, ENGINE_HEALTH[node.state])
-        )
-    for rack in Rack.objects.order_by("site", "row", "position", "name"):
-        nodes = nodes_by_rack.get(rack.pk)
+    for node_id, rack_id, slot, hostname, state, gpus in _node_rows(Node.objects.all()):
+        nid = str(node_id)
+        hostnames[nid] = hostname
+        nodes_by_rack[rack_id].append(pm.Node(nid, str(rack_id), slot, gpus, ENGINE_HEALTH[state]))
+    for rack_id, name, spare_nodes in Rack.objects.order_by(*RACK_ORDER).values_list("id", "name", "spare_nodes"):
+        nodes = nodes_by_rack.get(rack_id)
         if not nodes:
             continue
-        rack_names[str(rack.pk)] = rack.name
-        spares = min(rack.spare_nodes, max(0, len(nodes) - 1))
-        racks.append(pm.Rack(str(rack.pk), nodes, spare_nodes=spares))
+        rack_names[str(rack_id)] = name
+        racks.append(pm.Rack(str(rack_id), nodes, spare_nodes=_spares(spare_nodes, len(nodes))))
     fleet = pm.Fleet(racks)
+    jobs = _restore(fleet, Allocation.objects.filter(released_at__isnull=True))
+    return Snapshot(fleet, jobs, hostnames, rack_names)
 
+
+# The order of racks in a Fleet (the engine's tie-breaks follow it).
+RACK_ORDER = ("site", "row", "position", "name")
+
+
+def _node_rows(nodes):
+    return (
+        nodes.annotate(gpu_count=Count("gpus"))
+        .order_by("rack_id", "slot")
+        .values_list("id", "rack_id", "slot", "hostname", "state", "gpu_count")
+    )
+
+
+def _spares(spare_nodes: int, nodes: int) -> int:
+    return min(spare_nodes, max(0, nodes - 1))
+
+
+def _restore(fleet: pm.Fleet, allocations) -> dict[str, Job]:
+    """Put the jobs holding these active ``allocations`` (rows) back on ``fleet``,
+    each with every GPU it holds in ``allocations``; returns the jobs by id."""
     held: dict[int, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
-    for job_id, node_id, index in Allocation.objects.filter(released_at__isnull=True).values_list(
-        "job_id", "gpu__node_id", "gpu__index"
-    ):
+    for job_id, node_id, index in allocations.values_list("job_id", "gpu__node_id", "gpu__index"):
         held[job_id][str(node_id)].append(index)
     jobs = {
         str(j.pk): j
@@ -117,7 +139,185 @@ def load_snapshot() -> Snapshot:
             # What backfill plans with: a job expected to end by a reservation may use it.
             allocation.expected_end = began.timestamp() + job.expected_duration_s
         fleet.allocate(allocation, restore=True)
-    return Snapshot(fleet, jobs, hostnames, rack_names)
+    return jobs
+
+
+class LiveFleet:
+    """The fleet kept in memory between scheduling passes, as Slurm keeps its state
+    and Kueue its cache: :meth:`snapshot` brings it up to date from what changed
+    since the last call instead of reading every node and allocation again.
+
+    What changed is told by the racks' versions (``Rack.version``, bumped by
+    ``fleet.services.racks.bump_versions`` in every transaction that changes a
+    rack, its nodes or the allocations and jobs on it). For each rack whose version
+    moved, its nodes are read again, and every job that held or now holds GPUs in
+    it is taken off and put back from its rows, all of its GPUs in any rack. All
+    of it is read in one REPEATABLE READ transaction, so versions and rows are of
+    one moment.
+
+    It is rebuilt from scratch (``load_snapshot``) on the first call and on any
+    change it cannot apply in place: a rack added, removed or reordered, a changed
+    spare count or node layout, an allocation that does not fit what it holds.
+
+    The database stays the truth: the caller plans on the snapshot inside
+    ``Fleet.trial()`` (nothing it tries stays in memory), allocations are still
+    checked by the invariant checker and refused by the unique index. One caller
+    at a time: the scheduling pass, under the decision lock."""
+
+    def __init__(self) -> None:
+        self.snap: Snapshot | None = None
+        self.versions: dict[int, int] = {}
+        self.layout: list[tuple[int, int]] = []
+        self.rebuilds = 0  # full loads
+        self.applied = 0  # snapshots brought up to date in place
+        self.lock = threading.Lock()
+
+    def snapshot(self, *, check: bool = False) -> Snapshot:
+        """Up to date with the rows; with ``check``, compared with a fresh load of
+        them in the same transaction (see :func:`verify`)."""
+        if connection.in_atomic_block:
+            return self._refresh(check)  # a caller's transaction: its isolation level is set
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            return self._refresh(check)
+
+    def _refresh(self, check: bool) -> Snapshot:
+        snap = self._bring_up_to_date()
+        if check:
+            verify(snap)
+        return snap
+
+    def _bring_up_to_date(self) -> Snapshot:
+        rows = list(Rack.objects.order_by(*RACK_ORDER).values_list("id", "version", "spare_nodes", "name"))
+        layout = [(rid, spares) for rid, _, spares, _ in rows]
+        versions = {rid: v for rid, v, _, _ in rows}
+        if self.snap is None or layout != self.layout:
+            return self._rebuild(layout, versions)
+        snap = self.snap
+        for rid, _, _, name in rows:
+            if str(rid) in snap.rack_names:
+                snap.rack_names[str(rid)] = name
+        changed = [rid for rid, v in versions.items() if self.versions.get(rid) != v]
+        if not changed:
+            return snap
+        try:
+            self._apply(snap, changed)
+        except (pm.CapacityError, _Gap):
+            return self._rebuild(layout, versions)
+        except BaseException:
+            self.snap = None  # half applied: the next snapshot is a full load
+            raise
+        self.versions = versions
+        self.applied += 1
+        return snap
+
+    def _rebuild(self, layout, versions) -> Snapshot:
+        self.snap = load_snapshot()
+        self.layout, self.versions = layout, versions
+        self.rebuilds += 1
+        return self.snap
+
+    def _apply(self, snap: Snapshot, changed: list[int]) -> None:
+        fleet = snap.fleet
+        rows: dict[str, list] = defaultdict(list)
+        for node_id, rack_id, slot, hostname, state, gpus in _node_rows(Node.objects.filter(rack_id__in=changed)):
+            rows[str(rack_id)].append((str(node_id), slot, hostname, ENGINE_HEALTH[state], gpus))
+        affected: set[str] = set()
+        for rid in map(str, changed):
+            rack = fleet.rack_by_id.get(rid)
+            layout = [(nid, slot, gpus) for nid, slot, _, _, gpus in rows[rid]]
+            if [(n.id, n.index, n.gpus) for n in rack.nodes] != layout if rack else layout:
+                raise _Gap(rid)  # nodes added or removed, GPUs counted differently
+            if rack:
+                affected.update(j for n in rack.nodes for j in n.jobs)
+        now_held = Allocation.objects.filter(released_at__isnull=True, gpu__node__rack_id__in=changed)
+        affected.update(str(j) for j in now_held.values_list("job_id", flat=True).distinct())
+        for jid in affected:
+            if jid in fleet.allocations:
+                fleet.release(jid)
+            snap.jobs.pop(jid, None)
+        for rid in map(str, changed):
+            for nid, _, hostname, health, _ in rows[rid]:
+                snap.hostnames[nid] = hostname
+                if fleet.nodes[nid].health != health:
+                    fleet.set_health(nid, health)
+        snap.jobs.update(
+            _restore(fleet, Allocation.objects.filter(released_at__isnull=True, job_id__in=[int(j) for j in affected]))
+        )
+
+
+class _Gap(Exception):
+    """A change the live fleet cannot apply in place: rebuild."""
+
+
+_live = LiveFleet()
+
+
+def forget_live_fleet() -> None:
+    """Drop the in-memory fleet: the next snapshot is a full load."""
+    global _live
+    _live = LiveFleet()
+
+
+class LiveFleetDrift(AssertionError):
+    """With ``RACKWISE_LIVE_FLEET_VERIFY``: the in-memory fleet differs from the rows."""
+
+
+@contextmanager
+def live_snapshot() -> Iterator[Snapshot]:
+    """The in-memory fleet brought up to date (see :class:`LiveFleet`), for the
+    ``with`` block; a fresh ``load_snapshot()`` when the cache is off
+    (``RACKWISE_LIVE_FLEET``) or another thread of this process is using it.
+
+    With ``RACKWISE_LIVE_FLEET_VERIFY`` (the test suite) every snapshot is
+    compared with a fresh load first: a difference raises LiveFleetDrift."""
+    if not settings.RACKWISE_LIVE_FLEET or not _live.lock.acquire(blocking=False):
+        yield load_snapshot()
+        return
+    try:
+        yield _live.snapshot(check=settings.RACKWISE_LIVE_FLEET_VERIFY)
+    finally:
+        _live.lock.release()
+
+
+def verify(snap: Snapshot) -> None:
+    """Raise LiveFleetDrift unless ``snap`` equals a fresh load of the rows and its
+    indexes are exact. Under concurrent writers, call it in the transaction that
+    read ``snap`` (``LiveFleet.snapshot(check=True)``)."""
+    fresh = load_snapshot()
+    problems = [str(v) for v in validate_indexes(snap.fleet)]
+    mine, theirs = canonical(snap.fleet), canonical(fresh.fleet)
+    if mine != theirs:
+        problems.append(_first_difference(mine, theirs))
+    if snap.hostnames != fresh.hostnames or snap.rack_names != fresh.rack_names:
+        problems.append("host or rack names differ")
+    if problems:
+        raise LiveFleetDrift("; ".join(problems[:5]))
+
+
+def _first_difference(mine: dict, theirs: dict) -> str:
+    for r1, r2 in zip(mine["racks"], theirs["racks"], strict=False):
+        if r1 != r2:
+            return f"rack {r1['id']}: in memory {r1}, in the rows {r2}"
+    if len(mine["racks"]) != len(theirs["racks"]):
+        return f"{len(mine['racks'])} racks in memory, {len(theirs['racks'])} in the rows"
+    a1 = {a["job_id"]: a for a in mine["allocations"]}
+    a2 = {a["job_id"]: a for a in theirs["allocations"]}
+    for jid in sorted(a1.keys() | a2.keys()):
+        if a1.get(jid) != a2.get(jid):
+            return f"job {jid}: in memory {a1.get(jid)}, in the rows {a2.get(jid)}"
+    return "fleets differ"
+
+
+def canonical(fleet: pm.Fleet) -> dict:
+    """The fleet's state in a form that compares equal for equal fleets, whatever
+    order its allocations were made in."""
+    data = fleet.to_dict()
+    data["allocations"] = sorted(data["allocations"], key=lambda a: a["job_id"])
+    for a in data["allocations"]:
+        a["nodes"] = dict(sorted(a["nodes"].items()))
+    return data
 
 
 def _segments(job: Job, nodes: dict[str, list[int]], fleet: pm.Fleet) -> list[list[str]]:
@@ -137,4 +337,4 @@ def policy() -> str:
     return settings.RACKWISE_POLICY
 
 
-__all__ = ["ENGINE_HEALTH", "Snapshot", "job_request", "load_snapshot", "policy"]
+__all__ = ["ENGINE_HEALTH", "LiveFleet", "LiveFleetDrift", "Snapshot", "canonical", "job_request", "live_snapshot", "load_snapshot", "policy", "verify"]

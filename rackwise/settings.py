@@ -166,7 +166,12 @@ CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TIMEZONE = "UTC"
 # Event webhooks go out on their own queue (and, in production, their own
 # worker), so a slow or dead endpoint never holds up a scheduling pass.
+# Scheduling passes go to the scheduler's queue, taken by a worker of
+# concurrency 1 that keeps the fleet in memory between passes (fleet.engine.
+# LiveFleet): one process whose cache stays warm, rather than every worker
+# loading the fleet for the pass it happens to get.
 CELERY_TASK_ROUTES = {
+    "fleet.tasks.schedule_pending": {"queue": "scheduler"},
     "fleet.tasks.deliver_webhooks": {"queue": "webhooks"},
     "fleet.tasks.deliver_webhook": {"queue": "webhooks"},
     "fleet.tasks.sweep_webhooks": {"queue": "webhooks"},
@@ -223,6 +228,12 @@ RACKWISE_DEFRAG_MAX_MOVES = env_int("RACKWISE_DEFRAG_MAX_MOVES", 8, minimum=1)
 # Read models (summary, fragmentation) shared through the cache: recomputed after
 # a change, at most once per this many seconds while changes keep coming.
 RACKWISE_READ_MODELS = env_bool("RACKWISE_READ_MODELS", True)
+# The scheduler keeps the fleet in memory between passes and reads only the racks
+# that changed (fleet.engine.LiveFleet). VERIFY compares it with a fresh load on
+# every pass and raises on a difference: the test suite's setting, too slow for
+# production at scale.
+RACKWISE_LIVE_FLEET = env_bool("RACKWISE_LIVE_FLEET", True)
+RACKWISE_LIVE_FLEET_VERIFY = env_bool("RACKWISE_LIVE_FLEET_VERIFY", False)
 RACKWISE_READ_MODEL_MAX_AGE_S = env_float("RACKWISE_READ_MODEL_MAX_AGE_S", 1.0, minimum=0.0)
 # The console's attention view counts pending jobs that have waited this long.
 RACKWISE_WAIT_WARN_S = env_int("RACKWISE_WAIT_WARN_S", 3600, minimum=1)

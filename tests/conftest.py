@@ -16,6 +16,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from rest_framework.test import APIClient
 
+from fleet import engine
 from fleet.choices import RackKind
 from fleet.models import Node
 from fleet.services.inventory import create_rack
@@ -32,6 +33,15 @@ def read_models_computed(settings):
     tests/test_read_models.py turns the read models on; the app servers and
     workers the browser tests start use them, with no extra age (FAST_CLUSTER)."""
     settings.RACKWISE_READ_MODELS = False
+
+
+@pytest.fixture(autouse=True)
+def live_fleet_verified(settings):
+    """Every scheduling pass checks the scheduler's in-memory fleet against a fresh
+    load of the rows (LiveFleetDrift on a difference); each test starts with none
+    in memory."""
+    settings.RACKWISE_LIVE_FLEET_VERIFY = True
+    engine.forget_live_fleet()
 
 
 @pytest.fixture(autouse=True)

@@ -27,6 +27,8 @@ FAST_CLUSTER = {
     "RACKWISE_STALL_S": "3",
     # Read models recomputed after every change (no once-a-second grace).
     "RACKWISE_READ_MODEL_MAX_AGE_S": "0",
+    # Every scheduling pass checks the in-memory fleet against the rows.
+    "RACKWISE_LIVE_FLEET_VERIFY": "1",
 }
 
 
@@ -88,7 +90,7 @@ def flush_broker() -> None:
 class Worker:
     """A real ``celery worker`` process (prefork pool) on the test database."""
 
-    def __init__(self, env: dict[str, str] | None = None, concurrency: int = 2, queues: str = "celery") -> None:
+    def __init__(self, env: dict[str, str] | None = None, concurrency: int = 2, queues: str = "celery,scheduler") -> None:
         db = connection.settings_dict
         url = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
         self.name = f"test-{uuid.uuid4().hex[:8]}"
@@ -96,7 +98,8 @@ class Worker:
         self.log_path.parent.mkdir(exist_ok=True)
         self.env = os.environ | {"DATABASE_URL": url, "REDIS_URL": settings.REDIS_URL} | FAST_CLUSTER | (env or {})
         self.concurrency = concurrency
-        # "celery" is the default queue; event webhooks go to "webhooks".
+        # "celery" is the default queue; scheduling passes go to "scheduler",
+        # event webhooks to "webhooks".
         self.queues = queues
         self.proc: subprocess.Popen | None = None
 

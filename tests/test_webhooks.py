@@ -313,7 +313,7 @@ def two_workers() -> Iterator[None]:
     flush_broker()
     started = []
     try:
-        started.append(Worker(WEBHOOK_ENV, concurrency=1, queues="celery").start())
+        started.append(Worker(WEBHOOK_ENV, concurrency=1, queues="celery,scheduler").start())
         started.append(Worker(WEBHOOK_ENV, concurrency=1, queues="webhooks").start())
         yield
     finally:

@@ -378,6 +378,15 @@ def _take_gpus(job: Job, gpus_by_node: Mapping[int, list[int]]) -> list[GPU]:
     return chosen
 
 
+def _racks_of(job: Job) -> set[int]:
+    """The racks where the job holds GPUs now."""
+    return set(
+        Allocation.objects.filter(job=job, released_at__isnull=True)
+        .values_list("gpu__node__rack_id", flat=True)
+        .distinct()
+    )
+
+
 def start_job(actor, job_id: int) -> Job:
     """placed|recovering -> running, when the job's processes are up (again)."""
     with transaction.atomic():
@@ -392,6 +401,9 @@ def start_job(actor, job_id: int) -> Job:
         job.save(update_fields=["state", "state_reason", "started_at", "attempt"])
         audit.record(actor, "job.start", job, before=before, after=job_snapshot(job) | {"attempt": job.attempt})
         events.jobs_changed([job.pk])
+        # Its racks show the job's state, and the scheduler plans with its
+        # expected end (from started_at): both changed.
+        bump_versions(_racks_of(job))
     return job
 
 

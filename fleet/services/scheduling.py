@@ -70,7 +70,8 @@ def _no_checkpoint() -> None:
 def schedule_pass(checkpoint: Checkpoint = _no_checkpoint) -> PassResult:
     """Place every pending job that may start now, in queue order.
 
-    1. Snapshot the fleet; leave out jobs an open action already holds.
+    1. Snapshot the fleet (the in-memory one, brought up to date: fleet.engine.
+       LiveFleet); leave out jobs an open action already holds.
     2. Ask the engine for a queue pass (look-ahead and backfill included).
     3. For each placement, re-check it with the invariant checker against the
        fleet as the earlier placements of this pass left it.
@@ -85,7 +86,6 @@ def schedule_pass(checkpoint: Checkpoint = _no_checkpoint) -> PassResult:
     pending = list(Job.objects.select_related("tenant").filter(state=JobState.PENDING).exclude(pk__in=busy))
     if not pending:
         return result
-    snap = engine.load_snapshot()
     recent_refusals = set(
         Action.jobs.through.objects.filter(
             action__kind=ActionKind.PLACEMENT_SPILL,
@@ -99,7 +99,21 @@ def schedule_pass(checkpoint: Checkpoint = _no_checkpoint) -> PassResult:
         if job.pk in recent_refusals and request.locality == Locality.PREFERRED:
             request = dataclasses.replace(request, locality=Locality.REQUIRED)
         requests[request.id] = request
-    plan = schedule(snap.fleet, list(requests.values()), engine.policy(), now=time.time())
+    with engine.live_snapshot() as snap:
+        # Plan, then record, each on the in-memory fleet inside a trial: what the
+        # pass tries leaves nothing behind; what it commits comes back as changed
+        # racks on the next snapshot.
+        with snap.fleet.trial():
+            plan = schedule(snap.fleet, list(requests.values()), engine.policy(), now=time.time(), apply=True)
+        with snap.fleet.trial():
+            _record(plan, pending, requests, snap, checkpoint, result)
+    return result
+
+
+def _record(plan, pending: list[Job], requests: dict, snap: engine.Snapshot, checkpoint: Checkpoint,
+            result: PassResult) -> None:
+    """Check each of the plan's placements against the fleet as the earlier ones
+    left it, and record it: allocated now, or proposed to an operator."""
     by_id = {str(j.pk): j for j in pending}
     modes = {kind: ApprovalPolicy.mode_for(kind) for kind in (ActionKind.PLACEMENT, ActionKind.PLACEMENT_SPILL)}
     version = action_services.fleet_version()
@@ -158,7 +172,6 @@ def schedule_pass(checkpoint: Checkpoint = _no_checkpoint) -> PassResult:
         job = by_id[job_id]
         result.waiting[job.pk] = reason
         _set_reason(job, reason)
-    return result
 
 
 def _place_auto(
