@@ -1,12 +1,18 @@
-"""Submitted-to-placed latency of the whole control loop, on a 100-rack fleet.
+"""Submitted-to-placed latency of the whole control loop, on 100 and 1,000 racks.
 
-Starts its own stack on this machine: a fresh PostgreSQL database
-(``rackwise_bench``), daphne serving the API, and two Celery workers on Redis.
-Jobs are POSTed over HTTP at a fixed rate (open loop) and the latency is read
-from the database (``placed_at - submitted_at``). Figures are printed, not
-asserted; the machine is shared, so compare runs made together.
+Starts its own stack on this machine for each fleet size: a fresh PostgreSQL
+database (``rackwise_bench``, cloned from a template kept per size and schema,
+so the racks are built once), daphne serving the API, the scheduler's worker
+(queue ``scheduler``, concurrency 1, the fleet in memory) and one worker for the
+rest. Jobs are POSTed over HTTP at a fixed rate (open loop) and the latency is
+read from the database (``placed_at - submitted_at``). Figures are printed, not
+asserted; the machine is shared, so compare the ratios of one run.
 
-    .venv/bin/python benchmarks/bench_submit_latency.py [--rates 10 100] [--seconds 15]
+    .venv/bin/python benchmarks/bench_submit_latency.py [--racks 100 1000] [--rates 10 50] [--seconds 15]
+        [--live-fleet both|on|off]
+
+``--live-fleet both`` also runs every cell with the in-memory fleet off
+(``RACKWISE_LIVE_FLEET=0``: every pass loads the fleet), as the baseline.
 
 Needs PostgreSQL on 127.0.0.1:5432 and Redis (REDIS_URL, default 127.0.0.1:6379).
 """
@@ -14,6 +20,7 @@ Needs PostgreSQL on 127.0.0.1:5432 and Redis (REDIS_URL, default 127.0.0.1:6379)
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import random
@@ -37,8 +44,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _env() -> dict[str, str]:
-    return os.environ | {
+def _env(**extra: str) -> dict[str, str]:
+    return os.environ | extra | {
         "DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{DB}",
         "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14"),
         "DEBUG": "0",
@@ -59,21 +66,36 @@ def _manage(*args: str) -> str:
     ).stdout
 
 
+def _template(racks: int) -> str:
+    """The template database's name: per fleet size and migration set."""
+    names = sorted(p.name for p in (ROOT / "fleet" / "migrations").glob("0*.py"))
+    return f"rackwise_bench_tpl_{racks}_{hashlib.sha256(' '.join(names).encode()).hexdigest()[:8]}"
+
+
 def setup(racks: int) -> str:
     import psycopg
     import redis
 
+    template = _template(racks)
     with psycopg.connect("postgres://postgres@127.0.0.1:5432/postgres", autocommit=True) as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {DB}")
+        have = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (template,)).fetchone()
+        conn.execute(f"CREATE DATABASE {DB}" + (f" TEMPLATE {template}" if have else ""))
     redis.Redis.from_url(_env()["REDIS_URL"]).flushdb()
-    _manage("migrate", "-v0")
-    script = (
-        "from fleet.services.inventory import create_rack\n"
-        f"for i in range({racks}): create_rack(None, name=f'b{{i:03d}}', site='bench', row=str(i // 10), position=i % 10)\n"
-    )
-    _manage("shell", "-c", script)
-    return _manage("create_api_user", "bench", "--role", "submitter", "--tenant", "bench").strip()
+    if not have:
+        t = time.perf_counter()
+        _manage("migrate", "-v0")
+        script = (
+            "from fleet.services.inventory import create_rack\n"
+            f"for i in range({racks}): create_rack(None, name=f'b{{i:04d}}', site='bench', row=str(i // 10), position=i % 10)\n"
+        )
+        _manage("shell", "-c", script)
+        token = _manage("create_api_user", "bench", "--role", "submitter", "--tenant", "bench").strip()
+        with psycopg.connect("postgres://postgres@127.0.0.1:5432/postgres", autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {template} TEMPLATE {DB}")
+        (ROOT / "var" / f"{template}.token").write_text(token)
+        print(f"  (built {racks} racks in {time.perf_counter() - t:.0f} s; kept as {template})")
+    return (ROOT / "var" / f"{template}.token").read_text().strip()
 
 
 def run_rate(url: str, token: str, rate: float, seconds: float, seed: int) -> list[int]:
@@ -130,25 +152,40 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--racks", type=int, default=100)
-    parser.add_argument("--rates", type=float, nargs="+", default=[10, 100])
-    parser.add_argument("--seconds", type=float, default=15)
-    args = parser.parse_args()
+def start_stack(port: int, env: dict[str, str]) -> list[subprocess.Popen]:
+    def celery(name: str, queue: str) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "rackwise", "worker", "-n", f"{name}@%h", "-Q", queue,
+             "--concurrency", "1", "-l", "warning", "--without-gossip", "--without-mingle"],
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=(ROOT / "var" / f"bench-{name}.log").open("w"),
+            start_new_session=True,
+        )
 
-    token = setup(args.racks)
-    port = _free_port()
-    procs = [
+    return [
         subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "rackwise.asgi:application"],
-                         cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=(ROOT / "var" / "bench-web.log").open("w"),
+                         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=(ROOT / "var" / "bench-web.log").open("w"),
                          start_new_session=True),
-    ] + [
-        subprocess.Popen([sys.executable, "-m", "celery", "-A", "rackwise", "worker", "-n", f"bench{i}@%h", "--concurrency", "1",
-                          "-l", "warning", "--without-gossip", "--without-mingle"],
-                         cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        for i in range(2)
+        celery("scheduler", "scheduler"),
+        celery("worker", "celery"),
     ]
+
+
+def stop_stack(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    for p in procs:
+        p.wait(timeout=30)
+
+
+def measure(racks: int, rates: list[float], seconds: float, live: bool) -> dict[float, tuple[float, float]]:
+    """p50 and p95 (seconds) by rate, on a fresh fleet of ``racks`` racks."""
+    token = setup(racks)
+    port = _free_port()
+    procs = start_stack(port, _env(RACKWISE_LIVE_FLEET="1" if live else "0"))
+    out = {}
     try:
         url = f"http://127.0.0.1:{port}"
         for _ in range(100):
@@ -158,24 +195,46 @@ def main() -> None:
             except OSError:
                 time.sleep(0.2)
         time.sleep(3)  # workers connect
-        print(f"fleet: {args.racks} racks x 18 nodes x 4 GPUs; 2 workers; shapes {[list(s.values()) for s in SHAPES]}")
-        print(f"{'rate/s':>7} {'jobs':>6} {'placed':>7} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8}")
-        for k, rate in enumerate(args.rates):
-            ids = run_rate(url, token, rate, args.seconds, seed=k)
+        for k, rate in enumerate(rates):
+            ids = run_rate(url, token, rate, seconds, seed=k)
             lat = latencies(ids)
-            print(f"{rate:>7.0f} {len(ids):>6} {len(lat):>7} {pct(lat, .5) * 1000:>8.0f} {pct(lat, .95) * 1000:>8.0f} "
-                  f"{max(lat, default=float('nan')) * 1000:>8.0f}")
+            out[rate] = (pct(lat, .5), pct(lat, .95))
+            print(f"{racks:>6} {'on' if live else 'off':>5} {rate:>7.0f} {len(ids):>6} {len(lat):>7} "
+                  f"{pct(lat, .5) * 1000:>8.0f} {pct(lat, .95) * 1000:>8.0f} {max(lat, default=float('nan')) * 1000:>8.0f}",
+                  flush=True)
             # Free the fleet for the next rate.
             _manage("shell", "-c", "from fleet.models import Job\nfrom fleet.services.jobs import cancel_job\n"
                     "[cancel_job(None, j.pk) for j in Job.objects.exclude(state__in=['completed','failed','cancelled'])]")
     finally:
-        for p in procs:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        for p in procs:
-            p.wait(timeout=30)
+        stop_stack(procs)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--racks", type=int, nargs="+", default=[100, 1000])
+    parser.add_argument("--rates", type=float, nargs="+", default=[10, 50])
+    parser.add_argument("--seconds", type=float, default=15)
+    parser.add_argument("--live-fleet", choices=["both", "on", "off"], default="both")
+    args = parser.parse_args()
+    (ROOT / "var").mkdir(exist_ok=True)
+    modes = {"both": [True, False], "on": [True], "off": [False]}[args.live_fleet]
+    print(f"NVL72 racks (18 nodes x 4 GPUs); scheduler worker + one worker + daphne; shapes {[list(s.values()) for s in SHAPES]}")
+    print(f"{'racks':>6} {'live':>5} {'rate/s':>7} {'jobs':>6} {'placed':>7} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8}")
+    results = {(racks, live): measure(racks, args.rates, args.seconds, live) for live in modes for racks in args.racks}
+    small, big = min(args.racks), max(args.racks)
+    if small != big:
+        print(f"\np95 at {big} racks over p95 at {small} racks (must be <= 1.5):")
+        for live in modes:
+            ratios = "  ".join(f"{rate:.0f}/s {results[(big, live)][rate][1] / results[(small, live)][rate][1]:.2f}x"
+                               for rate in args.rates)
+            print(f"  live fleet {'on' if live else 'off'}: {ratios}")
+    if len(modes) == 2:
+        print("\np95 with the live fleet over p95 without (same fleet, same rate):")
+        for racks in args.racks:
+            ratios = "  ".join(f"{rate:.0f}/s {results[(racks, True)][rate][1] / results[(racks, False)][rate][1]:.2f}x"
+                               for rate in args.rates)
+            print(f"  {racks} racks: {ratios}")
 
 
 if __name__ == "__main__":

@@ -243,6 +243,14 @@ def demo_tick() -> str:
     return tick()
 
 
+@shared_task(name="fleet.tasks.refresh_read_models", **TASK_OPTIONS)
+def refresh_read_models() -> str:
+    """Recompute the shared read models after a change (fleet.read_cache asks)."""
+    from fleet.services import read_models
+
+    return f"read models at generation {read_models.refresh()}"
+
+
 @shared_task(name="fleet.tasks.sample_fleet", **TASK_OPTIONS)
 def sample_fleet() -> str:
     """One point of the console's utilization and fragmentation chart."""
@@ -263,6 +271,7 @@ __all__ = [
     "recheck_proposals",
     "reconcile",
     "recover_job",
+    "refresh_read_models",
     "sample_fleet",
     "schedule_pending",
     "sweep_webhooks",

@@ -225,16 +225,20 @@ RACKWISE_DEFRAG_FRAGMENTATION_THRESHOLD = env_float("RACKWISE_DEFRAG_FRAGMENTATI
 RACKWISE_DEFRAG_WAIT_THRESHOLD_S = env_int("RACKWISE_DEFRAG_WAIT_THRESHOLD_S", 1800, minimum=1)
 RACKWISE_DEFRAG_BUDGET_GPU_HOURS = env_float("RACKWISE_DEFRAG_BUDGET_GPU_HOURS", 200.0, minimum=0.0)
 RACKWISE_DEFRAG_MAX_MOVES = env_int("RACKWISE_DEFRAG_MAX_MOVES", 8, minimum=1)
-# Read models (summary, fragmentation) shared through the cache: recomputed after
-# a change, at most once per this many seconds while changes keep coming.
-RACKWISE_READ_MODELS = env_bool("RACKWISE_READ_MODELS", True)
 # The scheduler keeps the fleet in memory between passes and reads only the racks
 # that changed (fleet.engine.LiveFleet). VERIFY compares it with a fresh load on
 # every pass and raises on a difference: the test suite's setting, too slow for
 # production at scale.
 RACKWISE_LIVE_FLEET = env_bool("RACKWISE_LIVE_FLEET", True)
 RACKWISE_LIVE_FLEET_VERIFY = env_bool("RACKWISE_LIVE_FLEET_VERIFY", False)
-RACKWISE_READ_MODEL_MAX_AGE_S = env_float("RACKWISE_READ_MODEL_MAX_AGE_S", 1.0, minimum=0.0)
+# Read models (summary, fragmentation) shared through the cache. A worker
+# recomputes them REFRESH_S after a change (at most once per REFRESH_S while
+# changes keep coming), off the request path; a reader serves a stored figure up
+# to MAX_AGE_S old after the fleet moved on, and computes only past that (no
+# worker keeping up) or with no stored figure.
+RACKWISE_READ_MODELS = env_bool("RACKWISE_READ_MODELS", True)
+RACKWISE_READ_MODEL_REFRESH_S = env_float("RACKWISE_READ_MODEL_REFRESH_S", 1.0, minimum=0.0)
+RACKWISE_READ_MODEL_MAX_AGE_S = env_float("RACKWISE_READ_MODEL_MAX_AGE_S", 10.0, minimum=0.0)
 # The console's attention view counts pending jobs that have waited this long.
 RACKWISE_WAIT_WARN_S = env_int("RACKWISE_WAIT_WARN_S", 3600, minimum=1)
 # The console asks to confirm an approval whose cost passes this many GPU-hours.

@@ -83,3 +83,28 @@ def test_the_api_and_metrics_read_the_same_figures(shared, viewer_client, submit
     assert summary["jobs_by_state"]["pending"] == 1
     assert 'rackwise_jobs{state="pending"} 1.0' in metrics
     assert f"rackwise_gpus_total {float(summary['gpus_total'])}" in metrics
+
+
+def test_a_change_asks_a_worker_to_refresh_and_readers_then_find_it_computed(shared, settings, submitter, django_capture_on_commit_callbacks, monkeypatch):
+    """Off the request path: the bump on commit queues one refresh per interval,
+    and after it a reader computes nothing."""
+    from fleet.services import dispatch
+
+    settings.RACKWISE_READ_MODEL_MAX_AGE_S = 10.0
+    queued: list[float] = []
+    monkeypatch.setattr(dispatch, "refresh_read_models_in", queued.append)
+    read_cache.refresh_started()
+    read_models.summary()  # stored at the old generation
+    _submit(submitter, django_capture_on_commit_callbacks)
+    _submit(submitter, django_capture_on_commit_callbacks, name="second")
+    assert queued == [settings.RACKWISE_READ_MODEL_REFRESH_S], "one refresh for the burst"
+    assert read_models.summary()["jobs_by_state"]["pending"] == 0, "younger than the max age: served"
+
+    assert read_models.refresh() == read_cache.generation()
+    def computed():
+        raise AssertionError("a reader computed the read model")
+
+    monkeypatch.setattr(read_models, "MODELS", {"summary": computed, "fragmentation": computed})
+    assert read_models.summary()["jobs_by_state"]["pending"] == 2
+    _submit(submitter, django_capture_on_commit_callbacks, name="third")
+    assert len(queued) == 2, "a change after the refresh started asks for the next one"

@@ -49,3 +49,8 @@ def sync_cluster_in(seconds: float) -> None:
     """Ask the cluster what it did in ``seconds`` (after commit): the simulated
     cluster asks for this when a job it runs is due to end."""
     transaction.on_commit(lambda: _send("fleet.tasks.sync_cluster", (), countdown=max(0.0, seconds)), robust=True)
+
+
+def refresh_read_models_in(seconds: float) -> None:
+    """Recompute the shared read models in ``seconds`` (now: this runs on commit)."""
+    _send("fleet.tasks.refresh_read_models", (), countdown=max(0.0, seconds))

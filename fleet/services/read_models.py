@@ -5,10 +5,12 @@ page and ``/metrics`` all read them, so they show the same figures.
 
 A stored figure carries the change generation it was computed at
 (``fleet.read_cache``, bumped on commit of every change to racks, jobs and
-actions). It is served while the generation has not moved, and while it is
-younger than ``RACKWISE_READ_MODEL_MAX_AGE_S`` even if it has: a busy fleet then
-costs one computation per interval, not one per reader. With the cache down, or
-``RACKWISE_READ_MODELS`` off, every read computes."""
+actions). A worker recomputes them ``RACKWISE_READ_MODEL_REFRESH_S`` after a
+change (:func:`refresh`, asked for by the bump), so readers find them computed.
+A reader serves a stored figure while the generation has not moved, and while it
+is younger than ``RACKWISE_READ_MODEL_MAX_AGE_S`` even if it has (the worker's
+refresh is on its way); past that, or with nothing stored, the reader computes.
+With the cache down, or ``RACKWISE_READ_MODELS`` off, every read computes."""
 
 from __future__ import annotations
 
@@ -40,7 +42,10 @@ def _read(name: str, compute: Callable[[], Any]) -> Any:
         at, computed_at, value = stored
         if at == generation or time.time() - computed_at < settings.RACKWISE_READ_MODEL_MAX_AGE_S:
             return value
-    value = compute()
+    return _store(key, generation, compute())
+
+
+def _store(key: str, generation: int, value: Any) -> Any:
     try:
         cache.set(key, (generation, time.time(), value), timeout=3600)
     except Exception:
@@ -48,11 +53,27 @@ def _read(name: str, compute: Callable[[], Any]) -> Any:
     return value
 
 
+MODELS: dict[str, Callable[[], Any]] = {"summary": fleet_summary, "fragmentation": fragmentation_report}
+
+
+def refresh() -> int | None:
+    """Compute every read model now and store it at the generation read before
+    computing (a change meanwhile leaves it stale, and asks for another refresh).
+    Returns that generation; None when there is no cache to store in."""
+    read_cache.refresh_started()
+    generation = read_cache.generation() if settings.RACKWISE_READ_MODELS else None
+    if generation is None:
+        return None
+    for name, compute in MODELS.items():
+        _store(PREFIX + name, generation, compute())
+    return generation
+
+
 def summary() -> dict:
     """``fleet_summary()``, from the shared read model."""
-    return _read("summary", fleet_summary)
+    return _read("summary", MODELS["summary"])
 
 
 def fragmentation() -> FragmentationReport:
     """``fragmentation_report()``, from the shared read model."""
-    return _read("fragmentation", fragmentation_report)
+    return _read("fragmentation", MODELS["fragmentation"])
