@@ -1,15 +1,30 @@
-"""Commit-to-repaint latency of the operator console, on a 100-rack fleet.
+"""The operator console at scale: how soon the Fleet page is ready, how many
+DOM elements its grids take, and commit-to-repaint latency, on ``--racks``
+NVL72 racks.
 
-Starts its own stack: a fresh PostgreSQL database (``rackwise_repaint_bench``),
-daphne serving the app, and Debian's Chromium (Playwright) showing the fleet page
-with every rack's grid on screen. This process then commits node changes
-(drain / undrain of random nodes) through the services at a fixed rate; each
-change bumps its rack's version and is published on commit. Latency is from
-the commit (an ``on_commit`` hook registered before the service's own) to the
-first animation frame after the page applied that rack version and repainted
-its grid. Same machine, same clock. Figures are printed, not asserted.
+Starts its own stack: a fresh PostgreSQL database (``--db``), the racks filled
+through the services (gangs of 2-16 whole nodes placed and started until
+``--busy`` of the nodes are busy, a few single-GPU jobs, a few nodes failed),
+daphne serving the app, and Debian's Chromium (Playwright). It measures:
 
-    .venv/bin/python benchmarks/bench_repaint.py [--racks 100] [--rate 20] [--seconds 15]
+1. The Fleet page as it opens (a fleet of more than 48 racks starts with its
+   groups collapsed): time to ready (snapshot applied, live feed open), and to
+   every grid on screen painted.
+2. The kiosk (``/?kiosk=1``) on a 3840 x 2160 wall, where every rack is on
+   screen and drawn (1,000 racks fit at 3 px cells): time to ready and to
+   every grid painted at its fitted cell size, and the DOM elements the grids
+   take (per rack and in the whole document).
+3. On the kiosk, this process commits node changes (drain / undrain of random
+   nodes) through the services at ``--rate`` a second; each bumps its rack's
+   version and is published on commit. Latency is from the commit (an
+   ``on_commit`` hook registered before the service's own) to the first
+   animation frame after the page applied that rack version and repainted its
+   grid. Same machine, same clock.
+
+The first load of each page warms the server (imports, connections, the read
+models); the second is measured. Figures are printed, not asserted.
+
+    .venv/bin/python benchmarks/bench_repaint.py [--racks 100] [--busy 0.7] [--rate 20] [--seconds 15] [--reuse]
 
 Needs PostgreSQL on 127.0.0.1:5432, Redis (REDIS_URL, default
 redis://127.0.0.1:6379/13) and /usr/bin/chromium.
@@ -30,9 +45,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DB = "rackwise_repaint_bench"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--no-first-run"]
+READY = "document.body.dataset.ws === 'open' && document.body.dataset.ready === '1'"
 
 # Records, for every rack event the page applies, when the next frame ran
 # (after the page's own listener has repainted the grid).
@@ -43,10 +58,43 @@ PROBE = """() => {
   });
 }"""
 
+# Every rack card in the document that is on screen (or within the 300 px the
+# page paints ahead) has been painted.
+ON_SCREEN_PAINTED = """() => {
+  const cards = [...document.querySelectorAll('article.rack')].filter((el) => {
+    if (el.hidden || !el.offsetParent) return false;
+    const r = el.getBoundingClientRect();
+    return r.bottom > -300 && r.top < innerHeight + 300;
+  });
+  return cards.every((el) => el.dataset.painted) ? { painted: cards.length } : false;
+}"""
 
-def _env() -> dict[str, str]:
+# Kiosk: fitted, and every card on screen painted at the fitted cell size (all
+# of them when the fleet fits the screen, as it should).
+KIOSK_PAINTED = """() => {
+  const groups = document.querySelector('[data-testid=groups]');
+  if (groups.dataset.fitting) return false;
+  const cards = [...document.querySelectorAll('article.rack')].filter((el) => {
+    const r = el.getBoundingClientRect();
+    return r.bottom > -300 && r.top < innerHeight + 300;
+  });
+  return cards.every((el) => el.dataset.paintedCell === groups.dataset.cell) ? { painted: cards.length } : false;
+}"""
+
+# DOM elements: in the whole document, and inside each painted grid (the svg
+# and everything under it).
+DOM_COUNTS = """() => {
+  const counts = [...document.querySelectorAll('article.rack[data-painted] .grid')].map((g) => g.getElementsByTagName('*').length);
+  const sum = counts.reduce((a, b) => a + b, 0);
+  return { document: document.getElementsByTagName('*').length, grids: counts.length, sum,
+           mean: counts.length ? sum / counts.length : 0, min: Math.min(...counts), max: Math.max(...counts),
+           cell: Number(document.querySelector('[data-testid=groups]').dataset.cell) };
+}"""
+
+
+def _env(db: str) -> dict[str, str]:
     return os.environ | {
-        "DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{DB}",
+        "DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{db}",
         "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/13"),
         "DEBUG": "0",
         "SECRET_KEY": "bench",
@@ -66,27 +114,98 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def setup(racks: int) -> None:
+def setup(db: str, fresh: bool) -> None:
     import psycopg
     import redis
 
-    with psycopg.connect("postgres://postgres@127.0.0.1:5432/postgres", autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {DB}")
-    redis.Redis.from_url(_env()["REDIS_URL"]).flushdb()
+    if fresh:
+        with psycopg.connect("postgres://postgres@127.0.0.1:5432/postgres", autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+            conn.execute(f"CREATE DATABASE {db}")
+    redis.Redis.from_url(_env(db)["REDIS_URL"]).flushdb()
     for args in (["migrate", "-v0"], ["collectstatic", "--noinput", "-v0"]):
-        subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=_env(), check=True)
+        subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=_env(db), check=True)
+
+
+def _built(db: str) -> bool:
+    """Whether ``db`` exists and holds a fleet a previous run built."""
+    import psycopg
+
+    try:
+        with psycopg.connect(f"postgres://postgres@127.0.0.1:5432/{db}") as conn:
+            return conn.execute("SELECT count(*) FROM fleet_rack").fetchone()[0] > 0
+    except psycopg.Error:
+        return False
+
+
+def fill(racks: int, busy: float, rng: random.Random) -> None:
+    """Racks, and jobs on them through the services, as a working day leaves them."""
+    from fleet.models import Node
+    from fleet.services import jobs as job_services
+    from fleet.services import nodes as node_services
+    from fleet.services.inventory import create_rack
+    from fleet.services.users import ensure_user
+
+    t = time.perf_counter()
+    for i in range(racks):
+        create_rack(None, name=f"b{i:04d}", site="bench", row=str(i // 10), position=i % 10)
+    user = ensure_user(None, "bench-filler", role="operator", tenants=["bench"])[0]
+    nodes_of: dict[int, list[int]] = {}
+    for node_id, rack_id in Node.objects.order_by("rack_id", "slot").values_list("id", "rack_id"):
+        nodes_of.setdefault(rack_id, []).append(node_id)
+    jobs = used_nodes = 0
+
+    def run(nodes: dict[int, list[int]], spec) -> None:
+        nonlocal jobs
+        job = job_services.submit_job(user, spec)
+        job_services.apply_placement(None, job.pk, nodes, reason="bench")
+        job_services.start_job(None, job.pk)
+        jobs += 1
+
+    for nodes in nodes_of.values():
+        target = round(busy * len(nodes))
+        used = 0
+        while used < target:
+            take = nodes[used:used + min(target - used, rng.choice([2, 4, 4, 8, 16]))]
+            run({n: [0, 1, 2, 3] for n in take},
+                job_services.JobSpec(name=f"g{jobs}", tenant="bench", num_nodes=len(take), gpus_per_node=4))
+            used += len(take)
+        used_nodes += used
+        # A node shared by single-GPU jobs, where there is room for one.
+        if busy and used < len(nodes) - 3:
+            for gpu in range(rng.randint(1, 3)):
+                run({nodes[used]: [gpu]}, job_services.JobSpec(name=f"s{jobs}", tenant="bench", num_gpus=1))
+    failed = max(1, racks // 50)
+    for node_id in rng.sample([n for ns in nodes_of.values() for n in ns], failed):
+        node_services.mark_node_failed(user, node_id, reason="bench")
+    print(f"fleet: {racks} racks, {sum(map(len, nodes_of.values()))} nodes, {jobs} running jobs, "
+          f"{used_nodes} nodes held by gangs, {failed} failed (built in {time.perf_counter() - t:.0f} s)", flush=True)
+
+
+def load(page, url: str, painted: str) -> tuple[float, float]:
+    """Seconds from navigation to ready, and to ``painted`` holding."""
+    t0 = time.monotonic()
+    page.goto(url)
+    page.wait_for_function(READY, timeout=120000)
+    ready = time.monotonic() - t0
+    page.wait_for_function(painted, timeout=120000, polling=50)
+    return ready, time.monotonic() - t0
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--racks", type=int, default=100)
+    parser.add_argument("--busy", type=float, default=0.7, help="share of each rack's nodes held by gangs")
     parser.add_argument("--rate", type=float, default=20.0, help="changes per second")
     parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--db", default="rackwise_repaint_bench", help="database to create (dropped first)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="keep the database a previous run built (same --racks, --busy) instead of building it again, "
+                             "to compare two checkouts on the same fleet")
     args = parser.parse_args()
 
-    setup(args.racks)
-    os.environ.update(_env())
+    setup(args.db, fresh=not (args.reuse and _built(args.db)))
+    os.environ.update(_env(args.db))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rackwise.settings")
     sys.path.insert(0, str(ROOT))
     import django
@@ -95,26 +214,29 @@ def main() -> None:
     from django.db import connection, transaction
     from django.test import Client
 
-    from fleet.models import Node
+    from fleet.models import Node, Rack
     from fleet.services import nodes as node_services
-    from fleet.services.inventory import create_rack
     from fleet.services.users import ensure_user
 
-    for i in range(args.racks):
-        create_rack(None, name=f"b{i:03d}", site="bench", row=str(i // 10), position=i % 10)
+    if Rack.objects.exists():
+        assert Rack.objects.count() == args.racks, "--reuse: the database holds another fleet; drop --reuse"
+        print(f"fleet: {args.racks} racks, reused from a previous run", flush=True)
+    else:
+        fill(args.racks, args.busy, random.Random(11))
     viewer = ensure_user(None, "bench-viewer", role="viewer")[0]
     operator = ensure_user(None, "bench-operator", role="operator")[0]
     client = Client()
     client.force_login(viewer)
     session = client.cookies["sessionid"].value
-    node_ids = list(Node.objects.values_list("id", flat=True))
+    # Drains and undrains from the healthy nodes; a reused fleet's nodes a run left drained start it again.
+    node_ids = list(Node.objects.filter(state__in=["healthy", "draining", "drained"]).values_list("id", flat=True))
     connection.close()
 
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
         [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "rackwise.asgi:application"],
-        cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        cwd=ROOT, env=_env(args.db), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
     commits: dict[str, float] = {}
     try:
@@ -129,25 +251,22 @@ def main() -> None:
 
         pw = sync_playwright().start()
         browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-        # Tall enough for every grid to be on screen (grids off screen repaint lazily).
         page = browser.new_page(viewport={"width": 1900, "height": 2400})
         page.context.add_cookies([{"name": "sessionid", "value": session, "url": url}])
-        # The first load warms the server up (imports, connections); the second is measured.
-        loads = []
-        for _ in range(2):
-            t0 = time.monotonic()
-            page.goto(url + "/")
-            page.wait_for_function("document.body.dataset.ws === 'open' && document.body.dataset.ready === '1'", timeout=60000)
-            ready_s = time.monotonic() - t0
-            page.wait_for_function(f"document.querySelectorAll('article.rack[data-painted]').length === {args.racks}", timeout=60000)
-            loads.append((ready_s, time.monotonic() - t0))
-        (cold_ready, _), (ready_s, painted_s) = loads
+        cold_ready, _ = load(page, url + "/", ON_SCREEN_PAINTED)
+        fleet_ready, fleet_painted = load(page, url + "/", ON_SCREEN_PAINTED)
+        fleet_drawn = page.evaluate(ON_SCREEN_PAINTED)["painted"]
+        page.set_viewport_size({"width": 3840, "height": 2160})
+        load(page, url + "/?kiosk=1", KIOSK_PAINTED)
+        kiosk_ready, kiosk_painted = load(page, url + "/?kiosk=1", KIOSK_PAINTED)
+        dom = page.evaluate(DOM_COUNTS)
+        fits = page.evaluate("document.scrollingElement.scrollHeight <= innerHeight")
         page.evaluate(PROBE)
 
         # The changes run in a thread: Playwright's loop owns this one.
         def change_loop() -> None:
             rng = random.Random(7)
-            drained: set[int] = set()
+            drained = set(Node.objects.filter(state__in=["draining", "drained"]).values_list("id", flat=True))
             interval = 1.0 / args.rate
             start = time.monotonic()
             n = 0
@@ -164,8 +283,6 @@ def main() -> None:
                         node = node_services.drain_node(operator, node_id, "bench")
                         drained.add(node_id)
                     rack_id = node.rack_id
-                from fleet.models import Rack
-
                 version = Rack.objects.filter(pk=rack_id).values_list("version", flat=True).get()
                 commits[f"{rack_id}:{version}"] = stamp[0]
                 n += 1
@@ -194,9 +311,13 @@ def main() -> None:
     missing = len(commits) - len(lat)
     q = statistics.quantiles(lat, n=100) if len(lat) >= 2 else lat * 99
     print(f"racks: {args.racks}; changes: {len(commits)} at {args.rate:g}/s for {args.seconds:g} s")
-    print(f"fleet page interactive (snapshot applied, live feed open): {ready_s * 1000:.0f} ms "
-          f"(first load after start: {cold_ready * 1000:.0f} ms); every grid painted: {painted_s * 1000:.0f} ms")
-    print(f"commit -> repaint: p50 {q[49]:.0f} ms, p95 {q[94]:.0f} ms, max {lat[-1]:.0f} ms; "
+    print(f"fleet page ready (snapshot applied, live feed open): {fleet_ready * 1000:.0f} ms "
+          f"(first load after start: {cold_ready * 1000:.0f} ms); {fleet_drawn} grids on screen painted by {fleet_painted * 1000:.0f} ms")
+    print(f"kiosk at 3840x2160: ready {kiosk_ready * 1000:.0f} ms, {dom['grids']} grids painted at {dom['cell']} px cells "
+          f"by {kiosk_painted * 1000:.0f} ms ({'every rack on screen' if fits else 'the fleet does not fit the screen'})")
+    print(f"DOM elements per rack grid: mean {dom['mean']:.1f} (min {dom['min']}, max {dom['max']}); "
+          f"all grids {dom['sum']}; whole document {dom['document']}")
+    print(f"commit -> repaint (kiosk): p50 {q[49]:.0f} ms, p95 {q[94]:.0f} ms, max {lat[-1]:.0f} ms; "
           f"not repainted at their own version: {missing} (covered by a later version); gaps seen by the page: {gaps}")
 
 
