@@ -2,7 +2,7 @@
 // Approve/Reject for operators (the server refuses everyone else anyway), and a
 // live progress bar and step log while it executes.
 
-import { attachClicks, attachTooltip, cells, describeCell, rackSvg } from "./grid.js";
+import { attachClicks, attachTooltip, cells, drawGrid } from "./grid.js";
 import { api, messages, showFieldErrors, startLive } from "./live.js";
 
 const live = startLive();
@@ -85,27 +85,30 @@ function paint(id) {
   const ids = touched[id];
   const box = el.querySelector("[data-testid=beforeafter]");
   const side = (name, racks) => `<div><h3>${name}</h3><div class="side">${ids.map((r) => racks.get(r)
-    ? `<figure class="grid" data-rack-id="${r}" data-side="${name.toLowerCase()}" data-version="${live.versions.get(r)}" data-testid="grid-${name.toLowerCase()}"><figcaption>${escape(racks.get(r).name)}</figcaption>${rackSvg(racks.get(r), { cell: 11 })}</figure>` : "").join("")}</div></div>`;
+    ? `<figure class="grid" data-rack-id="${r}" data-side="${name.toLowerCase()}" data-version="${live.versions.get(r)}" data-testid="grid-${name.toLowerCase()}"><figcaption>${escape(racks.get(r).name)}</figcaption></figure>` : "").join("")}</div></div>`;
+  const draw = (name, racks, moved = () => null) => {
+    for (const fig of box.querySelectorAll(`[data-side=${name}]`)) {
+      const r = Number(fig.dataset.rackId);
+      drawGrid(fig, racks.get(r), { cell: 11, moved: moved(r) });
+    }
+  };
   if (["proposed", "approved"].includes(plan.state)) {
     const after = simulate(live.racks, plan.steps);
     box.innerHTML = side("Before", live.racks) + side("After", after);
-    markMoved(box, after);
+    draw("before", live.racks);
+    draw("after", after, (r) => movedCells(live.racks.get(r), after.get(r)));
   } else {
     box.innerHTML = side("Now", live.racks);
+    draw("now", live.racks);
   }
   const now = el.querySelector("[data-testid=free-racks-now]");
   if (now) now.textContent = wholeFreeRacks();
 }
 
-/** Outline the cells of the "after" grids whose job the plan changes. */
-function markMoved(box, after) {
-  for (const fig of box.querySelectorAll("[data-side=after]")) {
-    const rackId = Number(fig.dataset.rackId);
-    const before = new Map(cells(live.racks.get(rackId)).map((c) => [`${c.node}:${c.gpu}`, c.job]));
-    for (const c of cells(after.get(rackId))) {
-      if (before.get(`${c.node}:${c.gpu}`) !== c.job) fig.querySelector(`g.cell[data-node="${c.node}"][data-gpu="${c.gpu}"]`)?.classList.add("moved");
-    }
-  }
+/** The cells ("node:gpu") whose job the plan changes, outlined in the "after" grid. */
+function movedCells(before, after) {
+  const was = new Map(cells(before).map((c) => [`${c.node}:${c.gpu}`, c.job]));
+  return new Set(cells(after).filter((c) => was.get(`${c.node}:${c.gpu}`) !== c.job).map((c) => `${c.node}:${c.gpu}`));
 }
 
 /** Racks whose healthy nodes are all idle, now (a defrag card's live figure). */
@@ -271,11 +274,7 @@ document.addEventListener("change", async (e) => {
 });
 
 const main = document.querySelector("main");
-attachTooltip(main, (node, gpu) => {
-  const rack = live.racks.get(live.nodeRack.get(node));
-  const c = rack && cells(rack).find((x) => x.node === node && x.gpu === gpu);
-  return c ? `${rack.name} · ${describeCell(rack, c)}` : "";
-});
-attachClicks(main, (node) => live.nodeRack.get(node));
+attachTooltip(main);
+attachClicks(main);
 
 Promise.all([live.start(), loadStepKinds()]).then(() => { paintAll(); document.body.dataset.ready = "1"; });

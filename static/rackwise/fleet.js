@@ -19,7 +19,7 @@
 // 5. Rack events repaint the grids on screen at the next frame; the others
 //    when they scroll into view (IntersectionObserver).
 
-import { attachClicks, attachTooltip, cells, describeCell, gridSize, rackStats, rackSvg, restoreCursor, utilisation } from "./grid.js";
+import { attachClicks, attachTooltip, drawGrid, gridSize, rackStats, utilisation } from "./grid.js";
 import { api, startLive } from "./live.js";
 import { drawChart } from "./chart.js";
 
@@ -67,9 +67,7 @@ function paint(rackId) {
   const rack = live.racks.get(rackId);
   const el = cards.get(rackId);
   if (!rack || !el) return;
-  const grid = el.querySelector(".grid");
-  grid.innerHTML = rackSvg(rack, { cell, match: currentMatch(rack) });
-  restoreCursor(grid);
+  drawGrid(el.querySelector(".grid"), rack, { cell, match: currentMatch(rack) });
   el.dataset.painted = rack.version;
   el.dataset.paintedCell = cell;
   dirty.delete(rackId);
@@ -78,7 +76,7 @@ function paint(rackId) {
 /** The placeholders' size (CSS) for a cell size, of every card or of one; no repaint. */
 function sizePlaceholders(size, el = groupsEl) {
   el.style.setProperty("--cell", size);
-  el.style.setProperty("--step", `${gridSize(1, 1, size).height}px`);  // a cell and its gap, as rackSvg draws them
+  el.style.setProperty("--step", `${gridSize(1, 1, size).height}px`);  // a cell and its gap, as drawGrid draws them
   el.classList.toggle("small-cells", size < SMALL_CELL);
   if (el === groupsEl) groupsEl.dataset.cell = size;
 }
@@ -472,12 +470,8 @@ if (kiosk) {
   for (const el of document.querySelector("main").children) resized.observe(el);
 }
 
-attachTooltip(groupsEl, (node, gpu) => {
-  const rack = live.racks.get(live.nodeRack.get(node));
-  const c = rack && cells(rack).find((x) => x.node === node && x.gpu === gpu);
-  return c ? `${rack.name} · ${describeCell(rack, c)}` : "";
-});
-attachClicks(groupsEl, (node) => live.nodeRack.get(node));
+attachTooltip(groupsEl);
+attachClicks(groupsEl);
 
 const chartEl = document.querySelector("[data-testid=chart]");
 const hoursEl = document.querySelector("[name=hours]");

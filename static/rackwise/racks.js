@@ -10,7 +10,7 @@
 // fills the row and whose refusal (400 field messages, 403/409 detail) is shown
 // next to it. The grid changes when the rack event of that change arrives.
 
-import { attachClicks, attachTooltip, cells, describeCell, paintSwatches, rackSvg, restoreCursor } from "./grid.js";
+import { attachClicks, attachTooltip, drawGrid, paintSwatches } from "./grid.js";
 import { api, showFieldErrors, startLive } from "./live.js";
 
 const els = [...document.querySelectorAll("[data-live-rack]")];
@@ -22,9 +22,7 @@ const stateLabel = (state) => state.charAt(0).toUpperCase() + state.slice(1).rep
 function paint(rack) {
   for (const el of document.querySelectorAll(`[data-live-rack][data-rack-id="${rack.rack}"]`)) {
     const highlight = el.dataset.highlightJob ? Number(el.dataset.highlightJob) : null;
-    const grid = el.querySelector(".grid");
-    grid.innerHTML = rackSvg(rack, { cell: Number(el.dataset.cell || 22), labels: true, highlight, jobLabels: "jobLabels" in el.dataset });
-    restoreCursor(grid);
+    drawGrid(el.querySelector(".grid"), rack, { cell: Number(el.dataset.cell || 22), labels: true, highlight, jobLabels: "jobLabels" in el.dataset });
   }
   for (const [nodeId, , , state] of rack.nodes) {
     const badge = document.querySelector(`[data-node-state="${nodeId}"]`);
@@ -71,10 +69,6 @@ document.addEventListener("click", (e) => {
   if (button) act(button.form, button);
 });
 
-attachTooltip(document.querySelector("main"), (node, gpu) => {
-  const rack = live.racks.get(live.nodeRack.get(node));
-  const c = rack && cells(rack).find((x) => x.node === node && x.gpu === gpu);
-  return c ? `${rack.name} · ${describeCell(rack, c)}` : "";
-});
-attachClicks(document.querySelector("main"), (node) => live.nodeRack.get(node));
+attachTooltip(document.querySelector("main"));
+attachClicks(document.querySelector("main"));
 live.start().then(() => { document.body.dataset.ready = "1"; });

@@ -25,6 +25,26 @@ def rack_version(page, rack_id: int) -> int:
     return page.evaluate(f"window.rackwise.appliedVersion({rack_id})")
 
 
+def grid_cells(page, selector: str = "main") -> list[dict]:
+    """Every GPU cell of the grids drawn in what ``selector`` matches, as
+    window.rackwiseGrid reads them: what each was drawn from (rack, version,
+    node, gpu, host, job, state, mark, dim, matched, moved) and what the grid's
+    SVG paints there (fill: a job id, "free" or None; pattern; edges; letter)."""
+    return page.evaluate("s => window.rackwiseGrid.cells(s)", selector)
+
+
+def hover_cell(page, selector: str, node: int, gpu: int) -> str:
+    """Move the mouse onto one GPU's cell of the grid under ``selector`` and
+    return the tooltip's text."""
+    page.locator(selector).first.scroll_into_view_if_needed()
+    box = page.evaluate("([s, n, g]) => window.rackwiseGrid.box(s, n, g)", [selector, node, gpu])
+    assert box, f"no drawn cell {node}:{gpu} under {selector}"
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    tip = page.locator("[data-testid=tooltip]")
+    tip.wait_for(state="visible", timeout=5000)
+    return tip.text_content()
+
+
 def post_api(page, path: str, data: dict | None = None) -> tuple[int, dict]:
     """POST to the API with the page's session and CSRF token, as the page would."""
     token = next((c["value"] for c in page.context.cookies() if c["name"] == "csrftoken"), "")

@@ -11,7 +11,7 @@ from fleet.choices import ActionKind, ActionState
 from fleet.models import Action
 from fleet.services.actions import propose
 from fleet.services.defrag import plan_defrag
-from tests.browser.helpers import in_thread, log_in_as, open_live, post_api
+from tests.browser.helpers import grid_cells, in_thread, log_in_as, open_live, post_api
 
 pytestmark = pytest.mark.browser
 
@@ -35,12 +35,14 @@ def test_an_operator_approves_a_defrag_plan_and_watches_it_to_the_final_grid(pag
     open_live(page, "/actions/")
     card = page.locator(f"[data-action-id='{defrag_plan.pk}']")
     # Before: job A in r1; after: A next to B in r2, r1 whole and free.
-    before = card.locator(f"[data-testid=grid-before][data-rack-id='{r1.pk}']")
-    after_r1 = card.locator(f"[data-testid=grid-after][data-rack-id='{r1.pk}']")
-    after_r2 = card.locator(f"[data-testid=grid-after][data-rack-id='{r2.pk}']")
-    assert before.locator(f"g.cell[data-job='{a.pk}']").count() == 16
-    assert after_r1.locator("g.cell[data-job]").count() == 0
-    assert after_r2.locator(f"g.cell[data-job='{a.pk}']").count() == 16
+    grid = f"[data-action-id='{defrag_plan.pk}'] [data-testid=grid-{{}}][data-rack-id='{{}}']"
+
+    def painted(side, rack, job):
+        return [c for c in grid_cells(page, grid.format(side, rack.pk)) if c["fill"] == job]
+
+    assert len(painted("before", r1, a.pk)) == 16
+    assert [c for c in grid_cells(page, grid.format("after", r1.pk)) if c["fill"] != "free"] == []
+    assert len(painted("after", r2, a.pk)) == 16
     assert "GPU-hours" in card.text_content()
 
     card.locator("[data-testid=approve]").click()
@@ -58,11 +60,11 @@ def test_an_operator_approves_a_defrag_plan_and_watches_it_to_the_final_grid(pag
     page.wait_for_function(
         f"window.rackwise.jobCells({a.pk}).length === 16 && window.rackwise.jobCells({a.pk}).every(c => c.rack === {r2.pk})"
     )
-    now_r2 = card.locator(f"[data-testid=grid-now][data-rack-id='{r2.pk}']")
     page.wait_for_function(
-        f"document.querySelectorAll('[data-action-id=\"{defrag_plan.pk}\"] [data-testid=grid-now][data-rack-id=\"{r2.pk}\"] g.cell[data-job=\"{a.pk}\"]').length === 16"
+        "([s, job]) => window.rackwiseGrid.cells(s).filter(c => c.fill === job).length === 16",
+        arg=[grid.format("now", r2.pk), a.pk],
     )
-    assert now_r2.locator(f"g.cell[data-job='{b.pk}']").count() == 16
+    assert len(painted("now", r2, b.pk)) == 16
 
 
 def test_a_viewer_sees_no_approve_button_and_a_forged_approval_is_refused(page, defrag_plan, viewer):
@@ -91,11 +93,12 @@ def test_a_proposed_drain_shows_the_node_drained_in_the_after_picture(page, flee
     log_in_as(page, operator)
     open_live(page, "/actions/")
     card = f"[data-action-id='{drain.pk}']"
-    cells = f"[data-rack-id='{fleet[0].pk}'] g.cell[data-node='{node.pk}']"
-    page.wait_for_selector(f"{card} [data-testid=grid-after]{cells}")
+    after = f"{card} [data-testid=grid-after][data-rack-id='{fleet[0].pk}']"
+    before = f"{card} [data-testid=grid-before][data-rack-id='{fleet[0].pk}']"
+    page.wait_for_function("s => window.rackwiseGrid.cells(s).length === 72", arg=after)
 
-    after = page.locator(f"{card} [data-testid=grid-after]{cells}")
-    before = page.locator(f"{card} [data-testid=grid-before]{cells}")
-    assert after.count() == 4
-    assert {after.nth(i).get_attribute("data-state") for i in range(4)} == {"drained"}
-    assert {before.nth(i).get_attribute("data-state") for i in range(4)} == {"free"}
+    after_cells = [c for c in grid_cells(page, after) if c["node"] == node.pk]
+    before_cells = [c for c in grid_cells(page, before) if c["node"] == node.pk]
+    assert len(after_cells) == 4
+    assert {(c["state"], c["pattern"], c["letter"]) for c in after_cells} == {("drained", "p-drain", "D")}
+    assert {(c["state"], c["pattern"], c["letter"], "free" in c["edges"]) for c in before_cells} == {("free", None, None, True)}

@@ -11,7 +11,7 @@ import pytest
 from fleet.choices import ActionKind, ActionState, ApprovalMode
 from fleet.models import Action, ApprovalPolicy
 from fleet.services.actions import propose
-from tests.browser.helpers import in_thread, log_in_as, open_live, post_api
+from tests.browser.helpers import grid_cells, in_thread, log_in_as, open_live, post_api
 
 pytestmark = pytest.mark.browser
 
@@ -49,10 +49,14 @@ def test_an_operator_plans_a_defrag_from_the_console_and_approves_it_there(page,
     assert Action.objects.get(pk=short.pk).state == ActionState.EXPIRED
     assert f"action #{plan.pk}" in form.locator("[data-testid=defrag-result]").text_content()
     card = page.locator(f"#action-{plan.pk}")
-    assert card.locator(f"[data-testid=grid-after] g.cell[data-job='{a.pk}']").count() == 16
+    after = grid_cells(page, f"#action-{plan.pk} [data-testid=grid-after]")
+    assert len([c for c in after if c["fill"] == a.pk]) == 16
     # The moved cells are outlined in the "after" grid: A's new cells in r2 and its old ones in r1.
-    assert card.locator("[data-testid=grid-after] g.cell.moved").count() == 32
-    assert card.locator("[data-testid=grid-before] g.cell.moved").count() == 0
+    moved = [c for c in after if "moved" in c["edges"]]
+    assert len(moved) == 32
+    assert {c["rack"] for c in moved if c["fill"] == a.pk} == {fleet[1].pk} and len([c for c in moved if c["fill"] == "free"]) == 16
+    before = grid_cells(page, f"#action-{plan.pk} [data-testid=grid-before]")
+    assert len(before) == 144 and [c for c in before if "moved" in c["edges"]] == []
     assert "this plan meets it" in card.locator("[data-testid=defrag-target]").text_content()
     assert card.locator("[data-testid=free-racks-now]").text_content() == "0"
     page.wait_for_function(f"document.querySelector('[data-testid=nav-badge]').dataset.count === '{Action.objects.filter(state=ActionState.PROPOSED).count()}'")
@@ -91,7 +95,10 @@ def test_a_proposal_made_elsewhere_appears_without_a_reload_and_the_badge_counts
     card.wait_for()
     assert card.locator("[data-testid=approve]").is_visible()
     assert "<b>ECC</b>" in card.text_content(), "titles and reasons are text, not markup"
-    page.wait_for_selector(f"#action-{drain.pk} [data-testid=grid-after] g.cell[data-node='{node.pk}'][data-state=drained]")
+    page.wait_for_function(
+        "([s, node]) => window.rackwiseGrid.cells(s).filter(c => c.node === node && c.state === 'drained' && c.letter === 'D').length === 4",
+        arg=[f"#action-{drain.pk} [data-testid=grid-after]", node.pk],
+    )
     badge = page.locator("[data-testid=nav-badge]")
     page.wait_for_function("document.querySelector('[data-testid=nav-badge]').dataset.count === '1'")
     assert badge.is_visible() and badge.text_content().startswith("1 awaiting approval · oldest ")

@@ -10,7 +10,7 @@ import pytest
 from fleet.models import Node
 from fleet.services.inventory import create_rack
 from fleet.services.nodes import mark_node_failed
-from tests.browser.helpers import in_thread, log_in_as, open_live, post_api
+from tests.browser.helpers import grid_cells, in_thread, log_in_as, open_live, post_api
 
 pytestmark = pytest.mark.browser
 
@@ -49,7 +49,9 @@ def test_a_large_fleet_is_grouped_collapsed_to_live_aggregates_and_a_rack_name_s
     assert east_a.locator("[data-testid=group-toggle]").get_attribute("aria-expanded") == "true"
     assert east_a.locator("article.rack").count() == 10
     page.wait_for_function("document.querySelectorAll('article.rack[data-painted]').length >= 10")
-    assert east_a.locator("article.rack").first.locator("g.cell").count() == 72
+    first = east_a.locator("article.rack").first.get_attribute("data-rack-id")
+    cells = grid_cells(page, f"article.rack[data-rack-id='{first}']")
+    assert len(cells) == 72 and all(c["fill"] == "free" for c in cells)
 
     # A node fails in a collapsed group: its header counts it, live.
     west_b = _group(page, "west", "B")
@@ -163,7 +165,11 @@ def test_kiosk_fills_a_4k_screen_with_eight_live_racks_and_a_phone_never_scrolls
     node = Node.objects.get(rack=racks[3], slot=5)
     status, body = post_api(page, f"/api/nodes/{node.pk}/mark-failed/", {"reason": "XID 79"})
     assert status == 200, body
-    page.wait_for_function(f"document.querySelector('g.cell[data-node=\"{node.pk}\"]').dataset.state === 'failed'")
+    page.wait_for_function(
+        "node => window.rackwiseGrid.cells('main').filter(c => c.node === node"
+        " && c.state === 'failed' && c.pattern === 'p-failed' && c.letter === 'F').length === 4",
+        arg=node.pk,
+    )
 
     page.set_viewport_size({"width": 390, "height": 844})
     open_live(page)

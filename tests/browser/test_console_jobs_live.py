@@ -67,7 +67,8 @@ def test_the_job_page_draws_the_rack_the_job_is_placed_on_and_follows_it_when_it
     in_thread(apply_placement, None, job.pk, _two_nodes(r1), reason="placed by the test")
     in_thread(start_job, None, job.pk)
     page.wait_for_function(
-        f'document.querySelectorAll(\'[data-live-rack][data-rack-id="{r1.pk}"] g.cell[data-job="{job.pk}"]\').length === 8'
+        "([s, job]) => window.rackwiseGrid.cells(s).filter(c => c.fill === job).length === 8",
+        arg=[f"[data-live-rack][data-rack-id='{r1.pk}']", job.pk],
     )
     page.wait_for_function("document.querySelector('[data-testid=job-state]').textContent === 'running'")
     assert page.locator("[data-testid=no-racks]").is_hidden()
@@ -84,7 +85,8 @@ def test_the_job_page_draws_the_rack_the_job_is_placed_on_and_follows_it_when_it
 
     in_thread(apply_placement, None, job.pk, _two_nodes(r2), reason="placed by the test")
     page.wait_for_function(
-        f'document.querySelectorAll(\'[data-live-rack][data-rack-id="{r2.pk}"] g.cell[data-job="{job.pk}"]\').length === 8'
+        "([s, job]) => window.rackwiseGrid.cells(s).filter(c => c.fill === job).length === 8",
+        arg=[f"[data-live-rack][data-rack-id='{r2.pk}']", job.pk],
     )
     assert page.locator("[data-live-rack]").count() == 1
     assert page.locator("[data-testid=job-state]").text_content() == "placed"

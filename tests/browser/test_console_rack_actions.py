@@ -11,7 +11,7 @@ from fleet.choices import NodeState
 from fleet.models import Node
 from fleet.services.jobs import JobSpec, apply_placement, submit_job
 from fleet.services.nodes import drain_node
-from tests.browser.helpers import in_thread, log_in_as, open_live, post_api
+from tests.browser.helpers import grid_cells, in_thread, log_in_as, open_live, post_api
 
 pytestmark = pytest.mark.browser
 
@@ -31,7 +31,7 @@ def test_an_operator_drains_a_node_from_the_rack_page_and_the_grid_shows_it_drai
     open_live(page, f"/racks/{rack.pk}/")
     # The big job is labelled on the grid, and its table row carries its grid colour.
     assert page.locator(f"text.job-label[data-job-label='{job.pk}']").text_content().startswith(f"#{job.pk}")
-    cell_fill = page.evaluate(f"getComputedStyle(document.querySelector('g.cell[data-job=\"{job.pk}\"] rect')).fill")
+    cell_fill = page.evaluate(f"getComputedStyle(document.querySelector('[data-testid=rack] path.fill[data-job=\"{job.pk}\"]')).fill")
     swatch = page.locator(f"[data-testid=rack-jobs] [data-job-swatch='{job.pk}']")
     assert swatch.evaluate("el => getComputedStyle(el).backgroundColor") == cell_fill
 
@@ -42,9 +42,9 @@ def test_an_operator_drains_a_node_from_the_rack_page_and_the_grid_shows_it_drai
     page.wait_for_function(
         f"""() => {{
           const c = window.rackwise.cellState({node.pk}, 0);
-          const dom = [...document.querySelectorAll('g.cell[data-node="{node.pk}"]')];
-          return c && c.mark === 'draining' && dom.length === 4
-            && dom.every(g => g.dataset.state === 'draining' && g.querySelector('text.mark').textContent === 'D');
+          const drawn = window.rackwiseGrid.cells('[data-testid=rack]').filter(x => x.node === {node.pk});
+          return c && c.mark === 'draining' && drawn.length === 4
+            && drawn.every(x => x.state === 'draining' && x.letter === 'D' && x.pattern === 'p-drain' && x.fill === {job.pk});
         }}"""
     )
     # The row is filled from the API's answer, which may come after the live event.
@@ -95,7 +95,8 @@ def test_fleet_cards_count_failed_draining_and_spares_live_and_problems_only_fin
     assert [stat(card1, k) for k in ("slice", "failed", "draining", "spares")] == ["12", "0", "0", "2"]
     assert [stat(card2, k) for k in ("slice", "failed", "draining", "spares")] == ["15", "0", "1", "2"]
     # The drained node is marked with its letter even in the fleet page's small cells.
-    assert card2.locator(f"g.cell[data-node='{drained.pk}'] text.mark").first.text_content() == "D"
+    drawn = [c for c in grid_cells(page, f"article.rack[data-rack-id='{r2.pk}']") if c["node"] == drained.pk]
+    assert len(drawn) == 4 and {c["letter"] for c in drawn} == {"D"}
 
     page.check("[data-testid=problems-only]")
     assert card1.is_hidden() and card2.is_visible()

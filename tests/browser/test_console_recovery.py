@@ -7,7 +7,7 @@ import pytest
 
 from fleet.models import Node
 from fleet.services.jobs import JobSpec, apply_placement, start_job, submit_job
-from tests.browser.helpers import log_in_as, open_live, post_api
+from tests.browser.helpers import hover_cell, log_in_as, open_live, post_api
 
 pytestmark = pytest.mark.browser
 
@@ -21,7 +21,7 @@ def test_a_failed_node_shows_as_failed_and_the_recovered_jobs_new_cell_appears(p
 
     log_in_as(page, operator)
     open_live(page)
-    page.wait_for_function(f"document.querySelectorAll('g.cell[data-job=\"{job.pk}\"]').length === 8")
+    page.wait_for_function(f"window.rackwiseGrid.cells('main').filter(c => c.fill === {job.pk}).length === 8")
     failed = nodes[1]
 
     status, body = post_api(page, f"/api/nodes/{failed.pk}/mark-failed/", {"reason": "XID 79"})
@@ -31,8 +31,9 @@ def test_a_failed_node_shows_as_failed_and_the_recovered_jobs_new_cell_appears(p
         f"""() => {{
           const cells = window.rackwise.jobCells({job.pk});
           const onFailed = cells.filter(c => c.node === {failed.pk}).length;
-          const dom = document.querySelectorAll('g.cell[data-job="{job.pk}"]').length;
-          const marked = document.querySelectorAll('g.cell[data-node="{failed.pk}"][data-state="failed"]').length;
+          const drawn = window.rackwiseGrid.cells('main');
+          const dom = drawn.filter(c => c.fill === {job.pk}).length;
+          const marked = drawn.filter(c => c.node === {failed.pk} && c.state === 'failed' && c.pattern === 'p-failed' && c.letter === 'F').length;
           return cells.length === 8 && onFailed === 0 && dom === 8 && marked === 4;
         }}""",
         timeout=30000,
@@ -40,5 +41,5 @@ def test_a_failed_node_shows_as_failed_and_the_recovered_jobs_new_cell_appears(p
     cells = page.evaluate(f"window.rackwise.jobCells({job.pk})")
     new_nodes = {c["node"] for c in cells} - {n.pk for n in nodes}
     assert len(new_nodes) == 1 and all(c["rack"] == rack.pk for c in cells)  # swapped in place
-    title = page.locator(f"g.cell[data-node='{failed.pk}'] title").first.text_content()
-    assert "failed" in title
+    title = hover_cell(page, f"article.rack[data-rack-id='{rack.pk}']", failed.pk, 0)
+    assert f"{failed.hostname} GPU 0" in title and "node failed" in title
