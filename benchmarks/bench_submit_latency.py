@@ -20,7 +20,6 @@ Needs PostgreSQL on 127.0.0.1:5432 and Redis (REDIS_URL, default 127.0.0.1:6379)
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import random
@@ -34,6 +33,9 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import dbcache  # noqa: E402
+
 DB = "rackwise_bench"
 SHAPES = [{"num_gpus": 1}, {"num_gpus": 2}, {"num_gpus": 4}, {"num_nodes": 2, "gpus_per_node": 4}]
 
@@ -66,23 +68,13 @@ def _manage(*args: str) -> str:
     ).stdout
 
 
-def _template(racks: int) -> str:
-    """The template database's name: per fleet size and migration set."""
-    names = sorted(p.name for p in (ROOT / "fleet" / "migrations").glob("0*.py"))
-    return f"rackwise_bench_tpl_{racks}_{hashlib.sha256(' '.join(names).encode()).hexdigest()[:8]}"
-
-
 def setup(racks: int) -> str:
-    import psycopg
+    """A fleet of ``racks`` empty racks and a submitter's token (built once, then cloned)."""
     import redis
 
-    template = _template(racks)
-    with psycopg.connect("postgres://postgres@127.0.0.1:5432/postgres", autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
-        have = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (template,)).fetchone()
-        conn.execute(f"CREATE DATABASE {DB}" + (f" TEMPLATE {template}" if have else ""))
-    redis.Redis.from_url(_env()["REDIS_URL"]).flushdb()
-    if not have:
+    token_file = ROOT / "var" / f"{dbcache.template_name(f'submit-latency {racks}')}.token"
+
+    def build() -> None:
         t = time.perf_counter()
         _manage("migrate", "-v0")
         script = (
@@ -90,12 +82,12 @@ def setup(racks: int) -> str:
             f"for i in range({racks}): create_rack(None, name=f'b{{i:04d}}', site='bench', row=str(i // 10), position=i % 10)\n"
         )
         _manage("shell", "-c", script)
-        token = _manage("create_api_user", "bench", "--role", "submitter", "--tenant", "bench").strip()
-        with psycopg.connect("postgres://postgres@127.0.0.1:5432/postgres", autocommit=True) as conn:
-            conn.execute(f"CREATE DATABASE {template} TEMPLATE {DB}")
-        (ROOT / "var" / f"{template}.token").write_text(token)
-        print(f"  (built {racks} racks in {time.perf_counter() - t:.0f} s; kept as {template})")
-    return (ROOT / "var" / f"{template}.token").read_text().strip()
+        token_file.write_text(_manage("create_api_user", "bench", "--role", "submitter", "--tenant", "bench").strip())
+        print(f"  (built {racks} racks in {time.perf_counter() - t:.0f} s, kept for the next run)")
+
+    dbcache.fresh_database(DB, f"submit-latency {racks}", build)
+    redis.Redis.from_url(_env()["REDIS_URL"]).flushdb()
+    return token_file.read_text().strip()
 
 
 def run_rate(url: str, token: str, rate: float, seconds: float, seed: int) -> list[int]:
@@ -156,7 +148,7 @@ def start_stack(port: int, env: dict[str, str]) -> list[subprocess.Popen]:
     def celery(name: str, queue: str) -> subprocess.Popen:
         return subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "rackwise", "worker", "-n", f"{name}@%h", "-Q", queue,
-             "--concurrency", "1", "-l", "warning", "--without-gossip", "--without-mingle"],
+             "--concurrency", "1", "-l", os.environ.get("BENCH_CELERY_LOG", "warning"), "--without-gossip", "--without-mingle"],
             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=(ROOT / "var" / f"bench-{name}.log").open("w"),
             start_new_session=True,
         )

@@ -36,14 +36,26 @@ log = logging.getLogger(__name__)
 GROUP = "fleet"
 
 
-def _send(event: dict) -> None:
+def _send(events: Iterable[dict]) -> None:
+    """Publish ``events`` to the console's group, in one trip into the event loop
+    (a pass that places 40 jobs sends some 80 events: one ``async_to_sync`` each
+    took half of its time)."""
     layer = get_channel_layer()
-    if layer is None:
+    events = list(events)
+    if layer is None or not events:
         return
+
+    async def send_all() -> None:
+        for event in events:
+            try:
+                await layer.group_send(GROUP, {"type": "fleet.event", "event": event})
+            except Exception:  # the console re-fetches on reconnect; never fail the writer
+                log.warning("could not publish %s event", event.get("type"), exc_info=True)
+
     try:
-        async_to_sync(layer.group_send)(GROUP, {"type": "fleet.event", "event": event})
-    except Exception:  # the console re-fetches on reconnect; never fail the writer
-        log.warning("could not publish %s event", event.get("type"), exc_info=True)
+        async_to_sync(send_all)()
+    except Exception:
+        log.warning("could not publish %d events", len(events), exc_info=True)
 
 
 def rack_state(rack_ids: Iterable[int]) -> list[dict]:
@@ -138,7 +150,7 @@ def racks_changed(rack_ids: Iterable[int]) -> None:
     ids = set(rack_ids)
     if ids:
         _changed()
-        transaction.on_commit(lambda: [_send(event) for event in rack_state(ids)], robust=True)
+        transaction.on_commit(lambda: _send(rack_state(ids)), robust=True)
 
 
 def job_state(job) -> dict:
@@ -163,8 +175,7 @@ def jobs_changed(job_ids: Iterable[int]) -> None:
     def publish() -> None:
         from fleet.models import Job
 
-        for job in Job.objects.select_related("tenant").filter(pk__in=ids):
-            _send({"type": "job", "job": job_state(job)})
+        _send({"type": "job", "job": job_state(job)} for job in Job.objects.select_related("tenant").filter(pk__in=ids))
 
     transaction.on_commit(publish, robust=True)
 
@@ -193,7 +204,9 @@ def actions_changed(action_ids: Iterable[int]) -> None:
     def publish() -> None:
         from fleet.models import Action
 
-        for action in Action.objects.filter(pk__in=ids).prefetch_related("jobs"):
-            _send({"type": "action", "action": action_state(action)})
+        _send(
+            {"type": "action", "action": action_state(action)}
+            for action in Action.objects.filter(pk__in=ids).prefetch_related("jobs")
+        )
 
     transaction.on_commit(publish, robust=True)
