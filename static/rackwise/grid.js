@@ -507,14 +507,12 @@ export function attachTooltip(root) {
       g.svg.dispatchEvent(new MouseEvent("click", { bubbles: true, clientX: r.left + r.width / 2, clientY: r.top + r.height / 2 }));
       return;
     }
-    const flat = g.m.cells.indexOf(c);
-    const row = g.m.grid[c.row + ({ ArrowDown: 1, ArrowUp: -1 }[e.key] || 0)];
-    const next = {
-      ArrowRight: g.m.cells[flat + 1], ArrowLeft: g.m.cells[flat - 1],
-      ArrowDown: row && row[Math.min(c.gpu, row.length - 1)], ArrowUp: row && row[Math.min(c.gpu, row.length - 1)],
-    }[e.key];
-    if (!(e.key in { ArrowRight: 1, ArrowLeft: 1, ArrowDown: 1, ArrowUp: 1 })) return;
+    // Right and left run on through the rows; up and down keep the GPU.
+    const move = { ArrowRight: [0, 1], ArrowLeft: [0, -1], ArrowDown: [1, 0], ArrowUp: [-1, 0] }[e.key];
+    if (!move) return;
     e.preventDefault();
+    const row = g.m.grid[c.row + move[0]];
+    const next = move[0] ? row && row[Math.min(c.gpu, row.length - 1)] : g.m.cells[g.m.cells.indexOf(c) + move[1]];
     if (next) cursorAt(g, next);
   });
   root.addEventListener("focusout", () => { tip.hidden = true; source = null; shown = null; });
