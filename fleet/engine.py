@@ -227,10 +227,13 @@ class LiveFleet:
         for rid in map(str, changed):
             rack = fleet.rack_by_id.get(rid)
             layout = [(nid, slot, gpus) for nid, slot, _, _, gpus in rows[rid]]
-            if [(n.id, n.index, n.gpus) for n in rack.nodes] != layout if rack else layout:
+            if rack is None:
+                if layout:
+                    raise _Gap(rid)  # a rack without nodes (left out of the fleet) has some now
+                continue
+            if [(n.id, n.index, n.gpus) for n in rack.nodes] != layout:
                 raise _Gap(rid)  # nodes added or removed, GPUs counted differently
-            if rack:
-                affected.update(j for n in rack.nodes for j in n.jobs)
+            affected.update(j for n in rack.nodes for j in n.jobs)
         now_held = Allocation.objects.filter(released_at__isnull=True, gpu__node__rack_id__in=changed)
         affected.update(str(j) for j in now_held.values_list("job_id", flat=True).distinct())
         for jid in affected:

@@ -8,11 +8,12 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 
 import pytest
 from django.db import connection
 
-from fleet import engine
+from fleet import engine, locks
 from fleet.choices import JobState
 from fleet.models import Job, Node, Rack
 from fleet.services import nodes as node_services
@@ -23,7 +24,10 @@ from tests.support import ROOT
 
 # Another process changing the fleet through the services, as workers, the API
 # and the cluster sync do: nodes fail, drain and come back, jobs start, finish,
-# are cancelled and requeued (each releasing its allocations).
+# are cancelled and requeued (each releasing its allocations); and now and then
+# it runs a scheduling pass itself, as a second scheduler that took the lease
+# would, or one whose lease lapsed (plans, commits nothing), each with its own
+# in-memory fleet, verified too.
 CHURN = r"""
 import os, random, sys, time
 import django
@@ -33,14 +37,34 @@ from fleet.choices import HOLDING_JOB_STATES, JobState, NodeState
 from fleet.models import Job, Node
 from fleet.services import jobs, nodes
 from fleet.services.errors import Conflict, InvalidInput
+from fleet.services.scheduling import schedule_pass
+from fleet import locks
+
+
+def lost_lease():
+    raise locks.LockLost("lease lapsed")
 
 rng = random.Random(int(sys.argv[1]))
 deadline = time.monotonic() + float(sys.argv[2])
 done = 0
 while time.monotonic() < deadline:
-    op = rng.choice(["fail", "return", "drain", "undrain", "start", "finish", "finish", "cancel", "requeue"])
+    op = rng.choice(["fail", "return", "drain", "undrain", "start", "finish", "finish", "cancel", "requeue",
+                     "schedule", "lost-lease"])
     try:
-        if op in ("fail", "drain"):
+        if op == "schedule":
+            try:
+                with locks.decisions(wait=None) as lease:
+                    schedule_pass(checkpoint=lease.checkpoint)
+            except locks.Busy:
+                pass
+        elif op == "lost-lease":
+            # A pass whose lease lapsed: it plans beside the holder's, and its
+            # checkpoint refuses to commit.
+            try:
+                schedule_pass(checkpoint=lost_lease)
+            except locks.LockLost:
+                pass
+        elif op in ("fail", "drain"):
             node = rng.choice(list(Node.objects.filter(state=NodeState.HEALTHY)))
             (nodes.mark_node_failed if op == "fail" else nodes.drain_node)(None, node.pk, reason="churn")
         elif op in ("return", "undrain"):
@@ -75,7 +99,7 @@ def _churn(seed: int, seconds: float) -> subprocess.Popen:
     url = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
     return subprocess.Popen(
         [sys.executable, "-c", CHURN, str(seed), str(seconds)], cwd=ROOT,
-        env=os.environ | {"DATABASE_URL": url}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=os.environ | {"DATABASE_URL": url, "RACKWISE_LIVE_FLEET_VERIFY": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
 
 
@@ -97,7 +121,8 @@ def test_the_in_memory_fleet_equals_a_fresh_load_after_every_pass_under_churn(su
     passes = placed = 0
     try:
         while churn.poll() is None:
-            placed += len(schedule_pass().placed)
+            with locks.decisions(wait=30) as lease:  # as the task takes it
+                placed += len(schedule_pass(checkpoint=lease.checkpoint).placed)
             passes += 1
             # After the pass, the fleet the next pass starts from must equal the
             # rows, read in one transaction (raises LiveFleetDrift).
@@ -171,3 +196,24 @@ def test_starting_a_job_moves_its_racks_versions(fleet, submitter):
     assert job.state == JobState.RUNNING
     with engine.live_snapshot() as snap:  # verify: the expected end follows started_at
         assert snap.fleet.allocations[str(job.pk)].expected_end == job.started_at.timestamp() + 3600
+
+
+def test_a_job_placed_between_reading_the_queue_and_the_snapshot_is_not_planned_again(fleet, submitter, monkeypatch):
+    """Another pass (one whose lease lapsed) can place a job after this pass read
+    the queue: the snapshot then holds it. It raised CapacityError ("already
+    holds an allocation") from the engine."""
+    job = submit_job(submitter, JobSpec(name="raced", tenant="llm", num_gpus=4))
+    other = submit_job(submitter, JobSpec(name="other", tenant="llm", num_gpus=4))
+    node = Node.objects.filter(rack=fleet[0]).order_by("slot").first()
+    snapshot = engine.live_snapshot
+
+    @contextmanager
+    def placed_meanwhile():
+        apply_placement(None, job.pk, {node.pk: [0, 1, 2, 3]}, reason="the other pass")
+        with snapshot() as snap:
+            yield snap
+
+    monkeypatch.setattr(engine, "live_snapshot", placed_meanwhile)
+    result = schedule_pass()
+    assert result.placed == [other.pk]
+    assert Job.objects.get(pk=job.pk).state == JobState.PLACED

@@ -143,10 +143,12 @@ def test_heartbeat_age_is_reported_per_node_that_has_heartbeated(fleet):
 def test_queue_depth_counts_the_messages_waiting_on_the_broker(fleet):
     for _ in range(3):
         celery_app.send_task("fleet.tasks.schedule_pending")  # no worker runs: they wait
+    celery_app.send_task("fleet.tasks.reconcile")
 
     samples = scrape()
 
-    assert one(samples, "rackwise_task_queue_depth", queue="celery") == 3
+    assert one(samples, "rackwise_task_queue_depth", queue="scheduler") == 3  # its route
+    assert one(samples, "rackwise_task_queue_depth", queue="celery") == 1
     assert one(samples, "rackwise_broker_up") == 1
 
 

@@ -100,6 +100,10 @@ def schedule_pass(checkpoint: Checkpoint = _no_checkpoint) -> PassResult:
             request = dataclasses.replace(request, locality=Locality.REQUIRED)
         requests[request.id] = request
     with engine.live_snapshot() as snap:
+        # A job placed since the queue was read (by another pass: only under a
+        # lost lease) holds GPUs in the snapshot; it is not pending any more.
+        pending = [job for job in pending if str(job.pk) not in snap.fleet.allocations]
+        requests = {jid: r for jid, r in requests.items() if jid not in snap.fleet.allocations}
         # Plan, then record, each on the in-memory fleet inside a trial: what the
         # pass tries leaves nothing behind; what it commits comes back as changed
         # racks on the next snapshot.

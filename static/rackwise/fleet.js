@@ -197,6 +197,18 @@ live.on("rack", (rack) => {
   scheduleTotals();
 });
 live.on("job", scheduleTotals);
+// A rack the server no longer has (a topology import removed it while we were
+// away): its card, overview square and figures go.
+live.on("removed", (id) => {
+  figures.delete(id); dirty.delete(id); visible.delete(id);
+  const el = cards.get(id);
+  if (el) { observer.unobserve(el); el.remove(); }
+  cards.delete(id);
+  const sq = overviewButtons.get(id);
+  if (sq) { sq.remove(); overviewButtons.delete(id); }
+  if (groupOf.has(id)) { scheduleGroups(groupOf.get(id)); groupOf.delete(id); }
+  scheduleTotals();
+});
 
 // Totals: re-read the summary and fragmentation at most every 4 s while cells
 // change (fragmentation costs the server ~0.6 s for 1,000 racks), and

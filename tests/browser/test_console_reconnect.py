@@ -48,7 +48,10 @@ def test_the_page_recovers_after_the_websocket_is_cut(page, server, fleet, opera
     assert page.evaluate(f"window.rackwise.cellState({node.pk}, 0).nodeState") == "draining" or page.evaluate(
         f"window.rackwise.cellState({node.pk}, 0).nodeState"
     ) == "drained"
-    page.wait_for_function(f"document.querySelectorAll('g.cell[data-node=\"{node.pk}\"][data-state^=\"drain\"]').length === 4")
+    # Drawn, not only applied: the node's four cells carry the drain pattern's letter.
+    page.wait_for_function(
+        f"window.rackwiseGrid.cells('main').filter(c => c.node === {node.pk} && c.state.startsWith('drain') && c.letter === 'D').length === 4"
+    )
     # The reconnect asked only for what changed since the last answer.
     assert fetched[first_load:] == [f"since={cursor}"]
     assert page.evaluate("window.rackwise.cursor") >= cursor
@@ -77,6 +80,10 @@ def test_a_rack_removed_while_disconnected_is_dropped_on_reconnect(page, server,
     server.start()
     page.wait_for_function(f"window.__removed.includes({removed.pk})", timeout=20000)
     assert page.evaluate(f"window.rackwise.cellState({gone_node.pk}, 0)") is None
+    # The Fleet page drops its card and overview square too.
+    page.wait_for_function(
+        f"!document.querySelector('article.rack[data-rack-id=\"{removed.pk}\"]') && !document.querySelector('[data-ov=\"{removed.pk}\"]')"
+    )
     assert page.evaluate(f"window.rackwise.live.racks.has({kept.pk})")
     assert any(q.startswith("since=") for q in fetched)
 
