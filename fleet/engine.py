@@ -235,7 +235,7 @@ class LiveFleet:
                 raise _Gap(rid)  # nodes added or removed, GPUs counted differently
             affected.update(j for n in rack.nodes for j in n.jobs)
         now_held = Allocation.objects.filter(released_at__isnull=True, gpu__node__rack_id__in=changed)
-        affected.update(str(j) for j in now_held.values_list("job_id", flat=True).distinct())
+        affected.update(str(j) for j in now_held.order_by().values_list("job_id", flat=True).distinct())
         for jid in affected:
             if jid in fleet.allocations:
                 fleet.release(jid)

@@ -108,3 +108,19 @@ def test_a_change_asks_a_worker_to_refresh_and_readers_then_find_it_computed(sha
     assert read_models.summary()["jobs_by_state"]["pending"] == 2
     _submit(submitter, django_capture_on_commit_callbacks, name="third")
     assert len(queued) == 2, "a change after the refresh started asks for the next one"
+
+
+def test_with_nobody_reading_a_change_asks_for_no_refresh(shared, submitter, django_capture_on_commit_callbacks, monkeypatch):
+    from django.core.cache import cache
+
+    from fleet.services import dispatch
+
+    queued: list[float] = []
+    monkeypatch.setattr(dispatch, "refresh_read_models_in", queued.append)
+    read_cache.refresh_started()
+    cache.delete(read_cache.READ_RECENTLY)
+    _submit(submitter, django_capture_on_commit_callbacks)
+    assert queued == []
+    read_models.fragmentation()  # a console or a scrape reads them
+    _submit(submitter, django_capture_on_commit_callbacks, name="second")
+    assert len(queued) == 1

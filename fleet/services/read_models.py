@@ -33,6 +33,7 @@ def _read(name: str, compute: Callable[[], Any]) -> Any:
     generation = read_cache.generation() if settings.RACKWISE_READ_MODELS else None
     if generation is None:
         return compute()
+    read_cache.read()
     key = PREFIX + name
     try:
         stored = cache.get(key)
