@@ -162,7 +162,9 @@ class LiveFleet:
     The database stays the truth: the caller plans on the snapshot inside
     ``Fleet.trial()`` (nothing it tries stays in memory), allocations are still
     checked by the invariant checker and refused by the unique index. One caller
-    at a time: the scheduling pass, under the decision lock."""
+    at a time (a lock; another thread meanwhile gets a fresh load): the
+    scheduling pass, under the decision lock, and in a web process the what-if
+    answers, which plan on a copy."""
 
     def __init__(self) -> None:
         self.snap: Snapshot | None = None
