@@ -30,21 +30,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import dbcache  # noqa: E402
+import stack  # noqa: E402
 
 DB = "rackwise_read_bench"
 
 
 def _env() -> dict[str, str]:
-    return os.environ | {
-        "DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{DB}",
-        "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/11"),
-        "DEBUG": "0",
-        "SECRET_KEY": "bench",
-        "ALLOWED_HOSTS": "testserver",
-        "RACKWISE_DEMO": "0",
-        "LOG_LEVEL": "WARNING",
-        "SECURE_SSL_REDIRECT": "0",
-    }
+    return stack.app_env(DB, redis_db=11, allowed_hosts="testserver")
 
 
 def fill(racks: int, rng: random.Random):

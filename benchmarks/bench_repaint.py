@@ -36,13 +36,15 @@ import argparse
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import stack
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -93,25 +95,7 @@ DOM_COUNTS = """() => {
 
 
 def _env(db: str) -> dict[str, str]:
-    return os.environ | {
-        "DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{db}",
-        "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/13"),
-        "DEBUG": "0",
-        "SECRET_KEY": "bench",
-        "ALLOWED_HOSTS": "127.0.0.1",
-        "RACKWISE_DEMO": "0",
-        "LOG_LEVEL": "WARNING",
-        # Plain http on loopback: no HTTPS redirect, cookies without Secure.
-        "SECURE_SSL_REDIRECT": "0",
-        "SESSION_COOKIE_SECURE": "0",
-        "CSRF_COOKIE_SECURE": "0",
-    }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return stack.app_env(db, redis_db=13)
 
 
 def setup(db: str, fresh: bool) -> None:
@@ -232,7 +216,7 @@ def main() -> None:
     node_ids = list(Node.objects.filter(state__in=["healthy", "draining", "drained"]).values_list("id", flat=True))
     connection.close()
 
-    port = _free_port()
+    port = stack.free_port()
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
         [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "rackwise.asgi:application"],
@@ -240,12 +224,7 @@ def main() -> None:
     )
     commits: dict[str, float] = {}
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.1)
+        stack.wait_for_port(port)
 
         from playwright.sync_api import sync_playwright
 

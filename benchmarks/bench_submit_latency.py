@@ -24,7 +24,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -35,31 +34,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import dbcache  # noqa: E402
+import stack  # noqa: E402
 
 DB = "rackwise_bench"
 SHAPES = [{"num_gpus": 1}, {"num_gpus": 2}, {"num_gpus": 4}, {"num_nodes": 2, "gpus_per_node": 4}]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _env(**extra: str) -> dict[str, str]:
-    return os.environ | extra | {
-        "DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{DB}",
-        "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14"),
-        "DEBUG": "0",
-        "SECRET_KEY": "bench",
-        "ALLOWED_HOSTS": "127.0.0.1",
-        "RACKWISE_SIM_STEP_SECONDS": "0",
-        "RACKWISE_DEMO": "0",
-        "LOG_LEVEL": "WARNING",
-        # Plain http on loopback, and one user submitting at benchmark rates.
-        "SECURE_SSL_REDIRECT": "0",
-        "RACKWISE_THROTTLE_USER": "1000000/min",
-    }
+    # One user submitting at benchmark rates.
+    return stack.app_env(DB, redis_db=14, RACKWISE_SIM_STEP_SECONDS="0", RACKWISE_THROTTLE_USER="1000000/min", **extra)
 
 
 def _manage(*args: str) -> str:
@@ -175,7 +158,7 @@ def stop_stack(procs: list[subprocess.Popen]) -> None:
 def measure(racks: int, rates: list[float], seconds: float, live: bool) -> dict[float, tuple[float, float]]:
     """p50 and p95 (seconds) by rate, on a fresh fleet of ``racks`` racks."""
     token = setup(racks)
-    port = _free_port()
+    port = stack.free_port()
     procs = start_stack(port, _env(RACKWISE_LIVE_FLEET="1" if live else "0"))
     out = {}
     try:

@@ -18,11 +18,12 @@ import argparse
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import stack
 
 ROOT = Path(__file__).resolve().parents[1]
 DB = "rackwise_screenshots"
@@ -35,25 +36,7 @@ SHAPES = [  # (nodes, gpus per node) or (0, gpus): a mix like the real traces', 
 
 
 def _env() -> dict[str, str]:
-    return os.environ | {
-        "DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{DB}",
-        "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/12"),
-        "DEBUG": "0",
-        "SECRET_KEY": "screenshots",
-        "ALLOWED_HOSTS": "127.0.0.1",
-        "RACKWISE_DEMO": "0",
-        "RACKWISE_SIM_STEP_SECONDS": "0",
-        "LOG_LEVEL": "WARNING",
-        "SECURE_SSL_REDIRECT": "0",
-        "SESSION_COOKIE_SECURE": "0",
-        "CSRF_COOKIE_SECURE": "0",
-    }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return stack.app_env(DB, redis_db=12, RACKWISE_SIM_STEP_SECONDS="0")
 
 
 def setup() -> None:
@@ -167,19 +150,14 @@ def main() -> None:
     connection.close()
     print(f"fleet ready; defrag plan: {f'#{plan.pk}' if plan else 'none (nothing to gain)'}")
 
-    port = _free_port()
+    port = stack.free_port()
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
         [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "rackwise.asgi:application"],
         cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.1)
+        stack.wait_for_port(port)
         from playwright.sync_api import sync_playwright
 
         with sync_playwright() as pw:
