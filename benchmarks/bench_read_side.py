@@ -96,7 +96,10 @@ def main() -> None:
     def build() -> None:
         subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=_env(), check=True)
         fill(args.racks, random.Random(5))
-        connections.close_all()  # the template is copied from a database nobody is connected to
+        # The template is copied from a database nobody is connected to: close
+        # the connections and the pool that keeps them open.
+        connections.close_all()
+        connections["default"].close_pool()
 
     if dbcache.fresh_database(DB, f"read-side {args.racks}", build):
         print(f"fleet: {args.racks} racks, cloned from the one an earlier run built")
