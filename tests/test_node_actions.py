@@ -171,6 +171,22 @@ def test_marking_a_node_failed_moves_its_jobs_to_recovering(fleet, submitter, op
     assert node_events(broken).get(action="node.fail").message == "XID 79"
 
 
+def test_a_failed_node_moves_the_versions_of_every_rack_its_jobs_hold(fleet, submitter, operator_client):
+    """A job spread over two racks turns recovering when a node of the first fails:
+    the second rack's event shows that job's state too, so its version must move
+    (it stayed, and consoles showed the job running there until the next change)."""
+    broken, other = fleet[0].nodes.get(slot=0), fleet[1].nodes.get(slot=0)
+    job = placed_job(submitter, [broken, other], name="spread")
+    job_services.start_job(None, job.pk)
+    versions = {n.rack_id: rack_version(n) for n in (broken, other)}
+
+    response = operator_client.post(url(broken, "mark-failed"), {"reason": "XID 79"}, format="json")
+
+    assert response.status_code == 200, response.content
+    assert rack_version(broken) == versions[broken.rack_id] + 1
+    assert rack_version(other) == versions[other.rack_id] + 1
+
+
 def test_marking_a_drained_node_failed_is_allowed(node, operator, operator_client):
     node_services.drain_node(operator, node.pk)
 

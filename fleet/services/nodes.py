@@ -189,7 +189,11 @@ def mark_node_failed(actor, node_id: int, reason: str = "", *, mirror: bool = Tr
             events.jobs_changed([job.pk])
             dispatch.recover_soon(job.pk)
         webhooks.emit("node.failed", webhooks.node_failed(node, job_ids))
-        bump_versions([node.rack_id])
+        # Every rack the interrupted jobs hold GPUs in shows their new state.
+        bump_versions(
+            [node.rack_id, *Allocation.objects.filter(job_id__in=list(job_ids), released_at__isnull=True)
+             .values_list("gpu__node__rack_id", flat=True).distinct()]
+        )
     return node
 
 
