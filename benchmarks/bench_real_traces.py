@@ -108,6 +108,19 @@ def worst_p95(m: dict[str, Any]) -> float:
     return max(m["p95_wait_s_by_size"].values())
 
 
+def class_excess(m: dict[str, Any], other_p95: dict[str, float], class_jobs: dict[str, int],
+                 min_jobs: int) -> tuple[float, str]:
+    """The highest ratio of ``m``'s p95 wait to ``other_p95`` over the size classes with at
+    least ``min_jobs`` jobs, and its class ((0, "") if none has)."""
+    worst, worst_cls = 0.0, ""
+    for cls in SIZE_CLASSES:
+        if class_jobs[cls] >= min_jobs:
+            x = ratio(m["p95_wait_s_by_size"][cls], other_p95[cls], True, WAIT_FLOOR_S)
+            if x > worst:
+                worst, worst_cls = x, cls
+    return worst, worst_cls
+
+
 def run_task(task: dict[str, Any]) -> dict[str, Any]:
     trace = load(task["path"], task["scale"], task["max_jobs"], task["locality"])
     cfg = SimConfig(racks=task["racks"], nodes_per_rack=NODES, gpus_per_node=GPN,
@@ -250,22 +263,15 @@ def main(argv: list[str] | None = None) -> int:
             x = ratio(rw[key], best, lower, floor)
             per_metric[head].append(x)
             row.append(f"{x:.2f}")
-        worst, worst_cls = 0.0, ""
-        for cls in SIZE_CLASSES:
-            if c["class_jobs"][cls] < args.min_class_jobs:
-                continue
-            n_rw = rw["p95_wait_s_by_size"][cls]
-            best = min(ms[b]["p95_wait_s_by_size"][cls] for b in baselines)
-            x = ratio(n_rw, best, True, WAIT_FLOOR_S)
-            if x > worst:
-                worst, worst_cls = x, cls
+        worst, worst_cls = class_excess(
+            rw, {k: min(ms[b]["p95_wait_s_by_size"][k] for b in baselines) for k in SIZE_CLASSES},
+            c["class_jobs"], args.min_class_jobs)
         class_worst.append(worst)
         if worst > 1.05:
             # Which baseline waits less there, and what that costs its other classes.
             by = min(baselines, key=lambda b: ms[b]["p95_wait_s_by_size"][worst_cls])
-            other = max((ratio(ms[by]["p95_wait_s_by_size"][k], rw["p95_wait_s_by_size"][k],
-                               True, WAIT_FLOOR_S), k) for k in SIZE_CLASSES
-                        if c["class_jobs"][k] >= args.min_class_jobs)
+            other = class_excess(ms[by], rw["p95_wait_s_by_size"], c["class_jobs"],
+                                 args.min_class_jobs)
             over.append(f"{c['trace']} x{c['scale']} {c['load']} MTBF {c['mtbf']:,.0f} "
                         f"seed {c['seed']}: {worst_cls} {worst:.2f} (p95 "
                         f"{rw['p95_wait_s_by_size'][worst_cls]:,.0f} s against {by}'s "
@@ -290,6 +296,22 @@ def main(argv: list[str] | None = None) -> int:
           f"{min(gp_diff):+.2f} | {max(gp_diff):+.2f} |")
     print(f"\nCells with a size class's p95 wait above 1.05x the best baseline's: "
           f"{len(over)} of {len(cells)}" + ("".join(f"\n- {o}" for o in over)))
+
+    # The same test between every pair: no policy has every class within 1.05x of
+    # another's in every cell unless it dominates it, so this shows who trades what.
+    pair = ["rackwise", *baselines]
+    print(f"\nCells where the row's policy has a size class (of >= {args.min_class_jobs} "
+          "jobs) whose p95 wait is above 1.05x the column's:\n")
+    print("| policy | " + " | ".join(pair) + " |")
+    print("|---" * (len(pair) + 1) + "|")
+    for a in pair:
+        counts = []
+        for b in pair:
+            n = sum(1 for c in cells if class_excess(
+                by_cell[ckey(c)][a], by_cell[ckey(c)][b]["p95_wait_s_by_size"],
+                c["class_jobs"], args.min_class_jobs)[0] > 1.05)
+            counts.append("-" if a == b else str(n))
+        print(f"| {a} | " + " | ".join(counts) + " |")
 
     print("\n## Each policy, geometric mean over the cells\n")
     keys = [("mean_jct_s", "JCT s"), ("gpu_hour_weighted_wait_s", "GPU-h wait s"),

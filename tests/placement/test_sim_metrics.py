@@ -169,6 +169,13 @@ def test_the_real_trace_benchmark_runs_on_small_traces(tmp_path: Path,
     assert "## Geometric means over 4 cells" in out
     assert out.count("\n| a | x") == 2 and out.count("\n| b | x") == 2
     assert "| a | x4 | moderate | 4 |" in out and "a x4 high = moderate (4 racks)" in out
+    # The pairwise size-class table: one row per policy, counts out of the 4 cells.
+    table = out.split("whose p95 wait is above 1.05x the column's:", 1)[1]
+    rows = [line for line in table.splitlines() if line.startswith("| ")][1:4]
+    assert [r.split(" | ")[0] for r in rows] == ["| rackwise", "| slurm-block", "| kueue-tas"]
+    for i, row in enumerate(rows):
+        cells = row.strip("| ").split(" | ")[1:]
+        assert cells[i] == "-" and all(0 <= int(c) <= 4 for j, c in enumerate(cells) if j != i)
 
 
 @pytest.mark.parametrize("policy", ["rackwise", "slurm-block", "kueue-tas", "first-fit"])
