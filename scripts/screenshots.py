@@ -68,7 +68,8 @@ def populate(racks: int, rng: random.Random):
 
     for i in range(racks):
         site = "dc-east" if i < racks // 2 else "dc-west"
-        row = "ABC"[(i % (racks // 2)) // max(1, racks // 6)] if racks >= 6 else "A"
+        half = max(1, racks // 2)  # racks per site, over rows A-C
+        row = "ABC"[(i % half) * 3 // half]
         create_rack(None, name=f"{site[3]}{row}{i % 4 + 1:02d}-{i:02d}", site=site, row=row, position=i % 4 + 1)
     operator = ensure_user(None, "operator", role="operator", tenants=["llm", "vision"])[0]
     submitter = ensure_user(None, "engineer", role="submitter", tenants=["llm", "vision"])[0]
