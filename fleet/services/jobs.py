@@ -29,7 +29,7 @@ from fleet.services import audit, dispatch, webhooks
 from fleet.services.capacity import fleet_capacity, normalise_shape
 from fleet.services.errors import Conflict, InvalidInput, NotAllowed
 from fleet.services.nodes import idle_draining_nodes
-from fleet.services.racks import bump_versions
+from fleet.services.racks import bump_versions, racks_held_by
 
 log = logging.getLogger(__name__)
 
@@ -378,15 +378,6 @@ def _take_gpus(job: Job, gpus_by_node: Mapping[int, list[int]]) -> list[GPU]:
     return chosen
 
 
-def _racks_of(job: Job) -> set[int]:
-    """The racks where the job holds GPUs now."""
-    return set(
-        Allocation.objects.filter(job=job, released_at__isnull=True)
-        .values_list("gpu__node__rack_id", flat=True)
-        .distinct()
-    )
-
-
 def start_job(actor, job_id: int) -> Job:
     """placed|recovering -> running, when the job's processes are up (again)."""
     with transaction.atomic():
@@ -403,7 +394,7 @@ def start_job(actor, job_id: int) -> Job:
         events.jobs_changed([job.pk])
         # Its racks show the job's state, and the scheduler plans with its
         # expected end (from started_at): both changed.
-        bump_versions(_racks_of(job))
+        bump_versions(racks_held_by([job.pk]))
     return job
 
 

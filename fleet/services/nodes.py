@@ -36,7 +36,7 @@ from fleet.cluster.base import (
 from fleet.models import GPU, Allocation, Job, Node
 from fleet.services import audit, dispatch, webhooks
 from fleet.services.errors import ClusterDown, Conflict
-from fleet.services.racks import bump_versions
+from fleet.services.racks import bump_versions, racks_held_by
 
 
 def _snapshot(node: Node) -> dict[str, str]:
@@ -172,9 +172,11 @@ def mark_node_failed(actor, node_id: int, reason: str = "", *, mirror: bool = Tr
         job_ids = Allocation.objects.filter(
             gpu__node=node, released_at__isnull=True
         ).values_list("job_id", flat=True)
+        interrupted = []
         for job in Job.objects.select_for_update().filter(
             id__in=list(job_ids), state__in=HOLDING_JOB_STATES
         ).order_by("pk"):  # id order, as every multi-job lock
+            interrupted.append(job.pk)
             before = {"state": job.state, "state_reason": job.state_reason}
             job.state = JobState.RECOVERING
             job.state_reason = f"node {node.hostname} failed: {node.state_reason}"
@@ -190,10 +192,7 @@ def mark_node_failed(actor, node_id: int, reason: str = "", *, mirror: bool = Tr
             dispatch.recover_soon(job.pk)
         webhooks.emit("node.failed", webhooks.node_failed(node, job_ids))
         # Every rack the interrupted jobs hold GPUs in shows their new state.
-        bump_versions(
-            [node.rack_id, *Allocation.objects.filter(job_id__in=list(job_ids), released_at__isnull=True)
-             .values_list("gpu__node__rack_id", flat=True).distinct()]
-        )
+        bump_versions({node.rack_id} | racks_held_by(interrupted))
     return node
 
 

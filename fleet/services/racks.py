@@ -10,7 +10,7 @@ from django.db.models.expressions import RawSQL
 
 from fleet import events
 from fleet.choices import ActionState
-from fleet.models import Action, Rack
+from fleet.models import Action, Allocation, Rack
 from fleet.services import dispatch
 
 
@@ -29,6 +29,15 @@ def bump_versions(rack_ids: Iterable[int]) -> None:
         events.racks_changed(ids)
         if _proposals_waiting_in(ids):
             dispatch.recheck_proposals_soon(ids)
+
+
+def racks_held_by(job_ids: Iterable[int]) -> set[int]:
+    """The racks where these jobs hold GPUs now."""
+    return set(
+        Allocation.objects.filter(job_id__in=list(job_ids), released_at__isnull=True)
+        .values_list("gpu__node__rack_id", flat=True)
+        .distinct()
+    )
 
 
 def change_stamp() -> RawSQL:
