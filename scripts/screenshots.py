@@ -66,9 +66,9 @@ def populate(racks: int, rng: random.Random):
     from fleet.services.scheduling import schedule_pass
     from fleet.services.users import ensure_user
 
+    half = max(1, racks // 2)  # racks per site, over rows A-C
     for i in range(racks):
         site = "dc-east" if i < racks // 2 else "dc-west"
-        half = max(1, racks // 2)  # racks per site, over rows A-C
         row = "ABC"[(i % half) * 3 // half]
         create_rack(None, name=f"{site[3]}{row}{i % 4 + 1:02d}-{i:02d}", site=site, row=row, position=i % 4 + 1)
     operator = ensure_user(None, "operator", role="operator", tenants=["llm", "vision"])[0]
