@@ -106,12 +106,14 @@ def validate_indexes(fleet: Fleet) -> list[Violation]:
 
 
 def validate_recovery(fleet: Fleet, plan: RecoveryPlan) -> list[Violation]:
-    """Check the fleet as it would be after applying a recovery plan."""
+    """Check the recovered job's allocation as the plan would leave it (its victims
+    are released; no other job changes). Other jobs may still sit on failed nodes,
+    awaiting their own recovery: they are not this plan's violations."""
     from placement.recover import apply_recovery
 
     trial = fleet.copy()
-    apply_recovery(trial, plan)
-    return _check(trial, trial.allocations)
+    alloc = apply_recovery(trial, plan)
+    return _check(trial, {plan.job_id: alloc} if alloc is not None else {})
 
 
 def _check(fleet: Fleet, allocations: Mapping[str, Allocation],

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from fleet.choices import ActionKind, JobState
 from fleet.models import GPU, Allocation, AuditEvent, Job, Node, Rack
 from fleet.services import jobs as job_services
 from fleet.services import nodes as node_services
+from fleet.services import recovery as recovery_services
 
 
 def url(node: Node, action: str) -> str:
@@ -169,6 +171,24 @@ def test_marking_a_node_failed_moves_its_jobs_to_recovering(fleet, submitter, op
     assert interrupt.before["state"] == "running"
     assert interrupt.after["state"] == "recovering"
     assert node_events(broken).get(action="node.fail").message == "XID 79"
+
+
+def test_two_nodes_failing_under_two_jobs_give_each_job_its_own_swap(fleet, submitter, operator):
+    """The invariant checker judged a recovery plan on the whole fleet, where the
+    other job still sat on its failed node: every plan was refused and the job
+    requeued. It judges what the plan changes."""
+    r1 = fleet[0]
+    first = placed_job(submitter, [r1.nodes.get(slot=0), r1.nodes.get(slot=1)], name="first")
+    second = placed_job(submitter, [r1.nodes.get(slot=2), r1.nodes.get(slot=3)], name="second")
+    for job in (first, second):
+        job_services.start_job(None, job.pk)
+    for slot in (0, 2):
+        node_services.mark_node_failed(operator, r1.nodes.get(slot=slot).pk, reason="XID 79")
+    for job in (first, second):
+        action = recovery_services.plan_recovery(job.pk)
+        assert action is not None and action.kind == ActionKind.RECOVERY, job.name
+        assert [s["op"] for s in action.steps] == ["swap", "restart"]
+        assert Job.objects.get(pk=job.pk).state == JobState.RECOVERING
 
 
 def test_a_failed_node_moves_the_versions_of_every_rack_its_jobs_hold(fleet, submitter, operator_client):

@@ -142,3 +142,19 @@ def test_with_a_clock_it_preempts_the_job_that_checkpointed_last() -> None:
     assert recover(fleet, "job", ["r000-n03"], now=now).preempted == ["late"]
     early.started_at, late.started_at = 7_200.0, 3_900.0
     assert recover(fleet, "job", ["r000-n03"], now=now).preempted == ["early"]
+
+
+def test_a_plan_is_not_refused_for_another_job_still_on_a_failed_node() -> None:
+    """Two nodes fail under two jobs: the first job's plan is checked for what it
+    changes; the second job, awaiting its own recovery, is not its violation (the
+    service requeued the first job for it)."""
+    fleet = Fleet.uniform(1)
+    occupy(fleet, "a", 0, [0, 1])
+    occupy(fleet, "b", 0, [2, 3])
+    plan = recover(fleet, "a", ["r000-n00"])
+    _fail(fleet, "r000-n00")
+    _fail(fleet, "r000-n02")
+    assert plan.action == "swap"
+    assert validate_recovery(fleet, plan) == []
+    apply_recovery(fleet, plan)
+    assert {v.job_id for v in validate(fleet)} == {"b"}
