@@ -163,8 +163,9 @@ class LiveFleet:
     ``Fleet.trial()`` (nothing it tries stays in memory), allocations are still
     checked by the invariant checker and refused by the unique index. One caller
     at a time (a lock; another thread meanwhile gets a fresh load): the
-    scheduling pass, under the decision lock, and in a web process the what-if
-    answers, which plan on a copy."""
+    scheduling pass, under the decision lock; recovery and defrag planning and
+    the checks of an action's plan, in the worker that runs them; and in a web
+    process the what-if answers, which plan on a copy."""
 
     def __init__(self) -> None:
         self.snap: Snapshot | None = None

@@ -191,7 +191,7 @@ def policies() -> dict[str, str]:
 
 
 def check_plan(action: Action, steps: list[dict] | None = None) -> list[str]:
-    """Replay the remaining steps on a fresh snapshot of the fleet (each by its
+    """Replay the remaining steps on the fleet as it is now (each by its
     rule in :mod:`fleet.services.steps`) and run the engine's invariant checker
     on the jobs they touch. Returns the problems (empty: the plan still holds)."""
     steps = action.steps[action.step_index:] if steps is None else steps
@@ -201,14 +201,18 @@ def check_plan(action: Action, steps: list[dict] | None = None) -> list[str]:
         return [str(exc)]
     ids = [s.job for s in typed if s.job is not None]
     jobs = {str(j.pk): j for j in Job.objects.select_related("tenant").filter(pk__in=ids)}
-    ctx = step_rules.PlanCheck(engine.load_snapshot(), jobs)
-    for step in typed:
-        step_rules.check(ctx, step)
-    problems = ctx.problems
-    if not problems:
-        fleet = ctx.fleet
-        scope = {j: fleet.allocations[j] for j in ctx.touched if j in fleet.allocations}
-        problems += [str(v) for v in validate(fleet, scope)]
+    # The in-memory fleet brought up to date (a full load is 0.7 s at 1,000 racks,
+    # and a rack change rechecks every open proposal); the steps are replayed in a
+    # trial, which leaves it as it was.
+    with engine.live_snapshot() as snap, snap.fleet.trial():
+        ctx = step_rules.PlanCheck(snap, jobs)
+        for step in typed:
+            step_rules.check(ctx, step)
+        problems = ctx.problems
+        if not problems:
+            fleet = ctx.fleet
+            scope = {j: fleet.allocations[j] for j in ctx.touched if j in fleet.allocations}
+            problems += [str(v) for v in validate(fleet, scope)]
     return problems
 
 

@@ -19,6 +19,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from fleet import engine
 from fleet.choices import ActionKind, ActionState, JobState
 from fleet.models import Action
 from fleet.services import actions as action_services
@@ -39,18 +40,26 @@ class RecheckResult:
     proposed: list[int] = field(default_factory=list)
 
 
-def _due(rack_ids: Iterable[int] | None, now: datetime) -> list[int]:
+def _due(rack_ids: Iterable[int] | None, now: datetime) -> tuple[list[int], bool]:
     """Proposals to check: those touching ``rack_ids`` (a rack changed), and
-    those not checked for RACKWISE_PROPOSAL_RECHECK_S (the periodic bound)."""
+    those not checked for RACKWISE_PROPOSAL_RECHECK_S (the periodic bound); and
+    whether any is due by the periodic bound."""
     stale = now - timedelta(seconds=settings.RACKWISE_PROPOSAL_RECHECK_S)
-    due = Q(checked_at__lte=stale) | Q(checked_at__isnull=True, created_at__lte=stale)
-    if rack_ids:
-        due |= Q(
-            jobs__allocations__released_at__isnull=True,
-            jobs__allocations__gpu__node__rack_id__in=list(rack_ids),
+    proposed = Action.objects.filter(state=ActionState.PROPOSED)
+    by_age = set(
+        proposed.filter(Q(checked_at__lte=stale) | Q(checked_at__isnull=True, created_at__lte=stale)).values_list(
+            "pk", flat=True
         )
-    ids = Action.objects.filter(due, state=ActionState.PROPOSED).values_list("pk", flat=True).distinct()
-    return sorted(set(ids))
+    )
+    by_rack: set[int] = set()
+    if rack_ids:
+        by_rack = set(
+            proposed.filter(
+                jobs__allocations__released_at__isnull=True,
+                jobs__allocations__gpu__node__rack_id__in=list(rack_ids),
+            ).values_list("pk", flat=True)
+        )
+    return sorted(by_age | by_rack), bool(by_age)
 
 
 def _better(fresh: action_services.Proposal, current: Action) -> bool:
@@ -75,7 +84,8 @@ def recheck_proposals(
 ) -> RecheckResult:
     """Re-decide waiting proposals the fleet may have made obsolete.
 
-    1. Take the proposals that are due (see :func:`_due`).
+    1. Take the proposals that are due (see :func:`_due`). The checks plan on the
+       in-memory fleet, rebuilt from the rows first when any is due by age.
     2. A plan that no longer holds on the fleet as it is now expires.
     3. A waiting recovery whose job would now get a better plan (its failed node
        came back, a spare freed up in its rack) expires too: superseded.
@@ -88,7 +98,13 @@ def recheck_proposals(
     """
     now = now or timezone.now()
     result = RecheckResult()
-    for action_id in _due(rack_ids, now):
+    due, periodic = _due(rack_ids, now)
+    if periodic:
+        # The periodic bound is the safety net for changes that announced nothing
+        # (an edit in the admin moves no rack version): the in-memory fleet the
+        # checks read is rebuilt from the rows first.
+        engine.forget_live_fleet()
+    for action_id in due:
         result.checked.append(action_id)
         with transaction.atomic():
             action = Action.objects.select_for_update().filter(pk=action_id, state=ActionState.PROPOSED).first()

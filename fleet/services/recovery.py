@@ -61,7 +61,13 @@ def recovery_proposal(job: Job) -> action_services.Proposal | None:
     3. Else the engine: swap the failed nodes for spares in the same rack; else
        preempt lower-priority jobs there; else move the whole job; else requeue.
     """
-    snap = engine.load_snapshot()
+    # The in-memory fleet brought up to date (a full load is 0.7 s at 1,000 racks);
+    # the engine tries its moves in a trial, which leaves it as it was.
+    with engine.live_snapshot() as snap, snap.fleet.trial():
+        return _proposal(snap, job)
+
+
+def _proposal(snap: engine.Snapshot, job: Job) -> action_services.Proposal | None:
     fleet = snap.fleet
     jid = str(job.pk)
     alloc = fleet.allocations.get(jid)
