@@ -101,7 +101,7 @@ def recheck_proposals(
     due, periodic = _due(rack_ids, now)
     if periodic:
         # The periodic bound is the safety net for changes that announced nothing
-        # (an edit in the admin moves no rack version): the in-memory fleet the
+        # (a write outside the services, such as raw SQL, moves no rack version): the in-memory fleet the
         # checks read is rebuilt from the rows first.
         engine.forget_live_fleet()
     for action_id in due:
