@@ -15,10 +15,7 @@ so some jobs are recovering. Times each call in this process; medians of
 from __future__ import annotations
 
 import argparse
-import os
-import random
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,7 +23,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench_read_side  # noqa: E402
-import dbcache  # noqa: E402
 import stack  # noqa: E402
 
 DB = "rackwise_ops_bench"
@@ -41,16 +37,11 @@ def main() -> None:
     parser.add_argument("--racks", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=7)
     args = parser.parse_args()
-    os.environ.update(_env())
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rackwise.settings")
-    sys.path.insert(0, str(ROOT))
-    import django
-    import redis
-
-    django.setup()
+    # The fleet bench_read_side.py builds (the same template: built once for both).
+    bench_read_side.open_fleet(DB, _env(), args.racks)
     from django.conf import settings
     from django.contrib.auth import get_user_model
-    from django.db import connections, transaction
+    from django.db import transaction
 
     from fleet import engine
     from fleet.choices import JobState
@@ -59,16 +50,6 @@ def main() -> None:
     from fleet.services import defrag as defrag_services
     from fleet.services.racks import bump_versions
 
-    def build() -> None:
-        subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=_env(), check=True)
-        bench_read_side.fill(args.racks, random.Random(5))
-        connections.close_all()
-        connections["default"].close_pool()
-
-    # The same template as bench_read_side.py: the fleet is built once for both.
-    if dbcache.fresh_database(DB, f"read-side {args.racks}", build):
-        print(f"fleet: {args.racks} racks, cloned from the one an earlier run built")
-    redis.Redis.from_url(_env()["REDIS_URL"]).flushdb()
     operator = get_user_model().objects.get(username="bench")
     recovering = list(Job.objects.select_related("tenant").filter(state=JobState.RECOVERING).order_by("pk"))
     assert recovering, "the bench fleet has no recovering job"

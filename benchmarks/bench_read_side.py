@@ -73,37 +73,45 @@ def fill(racks: int, rng: random.Random):
     return user
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--racks", type=int, default=1000)
-    parser.add_argument("--repeat", type=int, default=7)
-    args = parser.parse_args()
-    os.environ.update(_env())
+def open_fleet(db: str, env: dict[str, str], racks: int) -> None:
+    """Set Django up in this process on ``db``, a clone of the fleet :func:`fill`
+    builds for ``racks`` racks (built once and kept as a template, see
+    dbcache.py), with its Redis database (``env``'s REDIS_URL) emptied."""
+    os.environ.update(env)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rackwise.settings")
     sys.path.insert(0, str(ROOT))
     import django
     import redis
 
     django.setup()
-    from django.conf import settings
-    from django.contrib.auth import get_user_model
     from django.db import connections
-    from django.test import Client
-
-    from fleet import read_cache
-    from fleet.services import read_models
 
     def build() -> None:
-        subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=_env(), check=True)
-        fill(args.racks, random.Random(5))
+        subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
+        fill(racks, random.Random(5))
         # The template is copied from a database nobody is connected to: close
         # the connections and the pool that keeps them open.
         connections.close_all()
         connections["default"].close_pool()
 
-    if dbcache.fresh_database(DB, f"read-side {args.racks}", build):
-        print(f"fleet: {args.racks} racks, cloned from the one an earlier run built")
-    redis.Redis.from_url(_env()["REDIS_URL"]).flushdb()
+    if dbcache.fresh_database(db, f"read-side {racks}", build):
+        print(f"fleet: {racks} racks, cloned from the one an earlier run built")
+    redis.Redis.from_url(env["REDIS_URL"]).flushdb()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--racks", type=int, default=1000)
+    parser.add_argument("--repeat", type=int, default=7)
+    args = parser.parse_args()
+    open_fleet(DB, _env(), args.racks)
+    from django.conf import settings
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    from fleet import read_cache
+    from fleet.services import read_models
+
     user = get_user_model().objects.get(username="bench")
     client = Client()
     client.force_login(user)
