@@ -115,7 +115,8 @@ def can_ever_fit(fleet: Fleet, job: JobRequest) -> tuple[bool, str]:
 def shape_key(job: JobRequest) -> tuple[object, ...]:
     """What a placement decision depends on besides the fleet: jobs with the same key
     fit or wait together (queue passes memoise refusals by it)."""
-    return (job.num_gpus, job.num_nodes, job.gpus_per_node, job.segment_nodes, job.locality)
+    return (job.num_gpus, job.num_nodes, job.gpus_per_node, job.segment_nodes, job.locality,
+            job.preemptible)
 
 
 def queue_order(jobs: Iterable[JobRequest]) -> list[JobRequest]:

@@ -16,6 +16,11 @@ slurm.conf(5) ``SchedulerParameters``), as the simulator models it:
    for ``[start, start + expected run)``.
 4. Reservations are recomputed from scratch on every cycle (Slurm's backfill does the
    same: each cycle starts from the running jobs and plans the queue again).
+5. A reservation is made when first needed (``reserve_later``): when a job behind it
+   could start around the holds made so far. Placement is monotone in the free nodes,
+   so a job that cannot start around fewer holds cannot around more, and every start
+   is the one reservations made at once would allow; most cycles start nothing after
+   their first blocked job, and are thrown away when capacity comes back.
 
 Simplifications, stated: expected runs are the trace's real durations (Slurm uses
 time limits, which are longer); at most ``max_reservations`` jobs are reserved per
@@ -261,6 +266,8 @@ class Backfill:
         # shape -> (run, start) of its last reservation: a job of that shape that runs
         # at least as long cannot start earlier (holds only grow during a cycle).
         self._not_before: dict[tuple[object, ...], tuple[float, float]] = {}
+        # reserve_later's calls not made yet, each with the cycle time it was asked at.
+        self._deferred: list[tuple[float, JobRequest, float, float, tuple[object, ...]]] = []
 
     # -- now --------------------------------------------------------------------------
 
@@ -277,6 +284,7 @@ class Backfill:
 
     def held_nodes(self, start: float, end: float) -> set[str]:
         """Nodes with any reservation overlapping ``[start, end)``."""
+        self.flush()
         out: set[str] = set()
         for h in self.holds:
             if h.start < end and h.end > start:
@@ -284,7 +292,14 @@ class Backfill:
         return out
 
     def try_start(self, job: JobRequest, duration: float) -> PlacementPlan:
-        """Where ``job`` may start now without delaying any reservation."""
+        """Where ``job`` may start now without delaying any reservation; deferred
+        ones are made first if it could start without them (step 5)."""
+        plan = self._try_start(job, duration)
+        if plan.placed and self.flush():
+            plan = self._try_start(job, duration)
+        return plan
+
+    def _try_start(self, job: JobRequest, duration: float) -> PlacementPlan:
         held = self.held_during(self.now, self.now + duration)
         groups = self.fleet.groups
         if held and not any(job.is_small(gpn) for gpn in groups):
@@ -360,9 +375,37 @@ class Backfill:
             self._ends, self._rack_ends = ends.ends, ends.rack_ends
         return self._free_at
 
+    def reserve_later(self, job: JobRequest, duration: float, submit: float,
+                      key: tuple[object, ...] = ()) -> None:
+        """:meth:`reserve`, made when something first reads the holds (step 5):
+        :meth:`try_start` for a job that could start, :meth:`held_nodes`,
+        :meth:`reserve`."""
+        if len(self.holds) < self.max_reservations:  # else reserve would refuse it
+            self._deferred.append((self.now, job, duration, submit, key))
+
+    def flush(self) -> bool:
+        """Make the deferred reservations, in order, each at the time it was asked
+        (an incremental cycle moves ``now``); True if any hold was added."""
+        if not self._deferred:
+            return False
+        todo, self._deferred = self._deferred, []
+        n, now = len(self.holds), self.now
+        try:
+            for at, job, duration, submit, key in todo:
+                self.now = self.ctx.now = at
+                self._reserve(job, duration, submit, key)
+        finally:
+            self.now = self.ctx.now = now
+        return len(self.holds) > n
+
     def reserve(self, job: JobRequest, duration: float, submit: float,
                 key: tuple[object, ...] = ()) -> Hold | None:
         """Reserve the earliest start of a job that cannot start now (step 3)."""
+        self.flush()
+        return self._reserve(job, duration, submit, key)
+
+    def _reserve(self, job: JobRequest, duration: float, submit: float,
+                 key: tuple[object, ...]) -> Hold | None:
         if len(self.holds) >= self.max_reservations:
             return None
         if self.now - submit < self.min_age_reserve_s:

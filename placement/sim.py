@@ -411,11 +411,12 @@ class Simulation:
                     idle_total = fleet.idle_total
                     max_partial = max((f for f, s in fleet.partial.items() if s), default=0)
                     continue
-                cannot[key] = run
+                # Around no hold it fails whatever it runs for: skip its shape.
+                cannot[key] = run if bf.holds else -math.inf
             if self.policy != "rackwise" or not job.is_small(gpn):
                 # rackwise reserves for gangs only: a single-node job fits on any
                 # node, and its rising expansion factor moves it up the queue.
-                bf.reserve(job, run, st.submit, key)
+                bf.reserve_later(job, run, st.submit, key)
 
     def _room(self, job: JobRequest, racks: list[Any]) -> Callable[[dict[str, int]], bool]:
         key = (shape_key(job), id(racks))

@@ -174,3 +174,17 @@ def test_a_single_node_job_is_reserved_too() -> None:
     assert starts["U"] == 3
     assert starts["T"] is not None and starts["T"] >= 1100
     assert _starts(_replay(trace, "slurm-block-greedy"))["T"] == 2
+
+
+def test_a_deferred_reservation_is_made_as_of_the_cycle_that_asked_for_it() -> None:
+    # Backfill makes a reservation only when a later job could start (reserve_later).
+    # A holds 17 nodes until just past bf_window (1440 min) from t=0, so the t=0 cycle
+    # finds B no start within its window and reserves nothing. C arrives at t=1 and
+    # would fit: B's reservation is made then, but as of t=0, whose window A's end is
+    # past (made as of t=1 it would hold the rack from A's end and keep C out).
+    window = 1440 * 60.0
+    trace = [_job("A", 17, 0, window + 0.5), _job("B", 18, 0, 500),
+             _job("C", 1, 1, 100_000)]
+    starts = _starts(_replay(trace, "slurm-block"))
+    assert starts["C"] == 1
+    assert starts["B"] == 100_001

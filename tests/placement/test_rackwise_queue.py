@@ -12,9 +12,9 @@ QUIET = dict(racks=1, node_mtbf_hours=0.0, defrag_after_s=None)
 
 
 def _job(jid: str, nodes: int, submit: float, duration: float, *, gpus: int | None = None,
-         priority: int = 0) -> TraceJob:
+         priority: int = 0, preemptible: bool = True) -> TraceJob:
     job = JobRequest(jid, num_gpus=gpus or nodes * 4, priority=priority, submit_time=submit,
-                     expected_duration=duration)
+                     expected_duration=duration, preemptible=preemptible)
     return TraceJob(job, submit, duration, 0)
 
 
@@ -70,3 +70,15 @@ def test_priority_still_comes_first() -> None:
              _job("H", 10, 500, 36_000, priority=5)]
     starts = _starts(trace)
     assert starts["H"] == 1000  # higher priority, though S's factor is larger
+
+
+def test_a_preemptible_gang_is_not_held_back_by_a_blocked_non_preemptible_one() -> None:
+    # A holds 3 nodes until t=1000: 15 idle. N (14 nodes, not preemptible) is offered
+    # 13 (the rack keeps its 2 spares from it); P, the same size but preemptible, may
+    # borrow the spares and fits. A refusal is remembered per shape for the cycle;
+    # preemptibility is part of the shape, so N's refusal does not stand for P.
+    trace = [_job("A", 3, 0, 1000, preemptible=False),
+             _job("N", 14, 1, 100, preemptible=False), _job("P", 14, 1, 100)]
+    starts = _starts(trace)
+    assert starts["P"] == 1
+    assert starts["N"] == 1000
