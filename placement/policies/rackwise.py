@@ -12,7 +12,8 @@
 3. Gangs bigger than a rack go over the fewest racks, split into equal segments
    (24 -> 12+12, not 16+8), each segment best fit onto the rack with the smallest
    offer that holds it; only when no such racks exist now, unequal segments over the
-   same number of racks (16+8), which costs no extra rack.
+   same number of racks (16+8), which costs no extra rack. Fixed segments that best
+   fit cannot place go onto the racks with the most room, largest segment first.
 4. A gang that is not ``required`` may span more racks than it needs only once it
    has waited SPAN_PATIENCE times what the slowdown would cost it
    (``expected_duration * F / (1 - F)``, F the cross-rack slowdown). The default is
@@ -159,9 +160,12 @@ def _many_racks(fleet: Fleet, job: JobRequest, racks: list[Rack], n: int, ctx: C
             continue
         picks = _assign(index, racks, sizes, ctx, pos, k, job.preemptible)
         note = ""
-        if picks is None and not seg and k > 1:
-            # Equal segments do not fit now; unequal ones over the same number of racks
-            # cost nothing more in rack count, and beat waiting.
+        if picks is None and (seg or k > 1):
+            # Unsegmented: equal segments do not fit now; unequal ones over the same
+            # number of racks cost nothing more in rack count, and beat waiting.
+            # Segmented: best fit can spend the k racks on small offers (12 nodes in
+            # segments of 4 and offers 4 and 16: it takes the 4); the k racks with the
+            # most room hold the most segments.
             if index is not None:
                 top_idle = index.by_free.get(gpn, [])[-k:]
                 if len(top_idle) < k or sum(f for f, _ in top_idle) < n:
@@ -173,8 +177,12 @@ def _many_racks(fleet: Fleet, job: JobRequest, racks: list[Rack], n: int, ctx: C
                 desc = sorted(((_offer(r, ctx, may_borrow(r, min(n, size), job.preemptible)),
                                 pos[r.id], r) for r in racks if r.free_count),
                               key=lambda x: (-x[0], x[1]))
-            picks = _unequal(desc[:k], n, k)
-            note = f" (no {k} racks hold {'+'.join(map(str, sizes))}, so unequal)"
+            if seg:
+                picks = _fill(desc[:k], sizes)
+                note = " (best fit could not, so the racks with the most room)"
+            else:
+                picks = _unequal(desc[:k], n, k)
+                note = f" (no {k} racks hold {'+'.join(map(str, sizes))}, so unequal)"
         if picks is not None:
             n_racks = len({r.id for r, _ in picks})
             why = (f"{n} nodes over the fewest racks ({n_racks}) in segments "
@@ -260,6 +268,23 @@ def _assign(fleet: Fleet | None, racks: list[Rack], sizes: list[int], ctx: Conte
         picks.append((used[rid], slots[rid][:size]))
         slots[rid] = slots[rid][size:]
         left[rid] -= size
+    return picks
+
+
+def _fill(offers: list[tuple[int, int, Rack]], sizes: list[int]
+          ) -> list[tuple[Rack, list[int]]] | None:
+    """Segments, largest first, each onto the first of ``offers`` (largest first) with
+    room left for it."""
+    left = [o for o, _, _ in offers]
+    slots = [sorted(r.free) for _, _, r in offers]
+    picks: list[tuple[Rack, list[int]]] = []
+    for size in sorted(sizes, reverse=True):
+        i = next((i for i, o in enumerate(left) if o >= size), None)
+        if i is None:
+            return None
+        picks.append((offers[i][2], slots[i][:size]))
+        slots[i] = slots[i][size:]
+        left[i] -= size
     return picks
 
 

@@ -56,6 +56,35 @@ def test_rackwise_splits_24_nodes_into_12_plus_12() -> None:
     assert len(plan.racks) == 2
 
 
+def test_rackwise_puts_several_segments_on_the_rack_that_holds_them_all() -> None:
+    # 12 nodes in segments of 4 need one rack. Best fit would take r000 (4 idle nodes,
+    # the smallest offer that holds a segment) and then have no rack left for the
+    # other two segments; r001 holds all three.
+    fleet = Fleet.uniform(2, spare_nodes=0)
+    occupy(fleet, "busy", 0, list(range(14)))
+    job = gang("g", 12, "required", segment_nodes=4)
+    plan = place(fleet, job)
+    assert plan.placed, plan.reason
+    assert plan.racks == ["r001"]
+    assert sorted(len(s) for s in plan.segments) == [4, 4, 4]
+    fleet.allocate(plan.allocation(job))
+    assert validate(fleet) == []
+
+
+def test_segments_over_several_racks_take_the_racks_with_room_when_best_fit_cannot() -> None:
+    # 24 nodes in segments of 8: two racks (16 each). Offers 8, 8 and 18: best fit
+    # spends both racks on the 8s (one segment each); 18 + 8 hold all three.
+    fleet = Fleet.uniform(3, spare_nodes=0)
+    occupy(fleet, "a", 0, list(range(10)))
+    occupy(fleet, "b", 1, list(range(10)))
+    job = gang("g", 24, "required", segment_nodes=8)
+    plan = place(fleet, job)
+    assert plan.placed, plan.reason
+    assert len(plan.racks) == 2 and "r002" in plan.racks
+    fleet.allocate(plan.allocation(job))
+    assert validate(fleet) == []
+
+
 def test_rackwise_best_fits_a_gang_onto_the_tightest_rack() -> None:
     fleet = Fleet.uniform(3)
     occupy(fleet, "a", 1, list(range(8)))  # r001 offers 8 beyond its spares
@@ -268,3 +297,4 @@ def test_what_if_estimates_the_start_after_the_jobs_ahead(t0: float) -> None:
     a.expected_end = None
     b.expected_end = None
     assert what_if(fleet, [], unknown, t0 + 10.0).expected_start is None
+
