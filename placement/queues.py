@@ -295,7 +295,8 @@ class Backfill:
         """Where ``job`` may start now without delaying any reservation; deferred
         ones are made first if it could start without them (step 5)."""
         plan = self._try_start(job, duration)
-        if plan.placed and self.flush():
+        # Decided again only if a hold made now begins before the job would end.
+        if plan.placed and any(h.start < self.now + duration for h in self.flush()):
             plan = self._try_start(job, duration)
         return plan
 
@@ -383,11 +384,11 @@ class Backfill:
         if len(self.holds) < self.max_reservations:  # else reserve would refuse it
             self._deferred.append((self.now, job, duration, submit, key))
 
-    def flush(self) -> bool:
+    def flush(self) -> list[Hold]:
         """Make the deferred reservations, in order, each at the time it was asked
-        (an incremental cycle moves ``now``); True if any hold was added."""
+        (an incremental cycle moves ``now``); returns the holds added."""
         if not self._deferred:
-            return False
+            return []
         todo, self._deferred = self._deferred, []
         n, now = len(self.holds), self.now
         try:
@@ -396,7 +397,7 @@ class Backfill:
                 self._reserve(job, duration, submit, key)
         finally:
             self.now = self.ctx.now = now
-        return len(self.holds) > n
+        return self.holds[n:]
 
     def reserve(self, job: JobRequest, duration: float, submit: float,
                 key: tuple[object, ...] = ()) -> Hold | None:
