@@ -579,15 +579,16 @@ class Fleet:
         usual; on exit every change is undone (nodes, racks and indexes as they were,
         each node's jobs and ``allocations`` in their old order) and the change
         tracking (``changed``) has seen none of it. Only the nodes touched are saved,
-        at their first change."""
-        if self._undo is not None:
-            raise RuntimeError("a trial is already running on this fleet")
+        at their first change. A trial inside a trial undoes its own changes: what it
+        touched that the outer one had not saved yet is put back as the outer one
+        found it, so the outer one needs no record of it."""
+        outer = self._undo
         undo = self._undo = _Undo(self)
         changed, self.changed = self.changed, None
         try:
             yield self
         finally:
-            self._undo = None
+            self._undo = outer
             undo.rollback()
             self.changed = changed
 

@@ -111,9 +111,9 @@ def validate_recovery(fleet: Fleet, plan: RecoveryPlan) -> list[Violation]:
     awaiting their own recovery: they are not this plan's violations."""
     from placement.recover import apply_recovery
 
-    trial = fleet.copy()
-    alloc = apply_recovery(trial, plan)
-    return _check(trial, {plan.job_id: alloc} if alloc is not None else {})
+    with fleet.trial():
+        alloc = apply_recovery(fleet, plan)
+        return _check(fleet, {plan.job_id: alloc} if alloc is not None else {})
 
 
 def _check(fleet: Fleet, allocations: Mapping[str, Allocation],

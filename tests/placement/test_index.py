@@ -105,28 +105,41 @@ def test_a_copy_has_the_state_a_rebuild_gives(history: tuple[Fleet, random.Rando
     assert validate_indexes(copy) == []
 
 
+def _mutate(fleet: Fleet, rng: random.Random, steps: int, tag: str) -> None:
+    ids = sorted(fleet.nodes)
+    for i in range(steps):
+        op = rng.random()
+        if op < 0.5:
+            job = JobRequest(f"{tag}{i}", num_gpus=rng.choice(SIZES),
+                             preemptible=rng.random() < 0.7)
+            plan = place(fleet, job)
+            if plan.placed:
+                fleet.allocate(plan.allocation(job))
+        elif op < 0.8 and fleet.allocations:
+            alloc = fleet.release(rng.choice(sorted(fleet.allocations)))
+            if rng.random() < 0.5:
+                fleet.allocate(alloc, restore=True)  # back, now last in every order
+        else:
+            fleet.set_health(rng.choice(ids), rng.choice(["failed", "draining", "healthy"]))
+
+
 @SETTINGS
-@given(histories(), st.integers(0, 30))
+@given(histories(), st.integers(0, 30), st.booleans())
 def test_a_trial_leaves_the_fleet_as_it_was(history: tuple[Fleet, random.Random],
-                                            steps: int) -> None:
+                                            steps: int, nested: bool) -> None:
+    # A trial inside a trial undoes its own changes only; the outer one, all of them.
     fleet, rng = history
     fleet.changed = set()
     before = _state(fleet)
-    ids = sorted(fleet.nodes)
     with fleet.trial():
-        for i in range(steps):
-            op = rng.random()
-            if op < 0.5:
-                job = JobRequest(f"t{i}", num_gpus=rng.choice(SIZES), preemptible=rng.random() < 0.7)
-                plan = place(fleet, job)
-                if plan.placed:
-                    fleet.allocate(plan.allocation(job))
-            elif op < 0.8 and fleet.allocations:
-                alloc = fleet.release(rng.choice(sorted(fleet.allocations)))
-                if rng.random() < 0.5:
-                    fleet.allocate(alloc, restore=True)  # back, now last in every order
-            else:
-                fleet.set_health(rng.choice(ids), rng.choice(["failed", "draining", "healthy"]))
+        _mutate(fleet, rng, steps, "t")
+        if nested:
+            mid = _state(fleet)
+            with fleet.trial():
+                _mutate(fleet, rng, steps, "u")
+                assert validate_indexes(fleet) == []
+            assert _state(fleet) == mid
+            _mutate(fleet, rng, steps, "v")
         assert validate_indexes(fleet) == []
     assert _state(fleet) == before
     assert validate_indexes(fleet) == []
