@@ -23,10 +23,9 @@ Goodput is a difference in percentage points. Per-cell ratios and
 their geometric means are printed as Markdown.
 
 ``--quick``: seed 0 and MTBF 2,000 h only, the first 5,000 jobs of each trace
-(115 s on the shared 2-core machine with the faithful slurm-block backfill). The full
-run takes about 30 min on 2 cores: seed 0 / MTBF 2,000 h on whole traces alone took
-304 s, its longest replay (itp07 x4 high, slurm-block's backfill) 162 s, and the full
-run is six such sets. Cells run in parallel (``--workers``, default 2).
+(16-40 s on the shared 2-core machine). The full run takes 4-13 min on 2 cores
+(215 s in the latest run; its longest replay, itp07 x4 high under slurm-block's
+backfill, 15 s). Cells run in parallel (``--workers``, default 2).
 """
 
 from __future__ import annotations
