@@ -30,7 +30,7 @@ from placement.place import (
 )
 from placement.policies import POLICIES
 from placement.policies.common import min_racks
-from placement.policies.rackwise import rack_room
+from placement.policies.rackwise import idle_room, rack_room
 from placement.policies.slurm_block import block_room
 from placement.queues import (
     BF_MAX_RESERVATIONS,
@@ -396,7 +396,8 @@ class Simulation:
                 if job.is_small(gpn):
                     hopeless = not idle_total and max_partial < job.num_gpus
                 else:
-                    hopeless = job.nodes_needed(gpn) > idle_total
+                    hopeless = job.nodes_needed(gpn) > idle_total or (
+                        rackwise and not idle_room(fleet, job, bf.ctx))
                 plan = None if hopeless else bf.try_start(job, run)
                 if plan is not None and plan.placed and self._spans(job, len(plan.racks)):
                     # Spread over more racks than it needs, it runs slower: it must

@@ -81,6 +81,28 @@ def may_span(job: JobRequest, ctx: Context) -> bool:
     return ctx.now - job.submit_time >= SPAN_PATIENCE * penalty
 
 
+def idle_room(fleet: Fleet, job: JobRequest, ctx: Context) -> bool:
+    """Could :func:`rackwise` place ``job`` on the idle nodes now? False only when it
+    certainly cannot: even the racks with the most idle nodes, as many as the job may
+    use, do not hold it in whole segments (an offer is at most a rack's idle count,
+    reservations only take nodes away). Read from the idle-count index, for a queue
+    pass to skip decisions that cannot succeed."""
+    for gpn, index in fleet.by_free.items():
+        if job.is_small(gpn):
+            return True
+        n = job.nodes_needed(gpn)
+        seg = job.segment_nodes
+        size = fleet.group_size[gpn]
+        if not n or (seg and seg > size):
+            continue
+        spread = job.locality != REQUIRED and may_span(job, ctx)
+        top = index if spread else index[-min_racks(n, size, seg):]
+        if sum(f for f, _ in top) >= n and (
+                not seg or sum(f // seg for f, _ in top) >= n // seg):
+            return True
+    return False
+
+
 def may_borrow(rack: Rack, n: int, preemptible: bool) -> bool:
     """May a gang of ``n`` nodes use this rack's spares? Preemptible gangs may (recovery
     can reclaim the nodes), so may gangs of at most ``spare_nodes`` nodes, and gangs too

@@ -13,6 +13,7 @@ from placement.model import Fleet, JobRequest
 from placement.place import place
 from placement.policies import POLICIES
 from placement.policies.common import Context
+from placement.policies.rackwise import idle_room
 from placement.validate import validate_indexes
 
 SETTINGS = settings(max_examples=80, deadline=None, derandomize=bool(os.environ.get("CI")),
@@ -173,3 +174,21 @@ def test_a_rack_local_gang_placed_outside_some_racks_gets_the_scans_plan(
         assert not got.placed
     else:
         assert got.to_dict() == best.to_dict()
+
+
+@SETTINGS
+@given(histories(), st.booleans(), st.booleans())
+def test_idle_room_says_no_only_when_rackwise_cannot_place(
+        history: tuple[Fleet, random.Random], preemptible: bool, clock: bool) -> None:
+    # The simulator skips the decision when idle_room is False: it must never be
+    # False for a job rackwise would place (with a clock a gang does not span).
+    fleet, _ = history
+    now = 60.0 if clock else None
+    for gpus in SIZES:
+        for locality in ("required", "preferred", "none"):
+            for seg in (None, 2, 4, 8, 16):
+                job = JobRequest("probe", num_gpus=gpus, locality=locality, segment_nodes=seg,
+                                 preemptible=preemptible, submit_time=0.0,
+                                 expected_duration=3600.0)
+                if not idle_room(fleet, job, Context(now=now)):
+                    assert not place(fleet, job, "rackwise", now=now).placed, job
