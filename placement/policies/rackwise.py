@@ -87,15 +87,15 @@ def idle_room(fleet: Fleet, job: JobRequest, ctx: Context) -> bool:
     use, do not hold it in whole segments (an offer is at most a rack's idle count,
     reservations only take nodes away). Read from the idle-count index, for a queue
     pass to skip decisions that cannot succeed."""
+    seg = job.segment_nodes
+    spread = job.locality != REQUIRED and may_span(job, ctx)
     for gpn, index in fleet.by_free.items():
         if job.is_small(gpn):
             return True
         n = job.nodes_needed(gpn)
-        seg = job.segment_nodes
         size = fleet.group_size[gpn]
         if not n or (seg and seg > size):
             continue
-        spread = job.locality != REQUIRED and may_span(job, ctx)
         top = index if spread else index[-min_racks(n, size, seg):]
         if sum(f for f, _ in top) >= n and (
                 not seg or sum(f // seg for f, _ in top) >= n // seg):

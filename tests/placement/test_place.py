@@ -297,4 +297,3 @@ def test_what_if_estimates_the_start_after_the_jobs_ahead(t0: float) -> None:
     a.expected_end = None
     b.expected_end = None
     assert what_if(fleet, [], unknown, t0 + 10.0).expected_start is None
-
