@@ -327,10 +327,13 @@ def _clear(work: Fleet, rack: Rack, nodes: int, targeted: set[str],
         alloc = work.allocations[jid]
         if not alloc.job.preemptible:
             continue
-        work.release(jid)
         # The moved job's locality never gets worse: a rack-local job stays rack-local
         # (fewest racks), a job already spread over k racks lands on at most k.
         spread = len(work.racks_of(alloc))
+        if not _room_elsewhere(work, alloc, avoid, spread):
+            _undo(work, moves)
+            return None
+        work.release(jid)
         plan = place(work, _local(alloc.job) if spread == 1 else alloc.job, exclude=avoid)
         # Nothing may land in a rack being cleared (not even on a partly used node).
         if (not plan.placed or any(r in avoid for r in plan.racks)
@@ -349,6 +352,44 @@ def _clear(work: Fleet, rack: Rack, nodes: int, targeted: set[str],
         _undo(work, moves)
         return None
     return moves, cost
+
+
+def _room_elsewhere(work: Fleet, alloc: Allocation, avoid: set[str], k: int) -> bool:
+    """Could the gang of ``alloc``, once released, land on at most ``k`` racks outside
+    ``avoid``? False only when it certainly cannot: even the ``k`` such racks with the
+    most idle nodes (its own nodes counted idle) do not hold it in whole segments. A
+    job that fits one node: True. Read from the idle-count index, so that a rack whose
+    cheapest occupant has nowhere to go is given up without releasing and placing it."""
+    job = alloc.job
+    seg = job.segment_nodes
+    freed: dict[str, int] = {}
+    for nid in alloc.nodes:
+        rid = work.nodes[nid].rack
+        if rid not in avoid:
+            freed[rid] = freed.get(rid, 0) + 1
+    for gpn, index in work.by_free.items():
+        if job.is_small(gpn):
+            return True
+        n = job.nodes_needed(gpn)
+        if not n:
+            continue
+        group = work.groups[gpn]
+        # The racks that hold the job, its nodes counted idle, and the k most idle of
+        # the others that are not avoided.
+        idle = [c + work.rack_by_id[rid].free_count for rid, c in freed.items()
+                if work.rack_by_id[rid].gpus_per_node == gpn]
+        others = 0
+        for f, p in reversed(index):
+            if others == k:
+                break
+            rid = group[p].id
+            if rid not in avoid and rid not in freed:
+                idle.append(f)
+                others += 1
+        top = heapq.nlargest(k, idle)
+        if sum(top) >= n and (not seg or sum(f // seg for f in top) >= n // seg):
+            return True
+    return False
 
 
 def _apply(work: Fleet, steps: list[_Step]) -> None:

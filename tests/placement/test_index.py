@@ -3,12 +3,14 @@ the same candidates, and the same decisions, whatever the fleet went through."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from placement.defrag import _room_elsewhere
 from placement.model import Fleet, JobRequest
 from placement.place import place
 from placement.policies import POLICIES
@@ -192,3 +194,27 @@ def test_idle_room_says_no_only_when_rackwise_cannot_place(
                                  expected_duration=3600.0)
                 if not idle_room(fleet, job, Context(now=now)):
                     assert not place(fleet, job, "rackwise", now=now).placed, job
+
+
+@SETTINGS
+@given(histories(), st.integers(0, 3))
+def test_room_elsewhere_says_no_only_when_a_moved_gang_cannot_land(
+        history: tuple[Fleet, random.Random], extra: int) -> None:
+    # Defrag gives up a rack when _room_elsewhere says its occupant cannot move out:
+    # it must never say so of a gang that rackwise would re-place as _clear asks
+    # (outside the avoided racks, on at most as many racks as it spans now).
+    fleet, rng = history
+    racks = sorted(fleet.rack_by_id)
+    for jid in sorted(fleet.allocations):
+        alloc = fleet.allocations[jid]
+        spread = len(fleet.racks_of(alloc))
+        avoid = {fleet.racks_of(alloc)[0], *rng.sample(racks, min(extra, len(racks)))}
+        if _room_elsewhere(fleet, alloc, avoid, spread):
+            continue
+        with fleet.trial():
+            fleet.release(jid)
+            job = alloc.job if spread > 1 else dataclasses.replace(alloc.job,
+                                                                   locality="required")
+            plan = place(fleet, job, exclude=avoid)
+            assert not (plan.placed and not set(plan.racks) & avoid
+                        and len(plan.racks) <= spread), (alloc, avoid)
