@@ -68,6 +68,7 @@ def defragment(
     restart_minutes: float = DEFAULT_RESTART_MINUTES,
     shapes: Mapping[int, float] | Sequence[JobRequest] | None = None,
     now: float | None = None,
+    figures: bool = True,
 ) -> DefragPlan:
     """Plan moves of preemptible jobs that make ``target`` (or the pending jobs) fit.
 
@@ -85,25 +86,27 @@ def defragment(
     4. The plan reports cost, the jobs it makes placeable, and fragmentation and whole
        free racks before and after. The fleet itself is not changed.
     With ``now`` (and ``Allocation.started_at``) a move costs the work really lost
-    since the job's last checkpoint, not the expected half interval.
+    since the job's last checkpoint, not the expected half interval. ``figures=False``
+    leaves out the fragmentation and free-rack figures (0 in the plan), for a caller
+    that only applies the moves (the simulator).
     """
     # Planned on the fleet itself: the trial undoes every move on the way out.
     with fleet.trial():
         return _plan(fleet, queue_order(pending_jobs), target, shapes, budget_gpu_hours,
-                     max_moves, restart_minutes, now)
+                     max_moves, restart_minutes, now, figures)
 
 
 def _plan(fleet: Fleet, pending: list[JobRequest], target: Target | None,
           shapes: Mapping[int, float] | Sequence[JobRequest] | None,
           budget_gpu_hours: float, max_moves: int | None, restart_minutes: float,
-          now: float | None) -> DefragPlan:
+          now: float | None, figures: bool) -> DefragPlan:
     """:func:`defragment`'s steps, on ``fleet`` under a trial: the figures of the
     fleet as it was are read before the first move."""
     work = fleet  # what the moves change (undone when the trial ends)
     shape_src: Mapping[int, float] | Sequence[JobRequest] | None = shapes or (
         pending or None)
-    frag_before = fragmentation(fleet, shape_src).fraction
-    racks_before = _whole_racks(fleet)
+    frag_before = fragmentation(fleet, shape_src).fraction if figures else 0.0
+    racks_before = _whole_racks(fleet) if figures or isinstance(target, FreeRacks) else 0
     placeable_before = {j.id for j in pending if place(work, _local(j)).placed}
     max_moves = math.inf if max_moves is None else max_moves
     moves: list[Move] = []
@@ -237,9 +240,9 @@ def _plan(fleet: Fleet, pending: list[JobRequest], target: Target | None,
         cost_gpu_hours=cost,
         jobs_made_placeable=made,
         fragmentation_before=frag_before,
-        fragmentation_after=fragmentation(work, shape_src).fraction,
+        fragmentation_after=fragmentation(work, shape_src).fraction if figures else 0.0,
         free_racks_before=racks_before,
-        free_racks_after=_whole_racks(work),
+        free_racks_after=_whole_racks(work) if figures else 0,
     )
 
 
@@ -270,14 +273,16 @@ def _best_rack(work: Fleet, nodes: int, gpn: int, targeted: set[str],
                clock: tuple[float, float | None], borrow: bool
                ) -> tuple[Rack, list[_Step], float] | None:
     pool = work.groups.get(gpn, []) if gpn else work.racks
-    racks = [r for r in pool if r.id not in targeted
-             and (r.healthy >= nodes if nodes >= 0 else r.free_count < r.healthy)]
+    racks = [r for r in pool if r.id not in targeted]
     racks.sort(key=lambda r: (_need(r, nodes, borrow), work.rack_pos[r.id]))
     best: tuple[Rack, list[_Step], float] | None = None
-    # The first racks whose preemptible occupants could free enough, counted only as
-    # far as needed (each trial below is undone before the next rack is counted).
+    # The first racks with the nodes and whose preemptible occupants could free
+    # enough, counted only as far as needed (each trial below is undone before the
+    # next rack is counted).
     for rack in itertools.islice((r for r in racks
-                                  if _freeable(work, r) >= _need(r, nodes, borrow)),
+                                  if (r.healthy >= nodes if nodes >= 0
+                                      else r.free_count < r.healthy)
+                                  and _freeable(work, r) >= _need(r, nodes, borrow)),
                                  CANDIDATE_RACKS):
         if _need(rack, nodes, borrow) == 0:
             return rack, [], 0.0

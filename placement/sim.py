@@ -531,7 +531,7 @@ class Simulation:
         st = blocked[0]
         self.defrag_tried[st.job.id] = now
         plan = defragment(self.fleet, [st.job], budget_gpu_hours=cfg.defrag_budget_gpu_hours,
-                          restart_minutes=cfg.restart_minutes, now=now)
+                          restart_minutes=cfg.restart_minutes, now=now, figures=False)
         if st.job.id not in plan.jobs_made_placeable:
             return
         for move in plan.moves:

@@ -80,6 +80,15 @@ def test_it_reports_fragmentation_before_and_after() -> None:
     assert data["moves"] and all(m["reason"] for m in data["moves"])
 
 
+def test_without_figures_it_plans_the_same_moves_and_reports_no_figures() -> None:
+    with_figures = defragment(_scattered(), [gang("wanted", 16)])
+    plan = defragment(_scattered(), [gang("wanted", 16)], figures=False)
+    assert with_figures.moves and with_figures.fragmentation_before > 0
+    assert plan.to_dict() == {**with_figures.to_dict(), "fragmentation_before": 0.0,
+                              "fragmentation_after": 0.0, "free_racks_before": 0,
+                              "free_racks_after": 0}
+
+
 def test_nothing_to_do_is_a_feasible_empty_plan() -> None:
     plan = defragment(Fleet.uniform(2), [gang("wanted", 16)])
     assert plan.feasible and plan.moves == []
