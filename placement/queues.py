@@ -216,16 +216,13 @@ class NodeEnds:
         changed = self.fleet.changed
         if not changed:
             return
-        racks: set[str] = set()
+        nodes, rack_ends = self.fleet.nodes, self.rack_ends
         for nid in changed:
             old = self.free_at[nid]
             new = self._compute(nid)
             if new != old:
                 _move(self.ends, old, new)
-                racks.add(self.fleet.nodes[nid].rack)
-        for rid in racks:
-            self.rack_ends[rid] = sorted(self.free_at[n.id]
-                                         for n in self.fleet.rack_by_id[rid].nodes)
+                _move(rack_ends[nodes[nid].rack], old, new)
         changed.clear()
 
 
