@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
-from placement.defrag import FreeRacks, RoomFor, defragment
+from placement.defrag import FreeRacks, RoomFor, _room_elsewhere, defragment
 from placement.model import Allocation, Fleet, JobRequest
 from placement.place import place
 from placement.testing import gang, occupy
@@ -231,3 +232,23 @@ def test_a_one_node_goal_honours_the_move_budget() -> None:
     fleet = _scattered_small()
     plan = defragment(fleet, [JobRequest("wanted", num_gpus=4)], max_moves=1)
     assert not plan.feasible and plan.moves == [] and "budget" in plan.reason
+
+
+def test_a_segmented_gang_needs_room_in_whole_segments_to_move_out() -> None:
+    # 8 nodes in segments of 4, on racks r000 and r003 (both avoided): r001 and r002
+    # have 6 + 2 idle nodes, enough nodes but room for one segment only.
+    fleet = Fleet.uniform(4)
+    occupy(fleet, "busy1", 1, list(range(12)))
+    occupy(fleet, "busy2", 2, list(range(16)))
+    r0, r3 = fleet.racks[0], fleet.racks[3]
+    nodes = {fleet.node_at(r.id, i).id: (0, 1, 2, 3) for r in (r0, r3) for i in range(4)}
+    seg = Allocation(JobRequest("seg", num_gpus=32, segment_nodes=4, locality="required"),
+                     nodes, [list(nodes)[:4], list(nodes)[4:]])
+    fleet.allocate(seg)
+    avoid = {r0.id, r3.id}
+    assert not _room_elsewhere(fleet, seg, avoid, 2)
+    with fleet.trial():
+        fleet.release("seg")
+        assert not place(fleet, seg.job, exclude=avoid).placed
+    whole = Allocation(dataclasses.replace(seg.job, segment_nodes=None), nodes, [list(nodes)])
+    assert _room_elsewhere(fleet, whole, avoid, 2)  # without segments 6 + 2 would do
