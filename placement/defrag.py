@@ -14,7 +14,7 @@ from placement.model import DRAINING, HEALTHY, REQUIRED, Allocation, Fleet, JobR
 from placement.place import place, queue_order
 from placement.plans import DefragPlan, Move
 from placement.policies.common import min_racks
-from placement.policies.rackwise import may_borrow
+from placement.policies.rackwise import idle_holds, may_borrow
 from placement.recover import DEFAULT_RESTART_MINUTES, restart_cost_gpu_hours
 
 CANDIDATE_RACKS = 8  # racks tried per goal, fewest nodes to clear first (speed bound)
@@ -391,8 +391,7 @@ def _room_elsewhere(work: Fleet, alloc: Allocation, avoid: set[str], k: int) -> 
             if rid not in avoid and rid not in freed:
                 idle.append(f)
                 others += 1
-        top = heapq.nlargest(k, idle)
-        if sum(top) >= n and (not seg or sum(f // seg for f in top) >= n // seg):
+        if idle_holds(heapq.nlargest(k, idle), n, seg):
             return True
     return False
 

@@ -97,10 +97,16 @@ def idle_room(fleet: Fleet, job: JobRequest, ctx: Context) -> bool:
         if not n or (seg and seg > size):
             continue
         top = index if spread else index[-min_racks(n, size, seg):]
-        if sum(f for f, _ in top) >= n and (
-                not seg or sum(f // seg for f, _ in top) >= n // seg):
+        if idle_holds([f for f, _ in top], n, seg):
             return True
     return False
+
+
+def idle_holds(idle: list[int], n: int, seg: int | None) -> bool:
+    """Do racks with these idle-node counts hold ``n`` nodes in whole segments of
+    ``seg``? A necessary condition for rackwise to place a gang on them (an offer is
+    at most a rack's idle count)."""
+    return sum(idle) >= n and (not seg or sum(f // seg for f in idle) >= n // seg)
 
 
 def may_borrow(rack: Rack, n: int, preemptible: bool) -> bool:
