@@ -14,14 +14,13 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from placement.defrag import defragment
 from placement.fragmentation import fragmentation
 from placement.model import FAILED, HEALTHY, Allocation, Fleet
 from placement.place import can_ever_fit
 from placement.policies.common import min_racks
-from placement.queues import Backfill, NodeEnds
+from placement.queues import NodeEnds
 from placement.recover import apply_recovery, recover
 from placement.sim_queue import QueuePasses
 from placement.sim_state import (
@@ -72,14 +71,15 @@ class Simulation(QueuePasses):
         self.seq = 0
         self.jobs: dict[str, JobState] = {}
         self.trace = trace
-        # Queue: jobs grouped by shape; within a group by (priority, submit, seq).
-        self.groups: dict[tuple[Any, ...], list[JobState]] = {}
-        self.blocked: set[tuple[Any, ...]] = set()
-        self.reserved: frozenset[str] = frozenset()
-        self.reserved_until: float | None = None
-        self.reserved_for: str | None = None
+        # The queue's state (its types: QueuePasses). Jobs grouped by shape; within a
+        # group by (priority, submit, seq).
+        self.groups = {}
+        self.blocked = set()
+        self.reserved = frozenset()
+        self.reserved_until = None
+        self.reserved_for = None
         self.queued = 0
-        self.running: set[str] = set()
+        self.running = set()
         self.unfinished = 0
         self.repairs_pending = 0
         self.arrivals_left = 0
@@ -95,14 +95,14 @@ class Simulation(QueuePasses):
         self.done = 0
         self.defrag_tried: dict[str, float] = {}
         # Queue-discipline state, dropped whenever capacity comes back (_freed).
-        self.bf: Backfill | None = None  # slurm-block: this cycle's reservations
-        self.node_ends: NodeEnds | None = None  # when nodes free up, kept across cycles
-        self.bf_last: tuple[float, float, int] | None = None  # last job it looked at
-        self.fresh: list[JobState] = []  # queued since the last pass
-        self.fifo_blocked: str | None = None  # kueue-tas: the head that does not fit
+        self.bf = None  # slurm-block: this cycle's reservations
+        self.node_ends = None  # when nodes free up, kept across cycles
+        self.bf_last = None  # last job it looked at
+        self.fresh = []  # queued since the last pass
+        self.fifo_blocked = None  # kueue-tas: the head that does not fit
         # Backfill's room tests by (shape, rack group): they read only the shape and
         # the racks' sizes, which never change.
-        self.room_tests: dict[tuple[Any, ...], Callable[[dict[str, int]], bool]] = {}
+        self.room_tests = {}
 
     # -- events -------------------------------------------------------------------------
 
