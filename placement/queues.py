@@ -59,6 +59,9 @@ def expansion_factor(waited: float, run: float, tau: float = 600.0) -> float:
 PolicyFn = Callable[[Fleet, JobRequest, list[Rack], Context], PlacementPlan]
 # (job, racks of one shape) -> test(idle nodes per rack id): could the policy place it?
 RoomFn = Callable[[JobRequest, list[Rack]], Callable[[dict[str, int]], bool]]
+# (fleet, gang, context) -> could the policy place it on the fleet's idle nodes? False
+# only when it certainly cannot (read from the fleet's indexes).
+IdleRoomFn = Callable[[Fleet, JobRequest, Context], bool]
 
 
 @dataclass(frozen=True)
@@ -233,8 +236,13 @@ class Backfill:
                  window_s: float = BF_WINDOW_S,
                  min_age_reserve_s: float = BF_MIN_AGE_RESERVE_S,
                  max_reservations: int = BF_MAX_RESERVATIONS,
-                 room: RoomFn | None = None, ends: NodeEnds | None = None) -> None:
+                 room: RoomFn | None = None, ends: NodeEnds | None = None,
+                 kept: dict[str, Hold] | None = None,
+                 idle_room: IdleRoomFn | None = None) -> None:
         self.fleet = fleet
+        # Job id -> the hold an earlier cycle made first, that this cycle's first
+        # reservation may reuse (see _reuse); kept up to date here, if given.
+        self.kept = kept
         self._shared = ends
         self.now = now
         self.fn = fn
@@ -243,6 +251,7 @@ class Backfill:
         self.min_age_reserve_s = min_age_reserve_s
         self.max_reservations = max_reservations
         self.room = room
+        self.idle_room = idle_room
         self._rack_ends: dict[str, list[float]] = {}
         self.holds: list[Hold] = []
         # Which holds overlap -> GPUs they hold per node (held_during); id of such a
@@ -300,8 +309,8 @@ class Backfill:
     def _try_start(self, job: JobRequest, duration: float) -> PlacementPlan:
         held = self.held_during(self.now, self.now + duration)
         groups = self.fleet.groups
-        if held and not any(job.is_small(gpn) for gpn in groups):
-            return self._start_around(job, held)  # (held is never empty for a gang)
+        if not any(job.is_small(gpn) for gpn in groups):
+            return self._start_around(job, held)
         if held:
             nodes = self.fleet.nodes
             touched = {nodes[nid].rack for nid in held}
@@ -315,8 +324,8 @@ class Backfill:
         """A gang's decision with the held nodes out of the fleet's idle sets for it
         (:meth:`Fleet.hold_back`): a gang takes idle nodes only, so it sees what a
         view without them would show, and the policy reads the fleet's indexes instead
-        of scanning views."""
-        slots = self._held_slots.get(id(held))
+        of scanning views. ``idle_room``, if given, is asked first."""
+        slots = self._held_slots.get(id(held)) if held else {}
         if slots is None:
             slots = {}
             for nid in held:
@@ -326,6 +335,8 @@ class Backfill:
         fleet = self.fleet
         taken = fleet.hold_back(slots)
         try:
+            if self.idle_room is not None and not self.idle_room(fleet, job, self.ctx):
+                return not_placed(job, self.name, "not enough idle nodes around the holds")
             return decide(fleet, job, self.fn, fleet.groups, self.ctx, self.name)
         finally:
             fleet.give_back(taken)
@@ -341,6 +352,8 @@ class Backfill:
 
     def started(self, job_id: str) -> None:
         """A job was allocated in this cycle: its nodes are busy until it ends."""
+        if self.kept is not None:
+            self.kept.pop(job_id, None)
         if self._free_at is None:
             return  # read from the fleet when first needed
         alloc = self.fleet.allocations[job_id]
@@ -408,6 +421,12 @@ class Backfill:
             return None
         if self.now - submit < self.min_age_reserve_s:
             return None
+        kept = self._reuse(job, duration)
+        if kept is not None:
+            self.holds.append(kept)
+            if key:
+                self._not_before[key] = (duration, kept.start)
+            return kept
         memo = (key, duration)
         if any(job.is_small(gpn) for gpn in self.fleet.groups):
             return self._reserve_small(job, duration, key)
@@ -481,12 +500,37 @@ class Backfill:
             if plan.placed:
                 hold = Hold(job.id, t, t + duration,
                             {nid: len(g) for nid, g in plan.nodes.items()})
+                if self.kept is not None and not self.holds:
+                    self.kept[job.id] = hold
                 self.holds.append(hold)
                 if key:
                     self._not_before[key] = (duration, t)
                 return hold
         self._no_start[memo] = len(self.holds)
         return None
+
+    def _reuse(self, job: JobRequest, duration: float) -> Hold | None:
+        """The job's kept hold, for this, the cycle's first reservation, if it is for
+        the same run, starts later than now, and is on nodes still healthy whose
+        running jobs all end by its start; one that is not is forgotten. The caller
+        keeps holds only while no capacity came back early (a failure, a requeue, a
+        repair, a move): running jobs then end when expected and new ones only take
+        nodes, so no earlier start has opened and the kept hold is still the earliest
+        (the nodes a fresh plan would pick may differ)."""
+        kept = self.kept.get(job.id) if self.kept is not None and not self.holds else None
+        if kept is None:
+            return None
+        good = kept.end == kept.start + duration and kept.start > self.now
+        nodes, allocs = self.fleet.nodes, self.fleet.allocations
+        for nid in kept.gpus if good else ():
+            node = nodes[nid]
+            ends = [allocs[j].expected_end for j in node.jobs]
+            if node.health != HEALTHY or any(e is None or e > kept.start for e in ends):
+                good = False
+                break
+        if not good:
+            del self.kept[job.id]
+        return kept if good else None
 
     def _first_room(self, block: tuple[list[str], int, int | None]) -> float:
         """The first time the running jobs' ends leave ``n`` idle nodes (in whole

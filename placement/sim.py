@@ -71,8 +71,9 @@ class Simulation(QueuePasses):
         self.seq = 0
         self.jobs: dict[str, JobState] = {}
         self.trace = trace
-        # The queue's state (its types: QueuePasses). Jobs grouped by shape; within a
-        # group by (priority, submit, seq).
+        # The queue's state (its types: QueuePasses). Queued jobs grouped by shape (a
+        # shape with none queued has no entry); within a group by (priority, submit,
+        # seq).
         self.groups = {}
         self.blocked = set()
         self.reserved = frozenset()
@@ -96,6 +97,7 @@ class Simulation(QueuePasses):
         self.defrag_tried: dict[str, float] = {}
         # Queue-discipline state, dropped whenever capacity comes back (_freed).
         self.bf = None  # slurm-block: this cycle's reservations
+        self.kept_holds = {}  # rackwise: reservations carried across cycles, by job
         self.node_ends = None  # when nodes free up, kept across cycles
         self.bf_last = None  # last job it looked at
         self.fresh = []  # queued since the last pass
@@ -205,7 +207,7 @@ class Simulation(QueuePasses):
         ``defrag_after_s`` per job (planning is not free)."""
         cfg = self.cfg
         assert cfg.defrag_after_s is not None
-        heads = [g[0] for g in self.groups.values() if g]
+        heads = [g[0] for g in self.groups.values()]
         blocked = sorted((st for st in heads if not st.job.is_small(cfg.gpus_per_node)
                           and now - st.submit >= cfg.defrag_after_s
                           and now - self.defrag_tried.get(st.job.id, -math.inf)
@@ -236,7 +238,7 @@ class Simulation(QueuePasses):
                 self.counts["rejected"] += 1
                 self.unfinished -= 1
                 st.end = None
-            group.clear()
+        self.groups.clear()
         self.queued = 0
 
     # -- job lifecycle -------------------------------------------------------------------
@@ -302,7 +304,7 @@ class Simulation(QueuePasses):
         st.remaining = 0.0
         self.unfinished -= 1
         self.done += 1
-        self._freed()
+        self._freed(early=False)
 
     def _charge(self, st: JobState, elapsed: float, saved: float | None,
                 cause: str = "failures") -> None:

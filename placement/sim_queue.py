@@ -17,7 +17,7 @@ from placement.policies import POLICIES
 from placement.policies.common import min_racks
 from placement.policies.rackwise import idle_room, rack_room
 from placement.policies.slurm_block import block_room
-from placement.queues import Backfill, NodeEnds, expansion_factor
+from placement.queues import Backfill, Hold, NodeEnds, expansion_factor
 from placement.sim_state import JobState, SimConfig
 
 
@@ -37,6 +37,7 @@ class QueuePasses:
     queued: int
     running: set[str]
     bf: Backfill | None
+    kept_holds: dict[str, Hold]
     node_ends: NodeEnds | None
     bf_last: tuple[float, float, int] | None
     fresh: list[JobState]
@@ -60,8 +61,12 @@ class QueuePasses:
         self.queued += 1
         self.fresh.append(st)
 
-    def _freed(self) -> None:
-        """Capacity came back: every shape may fit again; reservations are redone."""
+    def _freed(self, early: bool = True) -> None:
+        """Capacity came back: every shape may fit again; reservations are redone.
+        ``early``: sooner than the running jobs' expected ends said (anything but a
+        job completing), so rackwise's kept reservation may no longer be the earliest."""
+        if early:
+            self.kept_holds.clear()
         self.blocked.clear()
         self.reserved = frozenset()
         self.reserved_until = None
@@ -82,7 +87,7 @@ class QueuePasses:
     def _in_order(self, limit: int) -> list[JobState]:
         """The first ``limit`` queued jobs in queue order (groups are kept sorted)."""
         out: list[JobState] = []
-        for st in heapq.merge(*(g for g in self.groups.values() if g),
+        for st in heapq.merge(*self.groups.values(),
                               key=lambda s: s.order):
             out.append(st)
             if len(out) >= limit:
@@ -90,8 +95,11 @@ class QueuePasses:
         return out
 
     def _take(self, st: JobState) -> None:
-        group = self.groups[shape_key(st.job)]
+        key = shape_key(st.job)
+        group = self.groups[key]
         group.remove(st)
+        if not group:
+            del self.groups[key]  # only shapes with queued jobs: passes read them all
         self.queued -= 1
 
     def _expected_run(self, st: JobState) -> float:
@@ -129,7 +137,14 @@ class QueuePasses:
                                min_age_reserve_s=age,
                                max_reservations=(cfg.rackwise_max_reservations if rackwise
                                                  else cfg.bf_max_reservations),
-                               room=self._room, ends=self.node_ends)
+                               room=self._room, ends=self.node_ends,
+                               # rackwise keeps a gang's reservation from cycle to
+                               # cycle while it stays the earliest (see
+                               # Backfill._holds_good): its racks do not change under
+                               # it at every completion, nor is it planned again.
+                               kept=(self.kept_holds if rackwise
+                                     and cfg.rackwise_keep_reservations else None),
+                               idle_room=idle_room if rackwise else None)
             if lxf:
                 tau = cfg.rackwise_lxf_tau_s
                 todo = sorted((st for g in self.groups.values() for st in g),
@@ -156,8 +171,7 @@ class QueuePasses:
                 if job.is_small(gpn):
                     hopeless = not idle_total and max_partial < job.num_gpus
                 else:
-                    hopeless = job.nodes_needed(gpn) > idle_total or (
-                        rackwise and not idle_room(fleet, job, bf.ctx))
+                    hopeless = job.nodes_needed(gpn) > idle_total
                 plan = None if hopeless else bf.try_start(job, run)
                 if plan is not None and plan.placed and self._spans(job, len(plan.racks)):
                     # Spread over more racks than it needs, it runs slower: it must
@@ -198,7 +212,7 @@ class QueuePasses:
         it, even ones that would fit (kueue.sigs.k8s.io, Cluster Queue, "Queueing
         strategy")."""
         while self.queued:
-            heads = [g[0] for g in self.groups.values() if g]
+            heads = [g[0] for g in self.groups.values()]
             st = min(heads, key=lambda s: s.order)
             if self.fifo_blocked == st.job.id:
                 return  # nothing came back since it last failed
@@ -212,7 +226,7 @@ class QueuePasses:
     def _pass_greedy(self, now: float) -> None:
         """Best-effort FIFO: any job that fits starts (first-fit, random,
         slurm-block-greedy; rackwise adds its look-ahead reservation)."""
-        heap = [(g[0].order, k) for k, g in self.groups.items() if g and k not in self.blocked]
+        heap = [(g[0].order, k) for k, g in self.groups.items() if k not in self.blocked]
         if not heap:
             return
         heapq.heapify(heap)
@@ -240,8 +254,7 @@ class QueuePasses:
                 self.blocked.add(key)
                 self._maybe_reserve(job, now)
                 continue
-            group.pop(0)
-            self.queued -= 1
+            self._take(st)
             released = self.reserved_for == job.id
             if released:
                 self.reserved, self.reserved_for = frozenset(), None

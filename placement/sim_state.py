@@ -60,6 +60,9 @@ class SimConfig:
     rackwise_order: str = "lxf"  # or "fifo"; lxf: largest expansion factor first
     rackwise_lxf_tau_s: float = 600.0  # the expansion factor's bound on run time
     rackwise_max_reservations: int = RACKWISE_MAX_RESERVATIONS
+    # Keep a gang's reservation across cycles while it is still the earliest (False:
+    # planned again every cycle, as Slurm's backfill does).
+    rackwise_keep_reservations: bool = True
     lookahead: bool = True
     reserve_after_s: float = RESERVE_AFTER_S
     # rackwise defragmentation (None = off): a gang blocked this long gets a defrag

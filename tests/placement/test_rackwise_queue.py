@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from placement.model import JobRequest
 from placement.queues import expansion_factor
-from placement.sim import SimConfig, Simulation
+from placement.sim import FAIL, SimConfig, Simulation
 from placement.trace import TraceJob
 
 QUIET = dict(racks=1, node_mtbf_hours=0.0, defrag_after_s=None)
@@ -82,3 +82,68 @@ def test_a_preemptible_gang_is_not_held_back_by_a_blocked_non_preemptible_one() 
     starts = _starts(trace)
     assert starts["P"] == 1
     assert starts["N"] == 1000
+
+
+class _Recorder(Simulation):
+    """Records the holds of each backfill cycle (a cycle goes on over passes that only
+    add arrivals), with the time it began."""
+
+    def __init__(self, *a: object, **k: object) -> None:
+        super().__init__(*a, **k)  # type: ignore[arg-type]
+        self.seen: list[tuple[float, list[object]]] = []
+        self._cycle: object = None
+
+    def _pass(self, now: float) -> None:
+        super()._pass(now)
+        if self.bf is not None and self.bf.holds:
+            if self.bf is not self._cycle:
+                self._cycle = self.bf
+                self.seen.append((now, []))
+            self.seen[-1] = (self.seen[-1][0], list(self.bf.holds))
+
+
+# A holds 10 nodes until 1000, E 4 until 400, D 4 until 302: the rack is full. B needs
+# all 18 nodes: reserved for 1000 when D (behind it, ending before then) starts at 2.
+# At 302 D ends and G (behind B, ending by 802) starts: B's hold is needed again.
+KEEP_TRACE = [_job("A", 10, 0, 1000), _job("E", 4, 0, 400), _job("B", 18, 1, 500),
+              _job("D", 4, 2, 300), _job("G", 4, 300, 500)]
+
+
+def _holds(trace: list[TraceJob], **cfg: object) -> _Recorder:
+    sim = _Recorder(trace, "rackwise", SimConfig(**{**QUIET, **cfg}))  # type: ignore[arg-type]
+    sim.run()
+    return sim
+
+
+def test_a_gangs_reservation_is_kept_across_completions() -> None:
+    sim = _holds(KEEP_TRACE)
+    mine = [(t, h) for t, hs in sim.seen for h in hs if h.job_id == "B"]  # type: ignore[attr-defined]
+    assert [t for t, _ in mine] == [2, 302]
+    assert mine[0][1] is mine[1][1]  # the same hold, not planned again
+    assert sim.jobs["B"].first_start == 1000 and sim.jobs["G"].first_start == 302
+    # Planned again every cycle (Slurm's way), it is an equal hold made anew.
+    again = [h for _, hs in _holds(KEEP_TRACE, rackwise_keep_reservations=False).seen
+             for h in hs]
+    assert len(again) == 2 and again[0] is not again[1] and again[0] == again[1]
+
+
+class _FailA(_Recorder):
+    """Fails a node of job A when the pushed FAIL event comes."""
+
+    def _fail(self, t: float) -> None:
+        self.node_ids = sorted(self.fleet.allocations["A"].nodes)[:1]
+        super()._fail(t)
+
+
+def test_a_kept_reservation_is_dropped_when_capacity_comes_back_early() -> None:
+    # A node of A fails at 200 and is back at 236; A is requeued, its nodes free long
+    # before 1000. At 302 (D ends) B's earliest start is 400, when E ends: planned
+    # again, B is reserved for then, and G (which would run past 400) waits. Kept, the
+    # hold for 1000 would have let G start and B wait until 1000.
+    sim = _FailA(KEEP_TRACE, "rackwise", SimConfig(**{**QUIET, "node_mtbf_hours": 1e12,  # type: ignore[arg-type]
+                                                      "repair_hours": 0.01}))
+    sim.push(200.0, FAIL, "")
+    sim.run()
+    assert sim.counts["requeues"] == 1 and sim.jobs["A"].restarts == 1
+    assert sim.jobs["B"].first_start == 400
+    assert sim.jobs["G"].first_start is not None and sim.jobs["G"].first_start >= 900
