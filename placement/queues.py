@@ -309,7 +309,7 @@ class Backfill:
     def _try_start(self, job: JobRequest, duration: float) -> PlacementPlan:
         held = self.held_during(self.now, self.now + duration)
         groups = self.fleet.groups
-        if not any(job.is_small(gpn) for gpn in groups):
+        if held and not any(job.is_small(gpn) for gpn in groups):
             return self._start_around(job, held)
         if held:
             nodes = self.fleet.nodes
@@ -325,7 +325,7 @@ class Backfill:
         (:meth:`Fleet.hold_back`): a gang takes idle nodes only, so it sees what a
         view without them would show, and the policy reads the fleet's indexes instead
         of scanning views. ``idle_room``, if given, is asked first."""
-        slots = self._held_slots.get(id(held)) if held else {}
+        slots = self._held_slots.get(id(held))
         if slots is None:
             slots = {}
             for nid in held:
@@ -336,7 +336,7 @@ class Backfill:
         taken = fleet.hold_back(slots)
         try:
             if self.idle_room is not None and not self.idle_room(fleet, job, self.ctx):
-                return not_placed(job, self.name, "not enough idle nodes around the holds")
+                return not_placed(job, self.name, "not enough idle nodes besides the held")
             return decide(fleet, job, self.fn, fleet.groups, self.ctx, self.name)
         finally:
             fleet.give_back(taken)

@@ -171,7 +171,8 @@ class QueuePasses:
                 if job.is_small(gpn):
                     hopeless = not idle_total and max_partial < job.num_gpus
                 else:
-                    hopeless = job.nodes_needed(gpn) > idle_total
+                    hopeless = job.nodes_needed(gpn) > idle_total or (
+                        rackwise and not idle_room(fleet, job, bf.ctx))
                 plan = None if hopeless else bf.try_start(job, run)
                 if plan is not None and plan.placed and self._spans(job, len(plan.racks)):
                     # Spread over more racks than it needs, it runs slower: it must
