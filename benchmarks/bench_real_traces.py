@@ -24,8 +24,8 @@ their geometric means are printed as Markdown.
 
 ``--quick``: seed 0 and MTBF 2,000 h only, the first 5,000 jobs of each trace
 (16-40 s on the shared 2-core machine). The full run takes 4-13 min on 2 cores
-(215 s in the latest run; its longest replay, itp07 x4 high under slurm-block's
-backfill, 15 s). Cells run in parallel (``--workers``, default 2).
+(253 s in the latest run, 2026-12-03; its longest replay, itp07 x4 high under
+slurm-block's backfill, 18 s). Cells run in parallel (``--workers``, default 2).
 """
 
 from __future__ import annotations

@@ -15,7 +15,10 @@ slurm.conf(5) ``SchedulerParameters``), as the simulator models it:
    then (a gang's nodes whole, a single-node job's GPUs on one node). They are held
    for ``[start, start + expected run)``.
 4. Reservations are recomputed from scratch on every cycle (Slurm's backfill does the
-   same: each cycle starts from the running jobs and plans the queue again).
+   same: each cycle starts from the running jobs and plans the queue again). Given
+   ``kept``, the cycle's first reservation may instead be a hold an earlier cycle
+   made for the same job, while it is still the earliest (:meth:`Backfill._reuse`;
+   rackwise's queue in the simulator does this, slurm-block does not).
 5. A reservation is made when first needed (``reserve_later``): when a job behind it
    could start around the holds made so far. Placement is monotone in the free nodes,
    so a job that cannot start around fewer holds cannot around more, and every start
