@@ -140,7 +140,7 @@ class QueuePasses:
                                room=self._room, ends=self.node_ends,
                                # rackwise keeps a gang's reservation from cycle to
                                # cycle while it stays the earliest (see
-                               # Backfill._holds_good): its racks do not change under
+                               # Backfill._reuse): its racks do not change under
                                # it at every completion, nor is it planned again.
                                kept=(self.kept_holds if rackwise
                                      and cfg.rackwise_keep_reservations else None),
