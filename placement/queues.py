@@ -176,6 +176,13 @@ def _distinct(values: Iterator[float]) -> Iterator[float]:
             yield v
 
 
+def jobs_on(fleet: Fleet, node: Node) -> list[tuple[float, int]]:
+    """(expected end, GPUs held) of each job running on ``node`` (None: never ends)."""
+    allocs = fleet.allocations
+    return [(math.inf if allocs[j].expected_end is None else allocs[j].expected_end,
+             len(allocs[j].nodes[node.id])) for j in node.jobs]
+
+
 def _move(ends: list[float], old: float, new: float) -> None:
     """Replace one ``old`` by ``new`` in the sorted list ``ends``."""
     del ends[bisect.bisect_left(ends, old)]
@@ -185,15 +192,13 @@ def _move(ends: list[float], old: float, new: float) -> None:
 class NodeEnds:
     """When each node is free of its running jobs (their ``expected_end``; None:
     never), for backfill to plan with: ``free_at`` per node (-inf: idle now, inf:
-    not healthy), the (end, GPUs) of each node's jobs, every free_at sorted, and
-    each rack's sorted. Built once; with ``track`` the fleet records the nodes it
+    not healthy), every free_at sorted, and each rack's sorted. Built once; with ``track`` the fleet records the nodes it
     changes (``Fleet.changed``) and :meth:`refresh` recomputes only those, so a
     simulator does not rebuild the whole fleet's ends for every backfill cycle."""
 
     def __init__(self, fleet: Fleet, *, track: bool = True) -> None:
         self.fleet = fleet
         self.free_at: dict[str, float] = {}
-        self.node_jobs: dict[str, list[tuple[float, int]]] = {}
         for nid in fleet.nodes:
             self._compute(nid)
         self.ends = sorted(self.free_at.values())
@@ -205,15 +210,10 @@ class NodeEnds:
     def _compute(self, nid: str) -> float:
         node = self.fleet.nodes[nid]
         if node.health != HEALTHY or not node.used:
-            self.node_jobs.pop(nid, None)
             # Back from repair: not planned on; idle: free at any time from now.
             at = math.inf if node.health != HEALTHY else -math.inf
         else:
-            allocs = self.fleet.allocations
-            jobs = [(math.inf if allocs[j].expected_end is None else allocs[j].expected_end,
-                     len(allocs[j].nodes[nid])) for j in node.jobs]
-            self.node_jobs[nid] = jobs  # type: ignore[assignment]
-            at = max(e for e, _ in jobs)  # type: ignore[type-var]
+            at = max(e for e, _ in jobs_on(self.fleet, node))
         self.free_at[nid] = at
         return at
 
@@ -264,7 +264,6 @@ class Backfill:
         self.ctx = Context(now=now)
         self._free_at: dict[str, float] | None = None
         self._ends: list[float] = []
-        self._node_jobs: dict[str, list[tuple[float, int]]] = {}  # node -> (end, GPUs)
         # GPUs -> (time the running jobs leave that many free, group position, node),
         # sorted, for single-node reservations; dropped when a job starts.
         self._small_ready: dict[int, list[tuple[float, int, Node]]] = {}
@@ -362,8 +361,7 @@ class Backfill:
         alloc = self.fleet.allocations[job_id]
         end = math.inf if alloc.expected_end is None else alloc.expected_end
         racks: set[str] = set()
-        for nid, gpus in alloc.nodes.items():
-            self._node_jobs.setdefault(nid, []).append((end, len(gpus)))
+        for nid in alloc.nodes:
             old = self._free_at[nid]
             if end > old:
                 _move(self._ends, old, end)
@@ -385,7 +383,7 @@ class Backfill:
         if self._free_at is None:
             ends = self._shared or NodeEnds(self.fleet, track=False)
             ends.refresh()
-            self._free_at, self._node_jobs = ends.free_at, ends.node_jobs
+            self._free_at = ends.free_at
             self._ends, self._rack_ends = ends.ends, ends.rack_ends
         return self._free_at
 
@@ -589,7 +587,7 @@ class Backfill:
             node = self.fleet.nodes[nid]
             if node.health != HEALTHY or node.gpus < g:
                 continue
-            jobs = sorted(self._node_jobs.get(nid, [])) if node.used else []
+            jobs = sorted(jobs_on(self.fleet, node))
             used = sum(x for _, x in jobs)
             ready = self.now
             for end, x in jobs:
@@ -648,7 +646,7 @@ class Backfill:
             pos = self._node_pos.get(nid)
             if pos is None or node.health != HEALTHY or node.gpus < g:
                 continue
-            jobs = self._node_jobs.get(nid, []) if node.used else []
+            jobs = jobs_on(self.fleet, node)
             cands = sorted({earliest} | {e for e, _ in jobs if earliest < e <= horizon}
                            | {e for _, e, _ in holds if earliest < e <= horizon})
             for t in cands:
