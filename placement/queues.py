@@ -192,9 +192,10 @@ def _move(ends: list[float], old: float, new: float) -> None:
 class NodeEnds:
     """When each node is free of its running jobs (their ``expected_end``; None:
     never), for backfill to plan with: ``free_at`` per node (-inf: idle now, inf:
-    not healthy), every free_at sorted, and each rack's sorted. Built once; with ``track`` the fleet records the nodes it
-    changes (``Fleet.changed``) and :meth:`refresh` recomputes only those, so a
-    simulator does not rebuild the whole fleet's ends for every backfill cycle."""
+    not healthy), every free_at sorted, and each rack's sorted. Built once; with
+    ``track`` the fleet records the nodes it changes (``Fleet.changed``) and
+    :meth:`refresh` recomputes only those, so a simulator does not rebuild the whole
+    fleet's ends for every backfill cycle."""
 
     def __init__(self, fleet: Fleet, *, track: bool = True) -> None:
         self.fleet = fleet
@@ -521,17 +522,16 @@ class Backfill:
         kept = self.kept.get(job.id) if self.kept is not None and not self.holds else None
         if kept is None:
             return None
-        good = kept.end == kept.start + duration and kept.start > self.now
-        nodes, allocs = self.fleet.nodes, self.fleet.allocations
-        for nid in kept.gpus if good else ():
-            node = nodes[nid]
-            ends = [allocs[j].expected_end for j in node.jobs]
-            if node.health != HEALTHY or any(e is None or e > kept.start for e in ends):
-                good = False
-                break
-        if not good:
-            del self.kept[job.id]
-        return kept if good else None
+        if (kept.end == kept.start + duration and kept.start > self.now
+                and all(self._free_by(nid, kept.start) for nid in kept.gpus)):
+            return kept
+        del self.kept[job.id]
+        return None
+
+    def _free_by(self, nid: str, t: float) -> bool:
+        """Is the node healthy, with every job running on it expected to end by ``t``?"""
+        node = self.fleet.nodes[nid]
+        return node.health == HEALTHY and all(e <= t for e, _ in jobs_on(self.fleet, node))
 
     def _first_room(self, block: tuple[list[str], int, int | None]) -> float:
         """The first time the running jobs' ends leave ``n`` idle nodes (in whole

@@ -4,7 +4,7 @@ expansion factor (placement/queues.py, ``expansion_factor``)."""
 from __future__ import annotations
 
 from placement.model import JobRequest
-from placement.queues import expansion_factor
+from placement.queues import Hold, expansion_factor
 from placement.sim import FAIL, SimConfig, Simulation
 from placement.trace import TraceJob
 
@@ -90,7 +90,7 @@ class _Recorder(Simulation):
 
     def __init__(self, *a: object, **k: object) -> None:
         super().__init__(*a, **k)  # type: ignore[arg-type]
-        self.seen: list[tuple[float, list[object]]] = []
+        self.seen: list[tuple[float, list[Hold]]] = []
         self._cycle: object = None
 
     def _pass(self, now: float) -> None:
@@ -117,7 +117,7 @@ def _holds(trace: list[TraceJob], **cfg: object) -> _Recorder:
 
 def test_a_gangs_reservation_is_kept_across_completions() -> None:
     sim = _holds(KEEP_TRACE)
-    mine = [(t, h) for t, hs in sim.seen for h in hs if h.job_id == "B"]  # type: ignore[attr-defined]
+    mine = [(t, h) for t, hs in sim.seen for h in hs if h.job_id == "B"]
     assert [t for t, _ in mine] == [2, 302]
     assert mine[0][1] is mine[1][1]  # the same hold, not planned again
     assert sim.jobs["B"].first_start == 1000 and sim.jobs["G"].first_start == 302
