@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.test import Client
 
@@ -19,6 +18,7 @@ from fleet.choices import ActionKind
 from fleet.models import Action, Node
 from fleet.services import actions as action_services
 from fleet.services.jobs import JobSpec, submit_job
+from tests.sockets import run_socket_test
 from tests.support import page_html
 
 SECRETS = ("vision-secret", "host-of-vision", "why-vision")  # what tenant llm must never read
@@ -176,7 +176,7 @@ def _action_events(user, ids: list[int]) -> dict[int, dict]:
         await communicator.disconnect()
         return got
 
-    return async_to_sync(run)()
+    return run_socket_test(run)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -4,7 +4,6 @@ Redis channel layer."""
 from __future__ import annotations
 
 import pytest
-from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
@@ -14,6 +13,7 @@ from fleet.models import Node
 from fleet.services import nodes as node_services
 from fleet.services.jobs import JobSpec, apply_placement, submit_job
 from rackwise.asgi import application
+from tests.sockets import run_socket_test
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -48,7 +48,7 @@ def test_an_anonymous_socket_is_refused():
         _, connected, code = await _connect(headers)
         assert (connected, code) == (False, 4401)
 
-    async_to_sync(run)()
+    run_socket_test(run)
 
 
 def test_a_user_without_a_role_is_refused(outsider):
@@ -58,7 +58,7 @@ def test_a_user_without_a_role_is_refused(outsider):
         _, connected, code = await _connect(headers)
         assert (connected, code) == (False, 4403)
 
-    async_to_sync(run)()
+    run_socket_test(run)
 
 
 def test_rack_events_arrive_in_version_order_with_the_new_cell_state(fleet, viewer, operator):
@@ -79,7 +79,7 @@ def test_rack_events_arrive_in_version_order_with_the_new_cell_state(fleet, view
         await communicator.disconnect()
         return start, seen
 
-    start, seen = async_to_sync(run)()
+    start, seen = run_socket_test(run)
     assert [e["version"] for e in seen] == [start + 1, start + 2, start + 3]
     last = seen[-1]
     assert last["rack"] == rack.pk and len(last["nodes"]) == 18
@@ -112,7 +112,7 @@ def test_a_submitter_sees_other_tenants_jobs_on_the_grid_only_as_ids(fleet, subm
         job_event = [e for e in events if e["type"] == "job"][-1]
         return job, event, job_event
 
-    job, event, job_event = async_to_sync(run)()
+    job, event, job_event = run_socket_test(run)
     assert job_event["job"]["state"] == "placed"
     cells = {n[0]: n[4] for n in event["nodes"]}
     assert cells[node.pk] == [["ok", job.pk]] * 4

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
@@ -21,6 +20,7 @@ from django.test import Client
 from fleet.models import Node
 from fleet.services import nodes as node_services
 from rackwise.asgi import application
+from tests.sockets import run_socket_test
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -65,7 +65,7 @@ def test_an_idle_socket_still_answers_a_ping_and_gets_rack_events_after_30_s(fle
         await communicator.disconnect()
         return event
 
-    event = async_to_sync(run)()
+    event = run_socket_test(run)
     assert event["rack"] == rack.pk
     states = {n[0]: n[3] for n in event["nodes"]}
     assert states[node.pk] == "drained"

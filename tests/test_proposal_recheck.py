@@ -10,7 +10,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
@@ -27,6 +26,7 @@ from fleet.services.errors import Conflict
 from fleet.services.jobs import JobSpec, apply_placement, finish_job, start_job, submit_job
 from fleet.services.recovery import plan_recovery
 from rackwise.asgi import application
+from tests.sockets import run_socket_test
 from tests.support import InstantAdapter, nodes_of, wait_for, workers
 from tests.webhook_receiver import subscribe
 
@@ -99,7 +99,7 @@ def _action_events_during(user, change, action_id: int, state: str) -> list[dict
         await communicator.disconnect()
         return seen
 
-    return async_to_sync(run)()
+    return run_socket_test(run)
 
 
 def _finished_deliveries(action_id: int) -> list[dict]:

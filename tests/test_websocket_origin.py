@@ -4,12 +4,12 @@ connection's own origin, or with CSRF_TRUSTED_ORIGINS (not just the host name)."
 from __future__ import annotations
 
 import pytest
-from asgiref.sync import async_to_sync
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
 from django.test import Client
 
 from rackwise.asgi import application
+from tests.sockets import run_socket_test
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -32,7 +32,7 @@ def _connects(headers) -> bool:
         await communicator.disconnect()
         return connected
 
-    return async_to_sync(run)()
+    return run_socket_test(run)
 
 
 @pytest.mark.parametrize(
