@@ -522,16 +522,18 @@ class Backfill:
         kept = self.kept.get(job.id) if self.kept is not None and not self.holds else None
         if kept is None:
             return None
-        if (kept.end == kept.start + duration and kept.start > self.now
-                and all(self._free_by(nid, kept.start) for nid in kept.gpus)):
-            return kept
+        if kept.end == kept.start + duration and kept.start > self.now:
+            nodes, allocs, start = self.fleet.nodes, self.fleet.allocations, kept.start
+            for nid in kept.gpus:
+                node = nodes[nid]
+                if node.health != HEALTHY or any(
+                        (end := allocs[j].expected_end) is None or end > start
+                        for j in node.jobs):
+                    break
+            else:
+                return kept
         del self.kept[job.id]
         return None
-
-    def _free_by(self, nid: str, t: float) -> bool:
-        """Is the node healthy, with every job running on it expected to end by ``t``?"""
-        node = self.fleet.nodes[nid]
-        return node.health == HEALTHY and all(e <= t for e, _ in jobs_on(self.fleet, node))
 
     def _first_room(self, block: tuple[list[str], int, int | None]) -> float:
         """The first time the running jobs' ends leave ``n`` idle nodes (in whole
