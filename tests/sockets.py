@@ -23,26 +23,22 @@ T = TypeVar("T")
 
 async def stop_leftovers(rounds: int = 3, wait_s: float = 2.0) -> None:
     """Cancel every other task on this loop and wait for them, again while any is
-    left; then close the channel layer's connections (a read in flight fails) and
-    give them one more wait. Raises if a task still runs."""
+    left; before the last try, close the channel layer's connections (a read in
+    flight fails). Raises if a task still runs."""
     me = asyncio.current_task()
 
     def left() -> list[asyncio.Task]:
         return [t for t in asyncio.all_tasks() if t is not me and not t.done()]
 
-    for _ in range(rounds):
+    for attempt in range(rounds + 1):
         tasks = left()
         if not tasks:
             return
+        if attempt == rounds:
+            await get_channel_layer().close_pools()
         for task in tasks:
             task.cancel()
         await asyncio.wait(tasks, timeout=wait_s)
-    if left():
-        await get_channel_layer().close_pools()
-        for task in left():
-            task.cancel()
-        if left():
-            await asyncio.wait(left(), timeout=wait_s)
     if left():
         raise AssertionError(f"{len(left())} task(s) of the ASGI app would not stop: {left()}")
 
