@@ -42,6 +42,7 @@ from typing import Any
 from placement.model import HEALTHY, Fleet, JobRequest, Node, Rack
 from placement.plans import PlacementPlan, not_placed
 from placement.policies.common import Context
+from placement.timeline import HeldView, LaterView, NodeEnds, jobs_on, replace_sorted
 
 # slurm.conf(5), SchedulerParameters: bf_window=1440 (minutes), bf_min_age_reserve=0 (s).
 BF_WINDOW_S = 1440 * 60.0
@@ -82,73 +83,6 @@ class Hold:
         object.__setattr__(self, "nodes", frozenset(self.gpus))
 
 
-class _View:
-    """A rack as a placement policy sees it, with some nodes taken out (held, or busy
-    at the time being planned). Duck-types the parts of Rack the policies read."""
-
-    __slots__ = ("free", "gpus_per_node", "id", "lent_nodes", "node_ids", "nodes", "size",
-                 "spare_nodes")
-
-    def __init__(self, rack: Rack, free: set[int], nodes: list[Node]) -> None:
-        self.id = rack.id
-        self.size = rack.size
-        self.spare_nodes = rack.spare_nodes
-        self.lent_nodes = rack.lent_nodes
-        self.gpus_per_node = rack.gpus_per_node
-        self.free = free
-        self.nodes = nodes
-        self.node_ids = {n.id for n in nodes}
-
-    @property
-    def free_count(self) -> int:
-        return len(self.free)
-
-    unlent_spares = Rack.unlent_spares
-    slice_offer = Rack.slice_offer
-
-
-class _LaterView:
-    """A rack as it will be at ``t``: its nodes free by then that no reservation
-    holds. Their count is known from the node ends; which nodes they are is worked
-    out only when a policy asks (for the racks it picks), since a decision over a
-    whole shape group reads every rack's count but only a few racks' nodes."""
-
-    __slots__ = ("_free", "_free_at", "_held", "_nodes", "_rack", "_t", "free_count",
-                 "gpus_per_node", "id", "lent_nodes", "size", "spare_nodes")
-
-    def __init__(self, rack: Rack, count: int, free_at: dict[str, float], t: float,
-                 held: set[str]) -> None:
-        self.id = rack.id
-        self.size = rack.size
-        self.spare_nodes = rack.spare_nodes
-        self.lent_nodes = rack.lent_nodes
-        self.gpus_per_node = rack.gpus_per_node
-        self.free_count = count
-        self._rack, self._free_at, self._t, self._held = rack, free_at, t, held
-        self._nodes: list[Node] | None = None if count else []
-        self._free: set[int] | None = None
-
-    @property
-    def nodes(self) -> list[Node]:
-        if self._nodes is None:
-            self._nodes = [n for n in self._rack.nodes
-                           if self._free_at[n.id] <= self._t and n.id not in self._held]
-        return self._nodes
-
-    @property
-    def free(self) -> set[int]:
-        if self._free is None:
-            self._free = {n.index for n in self.nodes}
-        return self._free
-
-    @property
-    def node_ids(self) -> set[str]:
-        return {n.id for n in self.nodes}
-
-    unlent_spares = Rack.unlent_spares
-    slice_offer = Rack.slice_offer
-
-
 def decide(fleet: Fleet, job: JobRequest, fn: PolicyFn, racks_by_gpn: dict[int, list[Any]],
            ctx: Context, name: str) -> PlacementPlan:
     """``fn`` over each rack shape (as :func:`placement.place.place` does); the plan
@@ -174,63 +108,6 @@ def _distinct(values: Iterator[float]) -> Iterator[float]:
         if v != last:
             last = v
             yield v
-
-
-def jobs_on(fleet: Fleet, node: Node) -> list[tuple[float, int]]:
-    """(expected end, GPUs held) of each job running on ``node`` (None: never ends)."""
-    allocs = fleet.allocations
-    return [(math.inf if allocs[j].expected_end is None else allocs[j].expected_end,
-             len(allocs[j].nodes[node.id])) for j in node.jobs]
-
-
-def _move(ends: list[float], old: float, new: float) -> None:
-    """Replace one ``old`` by ``new`` in the sorted list ``ends``."""
-    del ends[bisect.bisect_left(ends, old)]
-    bisect.insort(ends, new)
-
-
-class NodeEnds:
-    """When each node is free of its running jobs (their ``expected_end``; None:
-    never), for backfill to plan with: ``free_at`` per node (-inf: idle now, inf:
-    not healthy), every free_at sorted, and each rack's sorted. Built once; with
-    ``track`` the fleet records the nodes it changes (``Fleet.changed``) and
-    :meth:`refresh` recomputes only those, so a simulator does not rebuild the whole
-    fleet's ends for every backfill cycle."""
-
-    def __init__(self, fleet: Fleet, *, track: bool = True) -> None:
-        self.fleet = fleet
-        self.free_at: dict[str, float] = {}
-        for nid in fleet.nodes:
-            self._compute(nid)
-        self.ends = sorted(self.free_at.values())
-        self.rack_ends = {r.id: sorted(self.free_at[n.id] for n in r.nodes)
-                          for r in fleet.racks}
-        if track:
-            fleet.changed = set()
-
-    def _compute(self, nid: str) -> float:
-        node = self.fleet.nodes[nid]
-        if node.health != HEALTHY or not node.used:
-            # Back from repair: not planned on; idle: free at any time from now.
-            at = math.inf if node.health != HEALTHY else -math.inf
-        else:
-            at = max(e for e, _ in jobs_on(self.fleet, node))
-        self.free_at[nid] = at
-        return at
-
-    def refresh(self) -> None:
-        """Recompute the nodes the fleet changed since the last refresh."""
-        changed = self.fleet.changed
-        if not changed:
-            return
-        nodes, rack_ends = self.fleet.nodes, self.rack_ends
-        for nid in changed:
-            old = self.free_at[nid]
-            new = self._compute(nid)
-            if new != old:
-                _move(self.ends, old, new)
-                _move(rack_ends[nodes[nid].rack], old, new)
-        changed.clear()
 
 
 class Backfill:
@@ -345,12 +222,12 @@ class Backfill:
             fleet.give_back(taken)
 
     @staticmethod
-    def _now_view(rack: Rack, held: dict[str, int], small: int | None) -> _View:
+    def _now_view(rack: Rack, held: dict[str, int], small: int | None) -> HeldView:
         # A gang may not use a node with any reservation on it; a single-node job may
         # use the GPUs the reservations leave.
         nodes = [n for n in rack.nodes if n.id not in held
                  or (small is not None and n.free_gpus - held[n.id] >= small)]
-        return _View(rack, {n.index for n in nodes
+        return HeldView(rack, {n.index for n in nodes
                             if n.index in rack.free and n.id not in held}, nodes)
 
     def started(self, job_id: str) -> None:
@@ -365,7 +242,7 @@ class Backfill:
         for nid in alloc.nodes:
             old = self._free_at[nid]
             if end > old:
-                _move(self._ends, old, end)
+                replace_sorted(self._ends, old, end)
                 self._free_at[nid] = end
                 racks.add(self.fleet.nodes[nid].rack)
         self._small_ready.clear()
@@ -464,7 +341,7 @@ class Backfill:
         times = _distinct(heapq.merge(
             (ends[i] for i in range(lo, bisect.bisect_right(ends, horizon))),
             sorted({h.end for h in self.holds if earliest < h.end <= horizon})))
-        views_at: dict[tuple[str, int], _LaterView] = {}  # see below
+        views_at: dict[tuple[str, int], LaterView] = {}  # see below
         for t in times:
             # Cheap bounds first: enough nodes idle by then (in one block of the job's
             # level), then the same without the held ones.
@@ -564,8 +441,8 @@ class Backfill:
 
     @staticmethod
     def _later_view(rack: Rack, free_at: dict[str, float], t: float, held: set[str],
-                    touched: set[str], count: int, cache: dict[tuple[str, int], _LaterView]
-                    ) -> Rack | _LaterView:
+                    touched: set[str], count: int, cache: dict[tuple[str, int], LaterView]
+                    ) -> Rack | LaterView:
         """The rack at ``t`` (``count`` of its nodes free by then and not held), from
         ``cache`` by (rack, count) if it has it. A rack with no held node whose nodes
         free by then are just the idle ones (no running job ends by ``t``; most racks,
@@ -575,7 +452,7 @@ class Backfill:
             return rack
         view = cache.get((rack.id, count))
         if view is None:
-            view = cache[(rack.id, count)] = _LaterView(rack, count, free_at, t, held)
+            view = cache[(rack.id, count)] = LaterView(rack, count, free_at, t, held)
         return view
 
     def _ready_list(self, g: int) -> list[tuple[float, int, Node]]:

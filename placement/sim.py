@@ -20,7 +20,6 @@ from placement.fragmentation import fragmentation
 from placement.model import FAILED, HEALTHY, Allocation, Fleet
 from placement.place import can_ever_fit
 from placement.policies.common import min_racks
-from placement.queues import NodeEnds
 from placement.recover import apply_recovery, recover
 from placement.sim_queue import QueuePasses
 from placement.sim_state import (
@@ -32,6 +31,7 @@ from placement.sim_state import (
     metrics,
     size_class,
 )
+from placement.timeline import NodeEnds
 from placement.trace import TraceJob
 from placement.validate import validate, validate_indexes
 

@@ -17,8 +17,9 @@ from placement.policies import POLICIES
 from placement.policies.common import min_racks
 from placement.policies.rackwise import idle_room, rack_room
 from placement.policies.slurm_block import block_room
-from placement.queues import Backfill, Hold, NodeEnds, expansion_factor
+from placement.queues import Backfill, Hold, expansion_factor
 from placement.sim_state import JobState, SimConfig
+from placement.timeline import NodeEnds
 
 
 class QueuePasses:
