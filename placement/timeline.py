@@ -68,19 +68,31 @@ class NodeEnds:
         changed.clear()
 
 
-class HeldView:
-    """A rack as a placement policy sees it, with some nodes taken out (held, or busy
-    at the time being planned). Duck-types the parts of Rack the policies read."""
+class _RackView:
+    """What a view of a rack shares with the rack: its id and shape, its spares
+    policy and how many nodes it lends (read when the view is made)."""
 
-    __slots__ = ("free", "gpus_per_node", "id", "lent_nodes", "node_ids", "nodes", "size",
-                 "spare_nodes")
+    __slots__ = ("gpus_per_node", "id", "lent_nodes", "size", "spare_nodes")
 
-    def __init__(self, rack: Rack, free: set[int], nodes: list[Node]) -> None:
+    def __init__(self, rack: Rack) -> None:
         self.id = rack.id
         self.size = rack.size
         self.spare_nodes = rack.spare_nodes
         self.lent_nodes = rack.lent_nodes
         self.gpus_per_node = rack.gpus_per_node
+
+    unlent_spares = Rack.unlent_spares
+    slice_offer = Rack.slice_offer
+
+
+class HeldView(_RackView):
+    """A rack as a placement policy sees it, with some nodes taken out (held, or busy
+    at the time being planned). Duck-types the parts of Rack the policies read."""
+
+    __slots__ = ("free", "node_ids", "nodes")
+
+    def __init__(self, rack: Rack, free: set[int], nodes: list[Node]) -> None:
+        super().__init__(rack)
         self.free = free
         self.nodes = nodes
         self.node_ids = {n.id for n in nodes}
@@ -89,26 +101,18 @@ class HeldView:
     def free_count(self) -> int:
         return len(self.free)
 
-    unlent_spares = Rack.unlent_spares
-    slice_offer = Rack.slice_offer
 
-
-class LaterView:
+class LaterView(_RackView):
     """A rack as it will be at ``t``: its nodes free by then that no reservation
     holds. Their count is known from the node ends; which nodes they are is worked
     out only when a policy asks (for the racks it picks), since a decision over a
     whole shape group reads every rack's count but only a few racks' nodes."""
 
-    __slots__ = ("_free", "_free_at", "_held", "_nodes", "_rack", "_t", "free_count",
-                 "gpus_per_node", "id", "lent_nodes", "size", "spare_nodes")
+    __slots__ = ("_free", "_free_at", "_held", "_nodes", "_rack", "_t", "free_count")
 
     def __init__(self, rack: Rack, count: int, free_at: dict[str, float], t: float,
                  held: set[str]) -> None:
-        self.id = rack.id
-        self.size = rack.size
-        self.spare_nodes = rack.spare_nodes
-        self.lent_nodes = rack.lent_nodes
-        self.gpus_per_node = rack.gpus_per_node
+        super().__init__(rack)
         self.free_count = count
         self._rack, self._free_at, self._t, self._held = rack, free_at, t, held
         self._nodes: list[Node] | None = None if count else []
@@ -130,6 +134,3 @@ class LaterView:
     @property
     def node_ids(self) -> set[str]:
         return {n.id for n in self.nodes}
-
-    unlent_spares = Rack.unlent_spares
-    slice_offer = Rack.slice_offer
