@@ -31,7 +31,6 @@ slurm-block's backfill, 18 s). Cells run in parallel (``--workers``, default 2).
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
 import math
 import multiprocessing
@@ -43,6 +42,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from placement.sim import POLICY_NAMES, SIZE_CLASSES, SimConfig, simulate, size_class
+from placement.sim_state import config_overrides
 from placement.trace import TraceJob, read_trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -168,16 +168,10 @@ def main(argv: list[str] | None = None) -> int:
     bad = [b for b in baselines if b not in POLICY_NAMES or b == "rackwise"]
     if bad or not baselines:
         ap.error(f"--baselines: unknown or invalid {bad}; choose from {POLICY_NAMES}")
-    config = {}
-    fields = {f.name: f for f in dataclasses.fields(SimConfig)}
-    for item in args.set:
-        name, _, value = item.partition("=")
-        if name not in fields or not value:
-            ap.error(f"--set {item!r}: expected FIELD=VALUE with a SimConfig field")
-        try:
-            config[name] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            config[name] = value
+    try:
+        config = config_overrides(args.set)
+    except ValueError as e:
+        ap.error(str(e))
     seeds = list(range(args.seeds if args.seeds is not None else (1 if args.quick else 3)))
     mtbfs = (tuple(float(x) for x in args.mtbfs.split(",")) if args.mtbfs
              else (2000.0,) if args.quick else MTBFS)

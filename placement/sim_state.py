@@ -4,7 +4,10 @@ replay)."""
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -83,6 +86,24 @@ class SimConfig:
     bf_min_age_reserve_s: float = BF_MIN_AGE_RESERVE_S
     bf_max_reservations: int = BF_MAX_RESERVATIONS
     bf_max_job_test: int = BF_MAX_JOB_TEST
+
+
+def config_overrides(items: Iterable[str]) -> dict[str, Any]:
+    """SimConfig fields from ``FIELD=VALUE`` strings (a benchmark's ``--set``, for
+    ablations): each VALUE a Python literal (``None``, ``3600``, ``False``) or else a
+    plain string (``greedy``). Raises ValueError, naming the item, for one that is not
+    ``FIELD=VALUE`` with a SimConfig field."""
+    fields = {f.name for f in dataclasses.fields(SimConfig)}
+    out: dict[str, Any] = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        if name not in fields or not value:
+            raise ValueError(f"--set {item!r}: expected FIELD=VALUE with a SimConfig field")
+        try:
+            out[name] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            out[name] = value
+    return out
 
 
 @dataclass

@@ -7,7 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from placement.sim import SimConfig, simulate
+from placement.sim_state import config_overrides
 from placement.simulate import JSON_KEYS
 from placement.trace import read_trace, write_trace
 from placement.tracegen import generate
@@ -125,3 +128,16 @@ def test_every_policy_keeps_the_invariants_through_a_replay_with_failures(
         m = simulate(trace, policy, cfg).metrics  # raises on a broken invariant
         assert m["failures"] > 0
         assert m["completed"] + m["rejected"] == m["jobs"]
+
+
+def test_a_config_override_reads_literals_and_plain_strings() -> None:
+    assert config_overrides(["defrag_after_s=None", "racks=3", "rackwise_queue=greedy",
+                             "lookahead=False"]) == {
+        "defrag_after_s": None, "racks": 3, "rackwise_queue": "greedy", "lookahead": False}
+    assert SimConfig(**config_overrides(["racks=3"])).racks == 3
+
+
+def test_a_config_override_names_the_item_that_is_not_a_field() -> None:
+    for bad in ("nope=1", "racks", "racks=", "=3"):
+        with pytest.raises(ValueError, match=f"--set '{bad}': expected FIELD=VALUE"):
+            config_overrides([bad])
