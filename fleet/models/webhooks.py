@@ -34,7 +34,7 @@ class WebhookEndpoint(models.Model):
 
     url = models.URLField(max_length=500)
     description = models.CharField(max_length=200, blank=True, default="")
-    # A plain JSON list of WebhookEvent values (no ArrayField: SQLite works too).
+    # A plain JSON list of WebhookEvent values.
     event_types = models.JSONField(default=list)
     # Kept readable because every delivery is signed with it; shown to the
     # operator once, on create and on rotation.

@@ -50,14 +50,8 @@ def change_stamp() -> RawSQL:
     "since 12" would miss 10 for good. Transaction ids have the same problem, but
     PostgreSQL says which are still running (the snapshot's xmin), and that is
     what makes the cursor safe. In a savepoint this is still the top-level
-    transaction's id, the one whose commit makes the change visible.
-
-    On SQLite (``scripts/run``'s default) writers take the lock at BEGIN and hold
-    it to their commit, so a counter one above the largest stamp commits in the
-    order it was taken."""
-    if connection.vendor == "postgresql":
-        return RawSQL("pg_current_xact_id()::text::bigint", [])
-    return RawSQL(f"(SELECT COALESCE(MAX(changed_xid), 0) + 1 FROM {Rack._meta.db_table})", [])
+    transaction's id, the one whose commit makes the change visible."""
+    return RawSQL("pg_current_xact_id()::text::bigint", [])
 
 
 def change_cursor() -> int:
@@ -69,12 +63,9 @@ def change_cursor() -> int:
     was running or not yet begun, so its id (and the ``changed_xid`` it sets) is
     at least the cursor. Racks with ``changed_xid >= cursor`` are then all that
     can have changed since: some the reader already has (harmless, it compares
-    versions), none missed. On SQLite: one above the largest stamp committed."""
+    versions), none missed."""
     with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
-        else:
-            cursor.execute(f"SELECT COALESCE(MAX(changed_xid), 0) + 1 FROM {Rack._meta.db_table}")
+        cursor.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
         return int(cursor.fetchone()[0])
 
 

@@ -217,9 +217,7 @@ def redeliver(actor, delivery_id: int) -> WebhookDelivery:
 
 
 def _subscribers(event_type: str) -> list[WebhookEndpoint]:
-    # Endpoints are few: filter in Python, so SQLite (no JSON containment) works too.
-    endpoints = WebhookEndpoint.objects.filter(active=True).only("id", "event_types")
-    return [e for e in endpoints if event_type in (e.event_types or [])]
+    return list(WebhookEndpoint.objects.filter(active=True, event_types__contains=[event_type]).only("id", "event_types"))
 
 
 def _insert(event_type: str, items: list[dict], endpoints: list[WebhookEndpoint]) -> list[WebhookDelivery]:
