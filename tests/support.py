@@ -42,33 +42,11 @@ def nodes_of(job_id: int) -> set[int]:
 
 
 def consistent_violations() -> list[str]:
-    """Run the engine's invariant checker on one consistent snapshot of the
-    database (REPEATABLE READ), plus the database-level checks."""
-    from django.db import transaction
-    from django.db.models import Count
+    """The engine's invariant checker on one consistent snapshot of the database,
+    plus the database-level checks (fleet.services.invariants)."""
+    from fleet.services.invariants import violations
 
-    from fleet import engine
-    from fleet.choices import HOLDING_JOB_STATES
-    from fleet.models import Allocation, Job
-    from placement.validate import validate
-
-    with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        snap = engine.load_snapshot()
-        problems = [str(v) for v in validate(snap.fleet)]
-        active = Allocation.objects.filter(released_at__isnull=True)
-        doubled = active.values("gpu_id").annotate(n=Count("id")).filter(n__gt=1)
-        problems += [f"GPU {row['gpu_id']} held {row['n']} times" for row in doubled]
-        leaked = active.exclude(job__state__in=HOLDING_JOB_STATES).count()
-        if leaked:
-            problems.append(f"{leaked} allocation(s) held by jobs that hold nothing")
-        for job in Job.objects.filter(state__in=HOLDING_JOB_STATES):
-            held = active.filter(job=job).count()
-            want = job.num_nodes * job.gpus_per_node if job.num_nodes else job.num_gpus
-            if held != want:
-                problems.append(f"job #{job.pk} holds {held} GPUs, wants {want}")
-    return problems
+    return violations()
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = 30.0, what: str = "condition") -> object:

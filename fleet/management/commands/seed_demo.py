@@ -25,6 +25,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--users-only", action="store_true", help="only the demo users (the racks come from a real cluster)"
         )
+        parser.add_argument("--url", default="http://127.0.0.1:8000/", help="where the console is served (printed)")
 
     def handle(self, *args, **options):
         created = 0
@@ -47,7 +48,7 @@ class Command(BaseCommand):
             if not User.objects.filter(username=username).exists():
                 ensure_user(None, username, role=role, tenants=tenants, password=DEMO_PASSWORD, issue_token=False)
         self.stdout.write(f"Fleet: {Rack.objects.count()} racks ({created} new).")
-        self.stdout.write("Log in at http://127.0.0.1:8000/ with one of these users,")
+        self.stdout.write(f"Log in at {options['url']} with one of these users,")
         self.stdout.write(f"password {DEMO_PASSWORD!r}:")
         for username, role, tenants in DEMO_USERS:
             extra = f" (tenants: {', '.join(tenants)})" if tenants else ""
