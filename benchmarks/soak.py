@@ -279,8 +279,8 @@ class Soak:
         if not isinstance(api, dict) or not found:
             self.figures.fragmentation_disagreements.append("no figure in the API or /metrics")
             return
-        if abs(float(api["fragmentation"]) - float(found.group(1))) > 1e-6:
-            self.figures.fragmentation_disagreements.append(f"API {api['fragmentation']} /metrics {found.group(1)}")
+        if abs(float(api["fraction"]) - float(found.group(1))) > 1e-6:
+            self.figures.fragmentation_disagreements.append(f"API {api['fraction']} /metrics {found.group(1)}")
 
     # --- the run ------------------------------------------------------------------
 
