@@ -86,20 +86,23 @@ class FleetCollector(Collector):
         )
 
     def _fragmentation(self) -> Iterator:
+        # The read model every other view of the figure reads (console header,
+        # Fleet chart, /api/fleet/fragmentation/): one definition, one number.
         report = read_models.fragmentation()
         yield GaugeMetricFamily(
             "rackwise_fragmentation",
-            "Rack-level fragmentation: free GPUs the typical job shapes cannot use where they are, over free GPUs, 0..1.",
+            "Share of free GPUs, spares kept for recovery left out, that the typical multi-node job cannot "
+            "use: on partly used nodes or in racks whose free slice is smaller than its share, 0..1.",
             value=report.fraction,
         )
         yield GaugeMetricFamily(
             "rackwise_fragmented_gpus",
-            "Free GPUs the typical job shapes cannot use.",
+            "Free GPUs the typical multi-node job cannot use (the fragmentation's numerator).",
             value=report.fragmented_gpus,
         )
         yield GaugeMetricFamily(
             "rackwise_largest_placeable_job_gpus",
-            "GPUs of the largest rack-local job placeable now.",
+            "GPUs of the largest free slice: the largest rack-local gang placeable now, spares kept.",
             value=report.largest_job_gpus,
         )
 

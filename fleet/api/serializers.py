@@ -331,17 +331,58 @@ class AttentionSerializer(serializers.Serializer):
 
 
 class RackFragmentationSerializer(serializers.Serializer):
-    rack = serializers.CharField()
-    free_gpus = serializers.IntegerField()
-    idle_nodes = serializers.IntegerField()
-    fragmented_gpus = serializers.FloatField()
-    largest_job_gpus = serializers.IntegerField()
+    rack = serializers.CharField(help_text="The rack's name.")
+    rack_id = serializers.IntegerField()
+    free_gpus = serializers.IntegerField(help_text="Free GPUs of healthy nodes, spares included.")
+    idle_nodes = serializers.IntegerField(help_text="Healthy nodes holding nothing.")
+    spare_nodes = serializers.IntegerField(
+        help_text="Idle nodes kept back for recovery (none once small or preemptible jobs borrow them); not counted."
+    )
+    slice_nodes = serializers.IntegerField(
+        help_text="The rack's free slice: idle nodes it offers a non-preemptible gang, spares kept. "
+        "The rack card's 'slice' on the Fleet page."
+    )
+    share_nodes = serializers.IntegerField(
+        help_text="Nodes of the typical multi-node job this rack must offer to be of use to it."
+    )
+    fragmented_gpus = serializers.IntegerField(
+        help_text="Free GPUs of partly used nodes, plus the free slice when it is smaller than share_nodes."
+    )
+    largest_job_gpus = serializers.IntegerField(help_text="slice_nodes in GPUs.")
 
 
 class FragmentationSerializer(serializers.Serializer):
-    free_gpus = serializers.IntegerField()
-    fragmented_gpus = serializers.FloatField()
-    fraction = serializers.FloatField(help_text="Fragmented over free GPUs, 0..1.")
-    largest_job_gpus = serializers.IntegerField(help_text="Largest rack-local job placeable now, in GPUs.")
-    shapes = serializers.DictField(child=serializers.FloatField())
+    """Fragmentation, one definition everywhere (console header, Fleet chart,
+    /metrics; docs/fragmentation.md): the share of free GPUs, spares kept for
+    recovery left out, that the typical multi-node job cannot use, because they
+    sit on partly used nodes or in racks whose free slice is smaller than the
+    job's share of a rack."""
+
+    free_gpus = serializers.IntegerField(help_text="Free GPUs of healthy nodes, spares included.")
+    spare_gpus = serializers.IntegerField(help_text="GPUs of the idle spare nodes racks keep for recovery.")
+    counted_gpus = serializers.IntegerField(help_text="free_gpus less spare_gpus: the fraction's denominator.")
+    fragmented_gpus = serializers.IntegerField(
+        help_text="Counted GPUs the typical multi-node job cannot use: those of partly used nodes (a gang "
+        "takes whole nodes) and every free slice smaller than the job's share of its rack."
+    )
+    fraction = serializers.FloatField(
+        help_text="Fragmentation, 0..1: fragmented_gpus / counted_gpus (0 when nothing is counted, so 0 on "
+        "an idle fleet and on a full one). The console header's and the Fleet chart's figure, and "
+        "rackwise_fragmentation in /metrics."
+    )
+    largest_slice_nodes = serializers.IntegerField(
+        help_text="The largest free slice of one rack: idle nodes offered to a non-preemptible gang, spares "
+        "kept (the best rack card's 'slice')."
+    )
+    largest_job_gpus = serializers.IntegerField(
+        help_text="The largest rack-local gang placeable now without touching spares: largest_slice_nodes in GPUs."
+    )
+    typical_job_gpus = serializers.IntegerField(
+        help_text="GPUs of the typical multi-node job: the median of the pending jobs and those submitted in "
+        "the last day that take more than one node, else 64 (a 16-node NVL72 slice)."
+    )
+    typical_segment_nodes = serializers.IntegerField(allow_null=True, help_text="Its segment size, if any.")
+    typical_from = serializers.ChoiceField(
+        choices=["jobs", "default"], help_text="'jobs' (the median of those jobs) or 'default' (none took more than one node)."
+    )
     racks = RackFragmentationSerializer(many=True)

@@ -238,9 +238,13 @@ class FleetSummaryView(APIView):
 
 
 class FragmentationView(APIView):
-    """Rack-level fragmentation: free GPUs the typical job shapes (the pending
-    queue, else the last day's jobs) cannot use where they are, per rack and
-    fleet-wide, and the largest rack-local job placeable now."""
+    """Fragmentation, fleet-wide and per rack: the share of free GPUs (spares kept
+    for recovery left out) that the typical multi-node job (the median of the
+    pending jobs and the last day's) cannot use, because they sit on partly used
+    nodes or in racks whose free slice is smaller than its share of a rack. Also
+    the largest free slice (the largest rack-local gang placeable now, spares
+    kept). The console header, the Fleet chart and /metrics show these figures;
+    the definition in full: docs/fragmentation.md."""
 
     @extend_schema(responses=s.FragmentationSerializer)
     def get(self, request):

@@ -22,21 +22,30 @@ from placement.fragmentation import FragmentationReport, fragmentation
 
 
 def _typical_shapes(pending: list) -> list:
-    """The shapes fragmentation is measured for: the pending queue, else the jobs
-    of the last day, else the engine's default mix (None)."""
-    if pending:
-        return pending
-    recent = Job.objects.select_related("tenant").filter(submitted_at__gte=timezone.now() - timedelta(days=1))
-    return [engine.job_request(j) for j in recent[:2000]] or None
+    """The jobs the typical multi-node job is taken from (placement.fragmentation:
+    their median by GPUs): every pending job and the latest 2,000 others
+    submitted in the last day. One list, not the queue else the history, so the
+    figure does not jump when the queue empties or a gang arrives."""
+    recent = (
+        Job.objects.select_related("tenant")
+        .filter(submitted_at__gte=timezone.now() - timedelta(days=1))
+        .exclude(state=JobState.PENDING)
+        .order_by("-submitted_at")
+    )
+    return pending + [engine.job_request(j) for j in recent[:2000]]
 
 
 def fragmentation_report() -> FragmentationReport:
+    """The fleet's fragmentation figure, per rack and fleet-wide, for the typical
+    multi-node job of the pending and recent jobs (the definition and its steps:
+    placement.fragmentation, docs/fragmentation.md). Every figure the console,
+    the API and /metrics show is this report, through fleet.services.read_models."""
     pending = [engine.job_request(j) for j in Job.objects.select_related("tenant").filter(state=JobState.PENDING)]
     shapes = _typical_shapes(pending)
     with engine.live_snapshot() as snap:
         report = fragmentation(snap.fleet, shapes)
         for rack in report.racks:
-            rack.rack = snap.rack_names.get(rack.rack, rack.rack)
+            rack.name = snap.rack_names.get(rack.rack, rack.rack)
     return report
 
 

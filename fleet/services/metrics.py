@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from fleet.choices import ActionKind, JobState
 from fleet.models import Action, AuditEvent, FleetSample, Job
-from fleet.services.defrag import fragmentation_report
+from fleet.services import read_models
 from fleet.services.summary import fleet_summary
 
 # Samples older than this are deleted when a new one is written.
@@ -30,9 +30,13 @@ def percentile(sorted_values: list[float], q: float) -> float:
 
 
 def record_sample() -> FleetSample:
-    """Write one sample of the fleet now, and drop samples past ``KEEP``."""
+    """Write one sample of the fleet now, and drop samples past ``KEEP``.
+
+    The fragmentation figure is the read model's (``fragmentation_report()``,
+    shared with the header, the API and /metrics), so the chart's latest point is
+    the number they show, not one computed a moment apart."""
     summary = fleet_summary()
-    report = fragmentation_report()
+    report = read_models.fragmentation()
     now = timezone.now()
     waits = sorted((now - at).total_seconds() for at in Job.objects.filter(state=JobState.PENDING).values_list("submitted_at", flat=True))
     sample = FleetSample.objects.create(
@@ -51,11 +55,12 @@ def record_sample() -> FleetSample:
 
 
 def samples_since(hours: float, limit: int = 2000) -> list[FleetSample]:
-    """Samples of the last ``hours``, thinned evenly to at most ``limit``."""
+    """Samples of the last ``hours``, thinned evenly to at most ``limit``; the
+    latest is always kept (the chart's readout shows it next to the header)."""
     rows = list(FleetSample.objects.filter(at__gte=timezone.now() - timedelta(hours=hours)))
     if len(rows) > limit:
-        step = len(rows) / limit
-        rows = [rows[int(i * step)] for i in range(limit)]
+        step = (len(rows) - 1) / (limit - 1) if limit > 1 else len(rows)
+        rows = [rows[round(i * step)] for i in range(limit - 1)] + [rows[-1]]
     return rows
 
 

@@ -1,7 +1,8 @@
 """Read models: the fleet summary and the fragmentation report, computed once
 per change and shared by every web process, console and scrape through the
 cache (Redis). ``/api/fleet/summary/``, ``/api/fleet/fragmentation/``, the Fleet
-page and ``/metrics`` all read them, so they show the same figures.
+page, the chart's samples (``fleet.services.metrics.record_sample``) and
+``/metrics`` all read them, so they show the same figures.
 
 A stored figure carries the change generation it was computed at
 (``fleet.read_cache``, bumped on commit of every change to racks, jobs and
@@ -26,7 +27,9 @@ from fleet.services.defrag import fragmentation_report
 from fleet.services.summary import fleet_summary
 from placement.fragmentation import FragmentationReport
 
-PREFIX = "read-models:"
+# v2: the fragmentation report's fields changed (one definition, issue 27); a
+# report stored under the old key would unpickle without them.
+PREFIX = "read-models:v2:"
 
 
 def _read(name: str, compute: Callable[[], Any]) -> Any:

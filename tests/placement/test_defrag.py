@@ -170,7 +170,9 @@ def test_it_consolidates_small_jobs_so_that_a_one_node_job_fits() -> None:
     plan = defragment(fleet, [wanted])
     assert plan.feasible, plan.reason
     assert plan.jobs_made_placeable == ["wanted"]
-    assert plan.fragmentation_before == 1.0 > plan.fragmentation_after
+    # The figure is for the typical multi-node job (a 16-node slice here): one
+    # node made whole helps the 4-GPU job, not that one.
+    assert plan.fragmentation_before == 1.0 == plan.fragmentation_after
     # 1 move (the 3-GPU job) has nowhere to go; 2 moves off an r000 node is the fewest
     # (and the cheapest of those: two 1-GPU jobs, not a 1-GPU and a 2-GPU one).
     assert len(plan.moves) == 2
