@@ -23,9 +23,12 @@ def violations() -> list[str]:
     (REPEATABLE READ), plus the checks only the rows can answer: no GPU held
     twice now, no allocation left to a job that holds nothing, every holding job
     holding exactly what it asked for."""
+    # Inside a caller's transaction (a test's), its snapshot is the one read.
+    outermost = not connection.in_atomic_block
     with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        if outermost:
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         snap = engine.load_snapshot()
         problems = [str(v) for v in validate(snap.fleet)]
         active = Allocation.objects.filter(released_at__isnull=True)
