@@ -23,7 +23,7 @@ from placement.fragmentation import FragmentationReport, fragmentation
 
 def _typical_shapes(pending: list) -> list:
     """The jobs the typical multi-node job is taken from (placement.fragmentation:
-    their median by GPUs): every pending job and the latest 2,000 others
+    their median by GPU demand): every pending job and the latest 2,000 others
     submitted in the last day. One list, not the queue else the history, so the
     figure does not jump when the queue empties or a gang arrives."""
     recent = (

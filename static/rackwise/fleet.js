@@ -2,10 +2,11 @@
 // and row, one lazily drawn grid per rack, kept live by live.js.
 //
 // 1. Groups. A header per site and row counts its racks, GPUs, free nodes,
-//    largest free slice, failed and draining nodes, from the live racks
-//    (rackStats). A fleet of more than data-open-limit racks starts collapsed:
-//    a collapsed group's cards wait in a <template> (parsed, not in the
-//    document) and are moved in when it opens. The card elements are the same
+//    failed and draining nodes, from the live racks (rackStats), and its
+//    largest free slice from the fragmentation report (see 6). A fleet of
+//    more than data-open-limit racks starts collapsed: a collapsed group's
+//    cards wait in a <template> (parsed, not in the document) and are moved
+//    in when it opens. The card elements are the same
 //    objects either way, so their counts are kept current all along.
 // 2. Filters, sort and density live in the query string (replaceState), and a
 //    loaded URL restores them (/?state=failed, /?q=r12, /?density=tiny). A
@@ -18,6 +19,13 @@
 //    placeholders take their size from --step, so measuring needs no repaint.
 // 5. Rack events repaint the grids on screen at the next frame; the others
 //    when they scroll into view (IntersectionObserver).
+// 6. Totals and slices come from /api/fleet/fragmentation/ (the same report as
+//    the chart's samples and /metrics): the header's fragmentation and largest
+//    free slice, and each card's "slice" (the engine's offer to a
+//    non-preemptible gang, spares kept, which a rack event cannot tell: it
+//    depends on which jobs borrowed the spares). So the header's largest free
+//    slice is always the best card's. Read once before the page is ready, then
+//    at most every 4 s while cells change and every 30 s anyway.
 
 import { attachClicks, attachTooltip, drawGrid, gridSize, rackStats, utilisation } from "./grid.js";
 import { api, startLive } from "./live.js";
@@ -41,7 +49,8 @@ const URL_FIELDS = { site: "", row: "", state: "", tenant: "", q: "", problems: 
 
 const cards = new Map();     // rack id -> article.rack, in the document or in its group's template
 const groupOf = new Map();   // rack id -> group
-const figures = new Map();   // rack id -> rackStats plus GPU and free-node counts, from its last event
+const figures = new Map();   // rack id -> rackStats plus GPU and free-node counts, from its last event, and freeSlice
+const slices = new Map();    // rack id -> its free slice (nodes), from the last fragmentation report
 const visible = new Set();   // rack ids whose grid is on screen
 const dirty = new Set();     // rack ids changed while off screen
 const overviewButtons = new Map([...overviewEl.querySelectorAll("[data-ov]")].map((b) => [Number(b.dataset.ov), b]));
@@ -130,7 +139,7 @@ const isFree = (n) => n[3] === "healthy" && n[4].every((g) => g[1] === null);
 function rackFigures(rack) {
   let used = 0, total = 0;
   for (const n of rack.nodes) for (const g of n[4]) { total++; if (g[1] !== null) used++; }
-  return { ...rackStats(rack), used, total, freeNodes: rack.nodes.filter(isFree).length };
+  return { ...rackStats(rack), used, total, freeNodes: rack.nodes.filter(isFree).length, freeSlice: slices.get(rack.rack) ?? null };
 }
 
 /** A rack card's footer counts (works on a card still in its template). */
@@ -139,7 +148,7 @@ function cardStats(rackId) {
   const s = figures.get(rackId);
   if (!el || !s) return;
   const set = (k, v) => { const b = el.querySelector(`[data-stat="${k}"]`); if (b) b.textContent = v; };
-  set("slice", s.freeSlice); set("failed", s.failed); set("draining", s.draining); set("spares", s.spares);
+  set("slice", s.freeSlice ?? "…"); set("failed", s.failed); set("draining", s.draining); set("spares", s.spares);
   el.querySelector("[data-testid=rack-used]").textContent = `${s.used}/${s.total}`;
   el.querySelector("[data-stat-box=failed]").classList.toggle("bad", s.failed > 0);
   el.querySelector("[data-stat-box=draining]").classList.toggle("warn", s.draining > 0);
@@ -147,15 +156,16 @@ function cardStats(rackId) {
 }
 
 /** A group's header figures, summed over its racks (largest free slice: the
- * largest of one rack, what a big gang could get in one NVLink domain). */
+ * largest of one rack, what a big gang could get in one NVLink domain; null
+ * until the first fragmentation report). */
 function groupFigures(g) {
-  const a = { used: 0, total: 0, freeNodes: 0, freeSlice: 0, failed: 0, draining: 0, spares: Infinity, known: 0 };
+  const a = { used: 0, total: 0, freeNodes: 0, freeSlice: null, failed: 0, draining: 0, spares: Infinity, known: 0 };
   for (const id of g.ids) {
     const s = figures.get(id);
     if (!s) continue;
     a.known++;
     a.used += s.used; a.total += s.total; a.freeNodes += s.freeNodes; a.failed += s.failed; a.draining += s.draining;
-    a.freeSlice = Math.max(a.freeSlice, s.freeSlice);
+    if (s.freeSlice !== null) a.freeSlice = Math.max(a.freeSlice ?? 0, s.freeSlice);
     a.spares = Math.min(a.spares, s.spares);
   }
   return a;
@@ -173,7 +183,7 @@ function renderGroups() {
     const a = groupFigures(g);
     if (!a.known) continue;
     const set = (k, v) => { g.el.querySelector(`[data-agg="${k}"]`).textContent = v; };
-    set("used", a.used); set("total", a.total); set("free", a.freeNodes); set("slice", a.freeSlice);
+    set("used", a.used); set("total", a.total); set("free", a.freeNodes); set("slice", a.freeSlice ?? "…");
     set("failed", a.failed); set("draining", a.draining);
     g.el.querySelector("[data-agg-box=failed]").classList.toggle("bad", a.failed > 0);
     g.el.querySelector("[data-agg-box=draining]").classList.toggle("warn", a.draining > 0);
@@ -200,7 +210,7 @@ live.on("job", scheduleTotals);
 // A rack the server no longer has (a topology import removed it while we were
 // away): its card, overview square and figures go.
 live.on("removed", (id) => {
-  figures.delete(id); dirty.delete(id); visible.delete(id);
+  figures.delete(id); slices.delete(id); dirty.delete(id); visible.delete(id);
   const el = cards.get(id);
   if (el) { observer.unobserve(el); el.remove(); }
   cards.delete(id);
@@ -210,9 +220,10 @@ live.on("removed", (id) => {
   scheduleTotals();
 });
 
-// Totals: re-read the summary and fragmentation at most every 4 s while cells
-// change (fragmentation costs the server ~0.6 s for 1,000 racks), and
-// every 30 s anyway (fragmentation depends on the queue, not only on cells).
+// Totals (6): re-read the summary and fragmentation at most every 4 s while
+// cells change (fragmentation costs the server ~0.6 s for 1,000 racks, once per
+// change: a shared read model), and every 30 s anyway (it depends on the jobs
+// submitted, not only on cells).
 let totalsTimer = null;
 function scheduleTotals() {
   if (totalsTimer) return;
@@ -228,10 +239,25 @@ async function refreshTotals() {
     };
     set("gpus_used", s.gpus_used); set("gpus_total", s.gpus_total); set("gpus_free", s.gpus_free);
     set("gpus_failed", s.gpus_failed); set("pending", s.jobs_by_state.pending); set("running", s.jobs_by_state.running);
-    set("fragmentation", `${(f.fraction * 100).toFixed(0)}%`); set("largest", `${f.largest_job_gpus} GPUs (${Math.floor(f.largest_job_gpus / 4)} nodes)`);
+    set("fragmentation", `${(f.fraction * 100).toFixed(0)}%`); set("typical", `${f.typical_job_gpus}-GPU`);
+    set("largest", `${f.largest_slice_nodes} nodes (${f.largest_job_gpus} GPUs)`);
+    applySlices(f.racks);
     // The totals sit above the racks: longer figures can take another line.
     if (kiosk && changed) scheduleFit();
   } catch (e) { /* shown again on the next tick */ }
+}
+/** Each card's slice from the report (a rack it leaves out has no nodes: 0). */
+function applySlices(racks) {
+  const fresh = new Map(racks.map((r) => [r.rack_id, r.slice_nodes]));
+  for (const id of cards.keys()) {
+    const n = fresh.get(id) ?? 0;
+    if (slices.get(id) === n) continue;
+    slices.set(id, n);
+    const s = figures.get(id);
+    if (s) { s.freeSlice = n; cardStats(id); }
+    if (groupOf.has(id)) scheduleGroups(groupOf.get(id));
+    if (form.sort.value === "slice") scheduleFilters();
+  }
 }
 setInterval(refreshTotals, 30000);
 
@@ -494,12 +520,15 @@ readURL();
 applyDensity();
 applyFilters();   // site, row and rack names need no live data
 if (kiosk) fitNow();   // before the snapshot, so the grids are drawn once, at their size
-live.start().then(() => {
+live.start().then(async () => {
   applyFilters();
   renderGroups();
   if (kiosk) fitNow();
   flushPaints();
-  refreshTotals();
   if (!kiosk) chart();
+  // The header and the cards' slices before "ready": tests and screenshots see them.
+  await refreshTotals();
+  renderGroups();
+  if (form.sort.value === "slice") applyFilters(false);
   document.body.dataset.ready = "1";
 });

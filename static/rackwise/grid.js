@@ -107,17 +107,16 @@ export function jobLabel(rack, jobId) {
   return `job #${jobId} ${j.name} (${j.tenant}, ${j.state})`;
 }
 
-/** Per-rack counts for a rack card. ``freeSlice``: idle healthy nodes without a
- * failed GPU, spares left out (what a big gang is offered); ``failed``: failed or
- * in repair; ``draining``: draining or drained; ``suspect``; ``spares`` (as
- * marked S); ``problems``: any failed, draining, suspect or in-repair node, or a
- * failed GPU. */
+/** Per-rack counts for a rack card. ``failed``: failed or in repair;
+ * ``draining``: draining or drained; ``suspect``; ``spares`` (as marked S);
+ * ``problems``: any failed, draining, suspect or in-repair node, or a failed
+ * GPU. The card's free slice is not counted here: it is the engine's figure,
+ * from the fragmentation report (fleet.js), which knows the borrowed spares. */
 export function rackStats(rack) {
   const spares = spareNodes(rack);
-  const out = { freeSlice: 0, failed: 0, draining: 0, suspect: 0, spares: spares.size, gpuFailed: 0, problems: false };
-  for (const [nodeId, , , state, gpus] of rack.nodes) {
+  const out = { failed: 0, draining: 0, suspect: 0, spares: spares.size, gpuFailed: 0, problems: false };
+  for (const [, , , state, gpus] of rack.nodes) {
     const gpuFailed = gpus.some((g) => g[0] === "failed");
-    if (state === "healthy" && !gpuFailed && !spares.has(nodeId) && gpus.every((g) => g[1] === null)) out.freeSlice++;
     if (state === "failed" || state === "in_repair") out.failed++;
     if (state === "draining" || state === "drained") out.draining++;
     if (state === "suspect") out.suspect++;
