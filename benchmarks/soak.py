@@ -282,11 +282,13 @@ class Soak:
         now = time.monotonic()
         waiting = {w["job"]: w for w in report["waiting"]}
         for job, w in waiting.items():
-            if w["room_by_counts"] and not w["placed_alone"]:
+            if w["room_by_counts"] and not w["placed_alone"] and not any(
+                    m.startswith(f"#{job} ") for m in self.figures.missed_jobs):
                 self.figures.missed_jobs.append(f"#{job} {w['name']}: {w['reason']}")
             if w["placed_by_pass"]:
                 first = self.first_room.setdefault(job, now)
-                if now - first > STUCK_AFTER_S:
+                if now - first > STUCK_AFTER_S and not any(
+                        m.startswith(f"#{job} ") for m in self.figures.stuck_jobs):
                     self.figures.stuck_jobs.append(f"#{job} {w['name']} for {now - first:.0f} s: {w['reason']}")
             else:
                 self.first_room.pop(job, None)

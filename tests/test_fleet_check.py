@@ -74,3 +74,16 @@ def test_room_by_counts_never_counts_spares(fleet, submitter):
     assert invariants.room_by_counts(snap.fleet, engine.job_request(fits))
     assert not invariants.room_by_counts(snap.fleet, engine.job_request(too_big))
     assert invariants.room_by_counts(snap.fleet, engine.job_request(in_segments))
+
+
+def test_a_recovering_job_on_its_failed_node_is_not_a_violation(fleet, submitter):
+    from fleet.choices import JobState
+    from fleet.services.nodes import mark_node_failed
+
+    job = _run(submitter, fleet[0], 2)
+    node = Node.objects.filter(gpus__allocations__job=job).first()
+    mark_node_failed(None, node.pk, "XID 79")
+    job.refresh_from_db()
+
+    assert job.state == JobState.RECOVERING
+    assert invariants.violations() == []
