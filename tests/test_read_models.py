@@ -29,6 +29,17 @@ def _submit(submitter, capture, name="waits"):
         return submit_job(submitter, JobSpec(name=name, num_nodes=18, gpus_per_node=4, tenant="llm"))
 
 
+def test_a_new_rack_is_seen_by_the_next_read(shared, django_capture_on_commit_callbacks):
+    from fleet.services.inventory import create_rack
+
+    assert read_models.summary()["racks"] == 2
+
+    with django_capture_on_commit_callbacks(execute=True):
+        create_rack(None, name="r3")
+
+    assert read_models.summary()["racks"] == 3
+
+
 def test_a_second_read_asks_the_database_nothing(shared):
     first = read_models.summary()
     with CaptureQueriesContext(connection) as queries:

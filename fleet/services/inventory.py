@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.db import transaction
 
+from fleet import events
 from fleet.choices import RACK_KIND_DEFAULTS, RackKind
 from fleet.models import GPU, Node, Rack
 from fleet.services import audit
@@ -67,4 +68,7 @@ def create_rack(
             rack,
             after={"kind": kind, "nodes": nodes, "gpus_per_node": gpus_per_node, "spare_nodes": spare_nodes},
         )
+        # A new rack is a change like any other: consoles get it live, and the read
+        # models (summary, fragmentation) stop serving the fleet without it.
+        events.racks_changed([rack.pk])
     return rack

@@ -23,9 +23,9 @@ def big_fleet(db):
         create_rack(None, name=f"{site}-{row}{pos:02d}", site=site, row=row, position=pos)
         for site in ("east", "west") for row in "ABC" for pos in range(1, 11)
     ]
-    # create_rack does not move the read models' generation, so the app server
-    # could serve the fragmentation report (the groups' slices) of the previous
-    # test's fleet; a committed change would move it.
+    # create_rack moves the read models' generation on commit, and this fixture's
+    # transaction is not the app server's: move it now, or the server could serve
+    # the fragmentation report (the groups' slices) of the previous test's fleet.
     read_cache.bump()
     return racks
 
