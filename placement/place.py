@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from placement.model import HEALTHY, REQUIRED, Fleet, JobRequest
 from placement.plans import PlacementPlan, SchedulePlan, WhatIf, not_placed
 from placement.policies import POLICIES, Context
-from placement.policies.common import min_racks
+from placement.policies.common import fewest_racks, min_racks, segment_of
 from placement.policies.rackwise import may_borrow, rack_room
 from placement.policies.slurm_block import block_room
 from placement.queues import Backfill, expansion_factor
@@ -94,18 +94,14 @@ def place(
 
 def can_ever_fit(fleet: Fleet, job: JobRequest) -> tuple[bool, str]:
     """Could the job be placed on this fleet if it were empty and healthy?"""
-    for gpn, racks in fleet.groups.items():
+    for gpn in fleet.groups:
         if job.is_small(gpn):
             return True, "fits on one node"
         n = job.nodes_needed(gpn)
         if n == 0:
             continue
-        size = fleet.group_size[gpn]
-        seg = job.segment_nodes
-        if seg and seg > size:
-            continue
-        total = fleet.group_nodes(gpn, seg)
-        if n <= total and min_racks(n, size, seg) <= len(racks):
+        seg = segment_of(job.segment_nodes, n)
+        if fewest_racks(fleet.group_sizes(gpn), n, seg) is not None:
             return True, f"fits in {gpn}-GPU racks"
     return False, (f"needs {job.total_gpus} GPUs"
                    f"{' in segments of ' + str(job.segment_nodes) if job.segment_nodes else ''}"
@@ -253,7 +249,7 @@ def what_if(fleet: Fleet, pending: Iterable[JobRequest], job: JobRequest, now: f
     pending = list(pending)
     work = fleet.copy()
     plan = schedule(work, [*pending, job], policy, now=now, apply=True)
-    largest, unit = _largest_free(fleet, job)
+    largest, unit = largest_free(fleet, job)
     mine = next((p for p in plan.placements if p.job_id == job.id), None)
     if mine is not None:
         return WhatIf(job.id, mine, mine.reason, now, largest, unit)
@@ -273,9 +269,12 @@ def what_if(fleet: Fleet, pending: Iterable[JobRequest], job: JobRequest, now: f
                   len(ahead))
 
 
-def _largest_free(fleet: Fleet, job: JobRequest) -> tuple[int, str]:
-    """The largest slice ``job`` could use now: most idle nodes one rack offers it
-    (its spares kept unless it may borrow them), or most free GPUs on one node."""
+def largest_free(fleet: Fleet, job: JobRequest) -> tuple[int, str]:
+    """The largest slice ``job`` could use now, in ``unit``: for a gang the most idle
+    nodes one rack offers it (its spares kept unless it may borrow them); for a gang
+    in segments (fewer nodes than the gang) the nodes all racks offer in whole
+    segments, which it may spread over; for a single-node job the most free GPUs on
+    one node. A gang that waits for room finds it smaller than itself."""
     best, unit = 0, "nodes"
     for gpn, racks in fleet.groups.items():
         if job.is_small(gpn):
@@ -284,8 +283,13 @@ def _largest_free(fleet: Fleet, job: JobRequest) -> tuple[int, str]:
                                  if n.health == HEALTHY])
         elif job.nodes_needed(gpn):
             n = job.nodes_needed(gpn)
-            best = max([best] + [r.free_count if may_borrow(r, n, job.preemptible)
-                                 else r.slice_offer() for r in racks])
+            seg = segment_of(job.segment_nodes, n)
+            offers = [r.free_count if may_borrow(r, n, job.preemptible, seg)
+                      else r.slice_offer() for r in racks]
+            if seg and seg < n:
+                best = max(best, sum(o // seg * seg for o in offers))
+            else:
+                best = max([best, *offers])
     return best, unit
 
 
@@ -313,7 +317,7 @@ def reservation(fleet: Fleet, job: JobRequest, now: float | None
         cands = fleet.most_idle(gpn, k + 8)  # the most idle nodes first, then rack order
         ready: list[tuple[float, int, str]] = []
         for rack in cands:
-            borrow = may_borrow(rack, share, job.preemptible)
+            borrow = may_borrow(rack, n, job.preemptible, share)
             need = share + (0 if borrow else rack.unlent_spares())
             ready.append((_ready_at(fleet, rack.id, need, now), fleet.rack_pos[rack.id],
                           rack.id))

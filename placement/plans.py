@@ -53,8 +53,10 @@ class WhatIf:
     ``plan``: where it would start now (None: it waits, for ``reason``).
     ``expected_start``: when it is expected to start (now if it starts; None: no
     estimate, some end it waits for is unknown or beyond the window).
-    ``largest_free``: the largest slice it could use now, in ``unit`` (nodes for a
-    gang, GPUs of one node for a single-node job). ``ahead``: waiting jobs before it.
+    ``largest_free``: the largest slice it could use now, in ``unit`` (nodes one rack
+    offers a gang; for a gang in segments, the nodes all racks offer in whole
+    segments; GPUs of one node for a single-node job; see
+    :func:`placement.place.largest_free`). ``ahead``: waiting jobs before it.
     """
 
     job_id: str

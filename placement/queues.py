@@ -427,10 +427,11 @@ class Backfill:
             m = -(-n // seg) * seg if seg else n
             return ends[m - 1] if m <= len(ends) else math.inf
         # A rack adds a whole segment when its seg-th, 2seg-th, ... node frees up: the
-        # answer is the ceil(n / seg)-th of those times over the block's racks (with
-        # no segments, the n-th node end; over the whole fleet, read from the ends).
+        # answer is the (n // seg)-th of those times over the block's racks (a shorter
+        # last segment may take any leftover, so it gives no bound; with no segments,
+        # the n-th node end; over the whole fleet, read from the ends).
         unit = seg or 1
-        want = -(-n // unit)
+        want = n // unit
         if unit == 1 and len(ids) == len(self._rack_ends):
             times = self._ends
         else:

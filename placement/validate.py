@@ -2,8 +2,10 @@
 
 Checks, from scratch (it does not trust the Fleet's indexes):
 no GPU held twice; no job on a failed node; a gang holds whole nodes and exactly the
-nodes it needs; a small job sits on one node; required locality is honoured; every
-segment lies inside one rack and the segments cover the allocation.
+nodes it needs; a small job sits on one node; required locality is honoured (no more
+racks than the fewest that could hold the job; for a job in segments, each segment
+inside one rack); every segment lies inside one rack and the segments cover the
+allocation.
 """
 
 from __future__ import annotations
@@ -172,7 +174,9 @@ def _check(fleet: Fleet, allocations: Mapping[str, Allocation],
             if job.segment_nodes and len(seg) > job.segment_nodes:
                 out.append(Violation(jid, "segment-size", f"segment of {len(seg)} nodes > "
                                                           f"{job.segment_nodes}"))
-        if job.locality == REQUIRED:
+        if job.locality == REQUIRED and not (job.segment_nodes and job.segment_nodes < need):
+            # (A job in segments asked for each segment inside one rack, checked above,
+            # as Slurm's --segment: its segments may take several racks.)
             racks_used = {n.rack for n in known}
             size = max(fleet.rack_by_id[r].size for r in racks_used)
             if len(racks_used) > min_racks(need, size, job.segment_nodes):

@@ -81,6 +81,7 @@ class Fleet:
         self.max_spares: dict[int, int] = {g: max(r.spare_nodes for r in rs)
                                            for g, rs in self.groups.items()}
         self._group_nodes: dict[tuple[int, int], int] = {}
+        self._group_sizes: dict[int, list[int]] = {}
         self._undo: _Undo | None = None  # see trial()
         for alloc in allocations:
             self.allocate(alloc)
@@ -235,6 +236,15 @@ class Fleet:
             total = sum((r.size // segment) * segment if segment else r.size for r in racks)
             self._group_nodes[key] = total
         return total
+
+    def group_sizes(self, gpus_per_node: int) -> list[int]:
+        """Node counts of this shape's racks, largest first (racks are fixed for the
+        life of a Fleet)."""
+        sizes = self._group_sizes.get(gpus_per_node)
+        if sizes is None:
+            sizes = sorted((r.size for r in self.groups.get(gpus_per_node, [])), reverse=True)
+            self._group_sizes[gpus_per_node] = sizes
+        return sizes
 
     def racks_with_idle(self, gpus_per_node: int, at_least: int = 1
                         ) -> Iterator[tuple[int, int, Rack]]:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from placement.model import Fleet, JobRequest, Node, Rack
@@ -33,13 +35,21 @@ class Context:
 
 
 def min_racks(nodes: int, rack_size: int, segment: int | None) -> int:
-    """Fewest racks of ``rack_size`` nodes that hold ``nodes``, segments kept whole."""
-    if segment:
-        per_rack = (rack_size // segment) * segment
-        if per_rack == 0:
+    """Fewest racks of ``rack_size`` nodes that hold ``nodes``, segments kept whole
+    (:func:`segment_sizes`; a segment larger than the job is the job). 0: a segment
+    is larger than a rack."""
+    seg = segment_of(segment, nodes)
+    if seg:
+        if seg > rack_size:
             return 0
-        return math.ceil(nodes / per_rack)
+        return fewest_racks(itertools.repeat(rack_size, nodes), nodes, seg) or 0
     return max(1, math.ceil(nodes / rack_size))
+
+
+def segment_of(segment: int | None, nodes: int) -> int | None:
+    """The segment a gang of ``nodes`` nodes really has: at most the gang (a segment
+    longer than the job is the whole job); None without segments."""
+    return min(segment, nodes) if segment else None
 
 
 def segment_sizes(nodes: int, segment: int) -> list[int]:
@@ -48,6 +58,35 @@ def segment_sizes(nodes: int, segment: int) -> list[int]:
     if nodes % segment:
         sizes.append(nodes % segment)
     return sizes
+
+
+def fewest_racks(room: Iterable[int], nodes: int, segment: int | None) -> int | None:
+    """How many of these racks, taken in the order given (largest ``room`` first),
+    hold ``nodes`` nodes, in whole :func:`segment_sizes` of ``segment`` when given;
+    None if all of them together cannot. Reads ``room`` only as far as it needs.
+
+    Taken largest first, the first k racks are as good as any k: a rack with more
+    room holds at least as many whole segments, and of two racks that hold the same
+    number, the larger has the larger leftover for the last, shorter segment. k
+    racks hold q segments of s and one of r < s when they hold q + 1 of s, or q of
+    s and one of them has r nodes left over (r = 0: q of s)."""
+    if segment and segment >= nodes:
+        return 1 if next(iter(room), 0) >= nodes else None  # one segment: the largest rack
+    if not segment:
+        total = 0
+        for k, r in enumerate(room, 1):
+            total += r
+            if total >= nodes:
+                return k
+        return None
+    q, rest = divmod(nodes, segment)
+    whole = left = 0
+    for k, r in enumerate(room, 1):
+        whole += r // segment
+        left = max(left, r % segment)
+        if whole > q or (whole == q and left >= rest):
+            return k
+    return None
 
 
 def whole_node_plan(

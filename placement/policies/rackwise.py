@@ -12,14 +12,21 @@
 3. Gangs bigger than a rack go over the fewest racks, split into equal segments
    (24 -> 12+12, not 16+8), each segment best fit onto the rack with the smallest
    offer that holds it; only when no such racks exist now, unequal segments over the
-   same number of racks (16+8), which costs no extra rack. Fixed segments that best
-   fit cannot place go onto the racks with the most room, largest segment first.
+   same number of racks (16+8), which costs no extra rack.
 4. A gang that is not ``required`` may span more racks than it needs only once it
    has waited SPAN_PATIENCE times what the slowdown would cost it
    (``expected_duration * F / (1 - F)``, F the cross-rack slowdown). The default is
    infinite: with a clock (``now``) it waits. Without a clock it spans at once, for
    interactive what-ifs. Locality ``none`` says the user accepts a span, not that a
    span is free.
+5. A gang in segments (``segment_nodes`` below its size) is placed in those
+   segments, each whole inside one rack, over the fewest racks that hold them now,
+   whatever its locality: the segments are the locality it asked for (``required``
+   means each segment inside one rack, as Slurm's ``--segment``), so step 4 does not
+   apply. In one rack when one holds them all (best fit), else each segment best fit
+   onto the fewest racks, or onto the racks with the most room when best fit spends
+   them on small offers. A rack lends its spares to a segmented gang by the size of
+   a segment, the part that must sit whole in it (:func:`may_borrow`).
 """
 
 from __future__ import annotations
@@ -32,7 +39,9 @@ from placement.model import REQUIRED, Fleet, JobRequest, Node, Rack
 from placement.plans import PlacementPlan, not_placed
 from placement.policies.common import (
     Context,
+    fewest_racks,
     min_racks,
+    segment_of,
     segment_sizes,
     small_plan,
     whole_node_plan,
@@ -52,15 +61,15 @@ def rackwise(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) -> 
         return _small(fleet, job, racks, ctx)
     n = job.nodes_needed(gpn)
     size = fleet.group_size[gpn]
-    seg = job.segment_nodes
+    seg = segment_of(job.segment_nodes, n)
     if seg and seg > size:
         return not_placed(job, NAME, f"segment of {seg} nodes is larger than any rack")
-    if n <= size and (not seg or seg >= n):
+    if seg and seg < n:
+        return _segmented(fleet, job, racks, n, seg, ctx)  # step 5
+    if n <= size:
         plan = _one_rack(fleet, job, racks, n, ctx)
-        if plan.placed:
-            return plan
-        if job.locality == REQUIRED:
-            return plan
+        if plan.placed or job.locality == REQUIRED or seg:
+            return plan  # (a job that is one segment cannot span)
         if not may_span(job, ctx):
             return not_placed(job, NAME, plan.reason + "; spanning racks would cost more "
                                                        "than waiting so far, so it waits")
@@ -70,7 +79,7 @@ def rackwise(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) -> 
         else:
             spill.reason = f"{plan.reason}; {spill.reason}"
         return spill
-    return _many_racks(fleet, job, racks, n, ctx, k_start=min_racks(n, size, seg))
+    return _many_racks(fleet, job, racks, n, ctx, k_start=min_racks(n, size, None))
 
 
 def may_span(job: JobRequest, ctx: Context) -> bool:
@@ -87,16 +96,19 @@ def idle_room(fleet: Fleet, job: JobRequest, ctx: Context) -> bool:
     use, do not hold it in whole segments (an offer is at most a rack's idle count,
     reservations only take nodes away). Read from the idle-count index, for a queue
     pass to skip decisions that cannot succeed."""
-    seg = job.segment_nodes
     spread = job.locality != REQUIRED and may_span(job, ctx)
     for gpn, index in fleet.by_free.items():
         if job.is_small(gpn):
             return True
         n = job.nodes_needed(gpn)
         size = fleet.group_size[gpn]
+        seg = segment_of(job.segment_nodes, n)
         if not n or (seg and seg > size):
             continue
-        top = index if spread else index[-min_racks(n, size, seg):]
+        if seg and seg < n:
+            top = index[n // -seg:]  # as many racks as segments: each holds one at least
+        else:
+            top = index if spread and not seg else index[-min_racks(n, size, None):]
         if idle_holds([f for f, _ in top], n, seg):
             return True
     return False
@@ -109,11 +121,14 @@ def idle_holds(idle: list[int], n: int, seg: int | None) -> bool:
     return sum(idle) >= n and (not seg or sum(f // seg for f in idle) >= n // seg)
 
 
-def may_borrow(rack: Rack, n: int, preemptible: bool) -> bool:
+def may_borrow(rack: Rack, n: int, preemptible: bool, whole: int | None = None) -> bool:
     """May a gang of ``n`` nodes use this rack's spares? Preemptible gangs may (recovery
     can reclaim the nodes), so may gangs of at most ``spare_nodes`` nodes, and gangs too
-    big for the slice (splitting them would cost far more than the spares are worth)."""
-    return preemptible or n <= rack.spare_nodes or n > rack.size - rack.spare_nodes
+    big for the slice (splitting them would cost far more than the spares are worth).
+    ``whole``: the part of the gang that must sit whole in the rack, when that is less
+    than the gang (its segment); it is what must fit the slice."""
+    return (preemptible or n <= rack.spare_nodes
+            or (n if whole is None else whole) > rack.size - rack.spare_nodes)
 
 
 def _offer(rack: Rack, ctx: Context, borrow: bool) -> int:
@@ -123,7 +138,9 @@ def _offer(rack: Rack, ctx: Context, borrow: bool) -> int:
 
 
 def _one_rack(fleet: Fleet, job: JobRequest, racks: list[Rack], n: int,
-              ctx: Context) -> PlacementPlan:
+              ctx: Context, seg: int | None = None) -> PlacementPlan:
+    """The rack with the smallest offer that holds all ``n`` nodes (best fit); with
+    ``seg``, in segments of that size (each rack lends spares by the segment)."""
     best: tuple[int, int, int, Rack] | None = None
     gpn = racks[0].gpus_per_node
     if racks is fleet.groups.get(gpn):
@@ -138,7 +155,7 @@ def _one_rack(fleet: Fleet, job: JobRequest, racks: list[Rack], n: int,
     for free, pos, rack in cands:
         if slack >= 0 and best is not None and free - slack >= best[0]:
             break
-        offer = _offer(rack, ctx, may_borrow(rack, n, job.preemptible))
+        offer = _offer(rack, ctx, may_borrow(rack, n, job.preemptible, seg))
         if offer >= n:
             key = (offer, rack.free_count, pos)
             if best is None or key < best[:3]:
@@ -147,25 +164,100 @@ def _one_rack(fleet: Fleet, job: JobRequest, racks: list[Rack], n: int,
         return not_placed(job, NAME, f"no rack offers {n} idle nodes beyond its spares")
     rack = best[3]
     why = (f"best fit: {rack.id} offers {best[0]} idle nodes (keeping "
-           f"{rack.unlent_spares()} spare), the fewest that hold {n}")
-    return whole_node_plan(fleet, job, NAME, [(rack, sorted(rack.free)[:n])], why, [why])
-
-
-def _split(n: int, k: int, seg: int | None) -> list[int]:
+           f"{rack.free_count - best[0]} spare), the fewest that hold {n}")
+    slots = sorted(rack.free)[:n]
+    picks = [(rack, slots[i:i + seg]) for i in range(0, n, seg)] if seg else [(rack, slots)]
     if seg:
-        return segment_sizes(n, seg)
+        why += f" in segments of {seg}"
+    return whole_node_plan(fleet, job, NAME, picks, why, [why])
+
+
+def _split(n: int, k: int) -> list[int]:
     base, extra = divmod(n, k)
     return [base + 1] * extra + [base] * (k - extra)
 
 
+def _segmented(fleet: Fleet, job: JobRequest, racks: list[Rack], n: int, seg: int,
+               ctx: Context) -> PlacementPlan:
+    """Step 5: a gang in segments of ``seg`` (fewer than its ``n`` nodes), each whole
+    in one rack, over the fewest racks, at any locality.
+
+    1. Cheap reject, with the whole group: offers are at most idle counts, and a rack
+       used holds a segment at least, so the racks with the most idle nodes, as many
+       as there are segments, must hold the segments.
+    2. Offers: each rack with room for the shortest segment offers its idle nodes,
+       less the spares it keeps unless it lends them by the segment
+       (:func:`may_borrow`).
+    3. The fewest racks k: the largest offers, taken in order until they hold the
+       segments (:func:`fewest_racks`; the first k are as good as any k).
+    4. k = 1: the rack with the smallest offer that holds them all (best fit). More:
+       each segment best fit onto at most k racks (:func:`_best_fit`), or, when best
+       fit spends the k racks on small offers, onto the k largest offers, which
+       hold them (:func:`_fill`).
+    """
+    sizes = segment_sizes(n, seg)
+    gpn = racks[0].gpus_per_node
+    shortest = sizes[-1]
+    whole = racks is fleet.groups.get(gpn)
+    if n <= fleet.group_size[gpn]:
+        # k = 1 (step 4) first: read from the index, it stops early, and a busy
+        # fleet rarely needs the offers of every rack below.
+        plan = _one_rack(fleet, job, racks, n, ctx, seg)
+        if plan.placed:
+            return plan
+    if whole:
+        most = [f for f, _ in reversed(fleet.by_free.get(gpn, [])[-len(sizes):])]
+        if fewest_racks(most, n, seg) is None:
+            return not_placed(job, NAME, _segment_room(
+                n, seg, sizes, most, "the racks with the most idle nodes have"))
+        pos = fleet.group_pos
+        cands: Iterable[Rack] = (r for _, _, r in fleet.racks_with_idle(gpn, shortest))
+    else:
+        pos = {r.id: i for i, r in enumerate(racks)}
+        cands = (r for r in racks if r.free_count >= shortest)
+    offers = []
+    for r in cands:
+        o = _offer(r, ctx, may_borrow(r, n, job.preemptible, seg))
+        if o >= shortest:
+            offers.append((o, pos[r.id], r))
+    offers.sort(key=lambda x: (-x[0], x[1]))  # largest offer first, ties in group order
+    k = fewest_racks((o for o, _, _ in offers), n, seg)
+    if k is None:
+        return not_placed(job, NAME, _segment_room(n, seg, sizes, [o for o, _, _ in offers],
+                                                   "the racks offer"))
+    assert k > 1  # one rack would have been found above
+    note = ""
+    picks = _best_fit(sorted(offers, key=lambda x: (x[0], x[1])), sizes, k)
+    if picks is None:
+        picks = _fill(offers[:k], sizes)
+        note = " (best fit could not, so the racks with the most room)"
+    assert picks is not None  # the first k offers hold the segments (step 3)
+    why = (f"{n} nodes in segments of {seg} over the fewest racks ({k}) that hold them"
+           + note)
+    choices = [why] + [f"segment of {len(sl)} -> {r.id} (best fit)" for r, sl in picks]
+    return whole_node_plan(fleet, job, NAME, picks, why, choices)
+
+
+def _segment_room(n: int, seg: int, sizes: list[int], room: list[int], whose: str) -> str:
+    """Why segments do not fit: how many of them these racks' room (largest first)
+    holds at once (full segments in order, the shorter last one in a leftover)."""
+    q = n // seg
+    slots = sum(r // seg for r in room)
+    fits = min(q, slots)
+    if len(sizes) > q and (slots > q or any(r % seg >= sizes[-1] for r in room)):
+        fits += 1
+    return (f"no set of racks holds {n} nodes in segments of {seg}: {whose} room for "
+            f"{fits} of its {len(sizes)} segments")
+
+
 def _many_racks(fleet: Fleet, job: JobRequest, racks: list[Rack], n: int, ctx: Context,
                 k_start: int) -> PlacementPlan:
-    """Fewest racks; equal segments; each segment best fit (smallest offer that holds it)."""
-    seg = job.segment_nodes
+    """A gang without segments over the fewest racks: equal parts, each best fit
+    (smallest offer that holds it); else unequal parts over the same racks."""
     size = fleet.group_size[racks[0].gpus_per_node]
     # Fewest racks only, unless the job may span racks (locality none, or a preferred
     # job that has waited as long as the slowdown would cost it).
-    k_min = min_racks(n, size, seg)
+    k_min = min_racks(n, size, None)
     spread_ok = job.locality != REQUIRED and may_span(job, ctx)
     k_limit = len(racks) if spread_ok else max(k_min, k_start)
     gpn = racks[0].gpus_per_node
@@ -177,49 +269,39 @@ def _many_racks(fleet: Fleet, job: JobRequest, racks: list[Rack], n: int, ctx: C
     if index is not None and sum(f for f, _ in index.by_free.get(gpn, [])[-k_top:]) < n:
         k_top = 0  # even the k_top most idle racks cannot hold it: no k below can
     for k in range(max(1, k_start), k_top + 1):
-        sizes = _split(n, k, seg)
+        sizes = _split(n, k)
         if max(sizes) > size:
             continue
         if index is not None and sum(f for f, _ in index.by_free.get(gpn, [])[-k:]) < n:
             # Both ways below use at most k racks, and a rack offers at most its idle
             # nodes: the k racks with the most idle nodes cannot hold the gang.
-            if seg:
-                break
             continue
-        picks = _assign(index, racks, sizes, ctx, pos, k, job.preemptible)
+        picks = _assign(index, racks, sizes, ctx, pos, k, job.preemptible, n)
         note = ""
-        if picks is None and (seg or k > 1):
-            # Unsegmented: equal segments do not fit now; unequal ones over the same
-            # number of racks cost nothing more in rack count, and beat waiting.
-            # Segmented: best fit can spend the k racks on small offers (12 nodes in
-            # segments of 4 and offers 4 and 16: it takes the 4); the k racks with the
-            # most room hold the most segments.
+        if picks is None and k > 1:
+            # Equal parts do not fit now; unequal ones over the same number of racks
+            # cost nothing more in rack count, and beat waiting.
             if index is not None:
                 top_idle = index.by_free.get(gpn, [])[-k:]
                 if len(top_idle) < k or sum(f for f, _ in top_idle) < n:
                     desc, desc_k = [], k  # offers are at most the idle counts: no room
                 elif desc is None or desc_k < k:
-                    desc, desc_k = _top_offers(index, gpn, k, ctx, min(n, size),
-                                               job.preemptible), k
+                    desc, desc_k = _top_offers(index, gpn, k, ctx, n, job.preemptible), k
             elif desc is None:
-                desc = sorted(((_offer(r, ctx, may_borrow(r, min(n, size), job.preemptible)),
+                desc = sorted(((_offer(r, ctx, may_borrow(r, n, job.preemptible)),
                                 pos[r.id], r) for r in racks if r.free_count),
                               key=lambda x: (-x[0], x[1]))
-            if seg:
-                picks = _fill(desc[:k], sizes)
-                note = " (best fit could not, so the racks with the most room)"
-            else:
-                picks = _unequal(desc[:k], n, k)
-                note = f" (no {k} racks hold {'+'.join(map(str, sizes))}, so unequal)"
+            picks = _unequal(desc[:k], n, k)
+            note = f" (no {k} racks hold {'+'.join(map(str, sizes))}, so unequal)"
         if picks is not None:
             n_racks = len({r.id for r, _ in picks})
             why = (f"{n} nodes over the fewest racks ({n_racks}) in segments "
                    + "+".join(str(len(s)) for _, s in picks) + note)
             choices = [why] + [f"segment of {len(s)} -> {r.id} (best fit)" for r, s in picks]
             return whole_node_plan(fleet, job, NAME, picks, why, choices)
-        if seg:
-            break  # fixed segments: the k loop does not change the split
-    return not_placed(job, NAME, f"no set of racks holds {n} nodes in whole segments"
+    if spread_ok:
+        return not_placed(job, NAME, f"the racks together do not offer {n} idle nodes")
+    return not_placed(job, NAME, f"no {k_limit} racks offer {n} idle nodes together"
                       + ("; required locality, the job waits" if job.locality == REQUIRED
                          else ""))
 
@@ -249,14 +331,12 @@ def _top_offers(fleet: Fleet, gpn: int, k: int, ctx: Context, n: int, preemptibl
 
 
 def _assign(fleet: Fleet | None, racks: list[Rack], sizes: list[int], ctx: Context,
-            pos: dict[str, int], k: int, preemptible: bool
+            pos: dict[str, int], k: int, preemptible: bool, n: int
             ) -> list[tuple[Rack, list[int]]] | None:
-    """Best-fit each segment (largest first) onto a rack, at most ``k`` racks.
-
-    Racks are sorted once by offer; each new segment takes the rack with the smallest
-    offer that holds it (bisect), after trying racks it already uses. With ``fleet``
-    (``racks`` is its whole shape group) the racks with room come from its index.
-    """
+    """Best-fit each part (largest first) onto a rack, at most ``k`` racks. A rack
+    lends its spares by the largest part, the most it must hold (:func:`may_borrow`).
+    With ``fleet`` (``racks`` is its whole shape group) the racks with room come from
+    its index."""
     smallest = min(sizes)
     offers: list[tuple[int, int, Rack]] = []
     biggest = max(sizes)
@@ -268,19 +348,28 @@ def _assign(fleet: Fleet | None, racks: list[Rack], sizes: list[int], ctx: Conte
     for r in cands:
         if r.free_count < smallest:
             continue
-        o = _offer(r, ctx, may_borrow(r, biggest, preemptible))
+        o = _offer(r, ctx, may_borrow(r, n, preemptible, biggest))
         if o >= smallest:
             offers.append((o, pos[r.id], r))
     if sum(o for o, _, _ in offers) < sum(sizes):
         return None
     offers.sort(key=lambda x: (x[0], x[1]))
+    return _best_fit(offers, sizes, k)
+
+
+def _best_fit(offers: list[tuple[int, int, Rack]], sizes: list[int], k: int
+              ) -> list[tuple[Rack, list[int]]] | None:
+    """Each part (largest first) onto a rack, at most ``k`` racks: the rack already
+    used with the least room left that holds it, else a new rack, the one with the
+    smallest offer that holds it (``offers`` sorted by offer, then group position;
+    bisect)."""
     keys = [o for o, _, _ in offers]
     left: dict[str, int] = {}
-    used: dict[str, Rack] = {}
+    used: dict[str, tuple[int, Rack]] = {}
     slots: dict[str, list[int]] = {}
     picks: list[tuple[Rack, list[int]]] = []
     for size in sorted(sizes, reverse=True):
-        rid = min((r for r in left if left[r] >= size), key=lambda r: (left[r], pos[r]),
+        rid = min((r for r in left if left[r] >= size), key=lambda r: (left[r], used[r][0]),
                   default=None)
         if rid is None:
             if len(used) >= k:
@@ -290,10 +379,10 @@ def _assign(fleet: Fleet | None, racks: list[Rack], sizes: list[int], ctx: Conte
                 i += 1
             if i == len(offers):
                 return None
-            o, _, rack = offers[i]
+            o, p, rack = offers[i]
             rid = rack.id
-            used[rid], left[rid], slots[rid] = rack, o, sorted(rack.free)
-        picks.append((used[rid], slots[rid][:size]))
+            used[rid], left[rid], slots[rid] = (p, rack), o, sorted(rack.free)
+        picks.append((used[rid][1], slots[rid][:size]))
         slots[rid] = slots[rid][size:]
         left[rid] -= size
     return picks
@@ -401,16 +490,23 @@ def rack_room(job: JobRequest, racks: list[Rack]) -> Callable[[dict[str, int]], 
     gpn = racks[0].gpus_per_node
     n = job.nodes_needed(gpn)
     size = max(r.size for r in racks)
-    seg = job.segment_nodes
-    k = min_racks(n, size, seg)
+    seg = segment_of(job.segment_nodes, n)
     ids = [r.id for r in racks]
+    if seg and seg < n:
+        # Segments over any racks (step 5): the racks with the most room, as many as
+        # there are segments, must hold them.
+        m = -(-n // seg)
+
+        def test(avail: dict[str, int]) -> bool:
+            return fewest_racks(heapq.nlargest(m, (avail[r] for r in ids)), n, seg) is not None
+        test.blocks = [(ids, n, seg)]  # type: ignore[attr-defined]
+        return test
+    k = min_racks(n, size, seg)
 
     def test(avail: dict[str, int]) -> bool:
         if k == 1:
             return any(avail[r] >= n for r in ids)
-        vals = sorted(((avail[r] // seg) * seg if seg else avail[r] for r in ids),
-                      reverse=True)
-        return sum(vals[:k]) >= n
+        return sum(heapq.nlargest(k, (avail[r] for r in ids))) >= n
     # The same as blocks (a weaker test for k > 1: all racks together), for
     # Backfill to find the first time worth trying.
     test.blocks = ([([r], n, seg) for r in ids] if k == 1  # type: ignore[attr-defined]
