@@ -16,7 +16,7 @@ from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from django.views.generic import TemplateView
 
-from fleet import redact
+from fleet import engine, redact
 from fleet.api.webhooks import WebhookDeliverySerializer, WebhookEndpointSerializer
 from fleet.choices import (
     ACTIVE_JOB_STATES,
@@ -49,6 +49,7 @@ from fleet.services.actions import policies as action_policies
 from fleet.services.attention import age_text, attention
 from fleet.services.capacity import fleet_capacity
 from fleet.services.summary import rack_summaries
+from placement.place import largest_free
 
 PAGE_ROWS = 200
 DELIVERY_ROWS = 10  # per webhook endpoint on its page
@@ -191,16 +192,20 @@ class JobListView(FilteredPageMixin, RoleRequiredMixin, TemplateView):
 
 
 def waiting_reason(job: Job) -> str:
-    """Why a pending job waits, in words, from the fleet as it is now."""
+    """Why a pending job waits, in words, from the fleet as it is now: the room
+    the engine offers this job (spares kept unless it may borrow them), the
+    what-if's figure (``placement.place.largest_free``), so the words never say
+    there is room the job could not use."""
     if job.state != JobState.PENDING:
         return ""
-    free = [s.nodes_free for s in rack_summaries().values()] or [0]
-    largest = max(free)
     if job.num_nodes:
+        with engine.live_snapshot() as snap:
+            largest, _unit = largest_free(snap.fleet, engine.job_request(job))
         need = job.segment_nodes or job.num_nodes
         words = f"needs {need} nodes in one rack; the largest free slice is {largest}"
         if job.num_nodes > need:
-            words = f"needs {job.num_nodes} nodes in segments of {need} per rack; the largest free slice is {largest}"
+            words = (f"needs {job.num_nodes} nodes in segments of {need}, each inside one rack; "
+                     f"the free racks hold {largest} nodes in whole segments of {need}")
     else:
         words = f"needs {job.num_gpus} GPU(s) on one node"
     return f"{words}. {job.state_reason}".strip() if job.state_reason else words

@@ -47,10 +47,14 @@ class PassResult:
 
 
 def _spills(plan: PlacementPlan, job: pm.JobRequest, fleet: pm.Fleet) -> bool:
-    """Does the placement use more racks than the job needs?"""
+    """Does the placement use more racks than the job needs? A job in segments
+    asked for each segment inside one rack and no more (the invariant checker has
+    seen to that), so its segments over several racks are no spill."""
     if len(plan.racks) <= 1:
         return False
     gpn = fleet.nodes[next(iter(plan.nodes))].gpus
+    if job.segment_nodes and job.segment_nodes < job.nodes_needed(gpn):
+        return False
     size = max(r.size for r in fleet.groups.get(gpn, fleet.racks))
     return len(plan.racks) > pm.racks_needed(job.nodes_needed(gpn) or 1, size)
 
@@ -274,7 +278,12 @@ def _what_if_answer(snap: engine.Snapshot, answer, request: pm.JobRequest, now: 
             )
         summary = f"would start now on {where}"
     else:
-        slice_ = f"the largest free slice is {answer.largest_free} {answer.unit}"
+        seg = request.segment_nodes
+        if answer.unit == "nodes" and seg and request.num_nodes and seg < request.num_nodes:
+            # It may spread its segments over racks: the room that counts is all of it.
+            slice_ = f"the free racks hold {answer.largest_free} nodes in whole segments of {seg}"
+        else:
+            slice_ = f"the largest free slice is {answer.largest_free} {answer.unit}"
         if answer.expected_start is None:
             when = "no expected start: the jobs it waits for give no expected duration"
         else:
