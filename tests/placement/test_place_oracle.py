@@ -167,6 +167,11 @@ def test_place_finds_a_placement_whenever_the_oracle_does(data) -> None:
         assert validate(fleet, {job.id: plan.allocation(job)}) == []
         assert oracle.check_plan(fleet, job, plan, **kw) == [], plan.to_dict()  # type: ignore[arg-type]
         assert len(plan.racks) == ans.fewest_racks, (plan.racks, ans.fewest_racks)
+        gangs = [g for g in ans.groups if g.nodes]
+        if len(plan.racks) == 1 and len(gangs) == 1 and len(ans.groups) == 1:
+            # Best fit: of the racks that hold it alone, the one offering the fewest.
+            offers = {rr.rack.id: rr.offer for rr in gangs[0].racks}
+            assert offers[plan.racks[0]] == min(o for o in offers.values() if o >= gangs[0].nodes)
     else:
         assert not ans.feasible
         check_reason(fleet, job, plan.reason, kw)
