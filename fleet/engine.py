@@ -32,6 +32,15 @@ ENGINE_HEALTH = {
 }
 
 
+def engine_health(state: str, held_for: int | None = None) -> str:
+    """A node's health as the engine sees it. A healthy node held for a plan
+    (``NodeHold``) takes no new work but keeps its jobs, as a draining one does:
+    the scheduler, recovery and other plans pass it by, and the plan itself sees
+    it as it is (:meth:`Snapshot.unhold`)."""
+    health = ENGINE_HEALTH[state]
+    return pm.DRAINING if held_for is not None and health == pm.HEALTHY else health
+
+
 def job_request(job: Job) -> pm.JobRequest:
     return pm.JobRequest(
         id=str(job.pk),
@@ -57,6 +66,21 @@ class Snapshot:
     jobs: dict[str, Job] = field(default_factory=dict)
     hostnames: dict[str, str] = field(default_factory=dict)
     rack_names: dict[str, str] = field(default_factory=dict)
+    # Held nodes: node id -> (the action holding it, its health without the hold).
+    held: dict[str, tuple[int, str]] = field(default_factory=dict)
+
+    def holder(self, node_id) -> int | None:
+        """The action a node is held for, or None."""
+        hold = self.held.get(str(node_id))
+        return hold[0] if hold else None
+
+    def unhold(self, action_id: int) -> None:
+        """Inside a ``fleet.trial()``: the nodes held for ``action_id`` as they
+        are without the hold, so that the action's own plan (checked, or planned
+        again) may use the nodes it holds. The trial puts the holds back."""
+        for nid, (owner, health) in self.held.items():
+            if owner == action_id and self.fleet.nodes[nid].health != health:
+                self.fleet.set_health(nid, health)
 
     def describe_nodes(self, node_ids) -> list[str]:
         return [self.hostnames.get(n, n) for n in node_ids]
@@ -85,11 +109,14 @@ def load_snapshot() -> Snapshot:
     racks: list[pm.Rack] = []
     hostnames: dict[str, str] = {}
     rack_names: dict[str, str] = {}
+    held: dict[str, tuple[int, str]] = {}
     nodes_by_rack: dict[int, list[pm.Node]] = defaultdict(list)
-    for node_id, rack_id, slot, hostname, state, gpus in _node_rows(Node.objects.all()):
+    for node_id, rack_id, slot, hostname, state, gpus, held_for in _node_rows(Node.objects.all()):
         nid = str(node_id)
         hostnames[nid] = hostname
-        nodes_by_rack[rack_id].append(pm.Node(nid, str(rack_id), slot, gpus, ENGINE_HEALTH[state]))
+        if held_for is not None:
+            held[nid] = (held_for, ENGINE_HEALTH[state])
+        nodes_by_rack[rack_id].append(pm.Node(nid, str(rack_id), slot, gpus, engine_health(state, held_for)))
     for rack_id, name, spare_nodes in Rack.objects.order_by(*RACK_ORDER).values_list("id", "name", "spare_nodes"):
         nodes = nodes_by_rack.get(rack_id)
         if not nodes:
@@ -98,7 +125,7 @@ def load_snapshot() -> Snapshot:
         racks.append(pm.Rack(str(rack_id), nodes, spare_nodes=_spares(spare_nodes, len(nodes))))
     fleet = pm.Fleet(racks)
     jobs = _restore(fleet, Allocation.objects.filter(released_at__isnull=True))
-    return Snapshot(fleet, jobs, hostnames, rack_names)
+    return Snapshot(fleet, jobs, hostnames, rack_names, held)
 
 
 # The order of racks in a Fleet (the engine's tie-breaks follow it).
@@ -106,10 +133,11 @@ RACK_ORDER = ("site", "row", "position", "name")
 
 
 def _node_rows(nodes):
+    """(id, rack id, slot, hostname, state, GPU count, the action holding it or None)."""
     return (
         nodes.annotate(gpu_count=Count("gpus"))
         .order_by("rack_id", "slot")
-        .values_list("id", "rack_id", "slot", "hostname", "state", "gpu_count")
+        .values_list("id", "rack_id", "slot", "hostname", "state", "gpu_count", "hold__action_id")
     )
 
 
@@ -224,12 +252,13 @@ class LiveFleet:
     def _apply(self, snap: Snapshot, changed: list[int]) -> None:
         fleet = snap.fleet
         rows: dict[str, list] = defaultdict(list)
-        for node_id, rack_id, slot, hostname, state, gpus in _node_rows(Node.objects.filter(rack_id__in=changed)):
-            rows[str(rack_id)].append((str(node_id), slot, hostname, ENGINE_HEALTH[state], gpus))
+        for node_id, rack_id, slot, hostname, state, gpus, held_for in _node_rows(Node.objects.filter(rack_id__in=changed)):
+            hold = (held_for, ENGINE_HEALTH[state]) if held_for is not None else None
+            rows[str(rack_id)].append((str(node_id), slot, hostname, engine_health(state, held_for), gpus, hold))
         affected: set[str] = set()
         for rid in map(str, changed):
             rack = fleet.rack_by_id.get(rid)
-            layout = [(nid, slot, gpus) for nid, slot, _, _, gpus in rows[rid]]
+            layout = [(nid, slot, gpus) for nid, slot, _, _, gpus, _ in rows[rid]]
             if rack is None:
                 if layout:
                     raise _Gap(rid)  # a rack without nodes (left out of the fleet) has some now
@@ -244,8 +273,14 @@ class LiveFleet:
                 fleet.release(jid)
             snap.jobs.pop(jid, None)
         for rid in map(str, changed):
-            for nid, _, hostname, health, _ in rows[rid]:
+            # A hold is taken or released with its racks' versions moved
+            # (fleet.services.action_lifecycle), so a changed rack's holds are read here.
+            for nid, _, hostname, health, _, hold in rows[rid]:
                 snap.hostnames[nid] = hostname
+                if hold is None:
+                    snap.held.pop(nid, None)
+                else:
+                    snap.held[nid] = hold
                 if fleet.nodes[nid].health != health:
                     fleet.set_health(nid, health)
         snap.jobs.update(
@@ -298,6 +333,8 @@ def verify(snap: Snapshot) -> None:
         problems.append(_first_difference(mine, theirs))
     if snap.hostnames != fresh.hostnames or snap.rack_names != fresh.rack_names:
         problems.append("host or rack names differ")
+    if snap.held != fresh.held:
+        problems.append(f"held nodes differ: in memory {sorted(snap.held.items())}, in the rows {sorted(fresh.held.items())}")
     if problems:
         raise LiveFleetDrift("; ".join(problems[:5]))
 
@@ -343,4 +380,4 @@ def policy() -> str:
     return settings.RACKWISE_POLICY
 
 
-__all__ = ["ENGINE_HEALTH", "LiveFleet", "LiveFleetDrift", "Snapshot", "canonical", "job_request", "live_snapshot", "load_snapshot", "policy", "verify"]
+__all__ = ["ENGINE_HEALTH", "LiveFleet", "LiveFleetDrift", "Snapshot", "canonical", "engine_health", "job_request", "live_snapshot", "load_snapshot", "policy", "verify"]

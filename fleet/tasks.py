@@ -18,8 +18,8 @@ from django.utils import timezone
 from fleet import locks
 from fleet.choices import ActionState, JobState
 from fleet.models import Action, Job
+from fleet.services import action_lifecycle, audit, cluster_sync, scheduling
 from fleet.services import actions as action_services
-from fleet.services import audit, cluster_sync, scheduling
 from fleet.services import defrag as defrag_services
 from fleet.services import jobs as job_services
 from fleet.services import nodes as node_services
@@ -124,8 +124,24 @@ def execute_action(action_id: int) -> str:
     (``retry_in``, the service's backoff), by this task re-sent with a countdown."""
     try:
         with locks.action_lock(action_id) as lock:
+            # The re-check before the first step may make the plan again and
+            # take holds: a decision, so under the decision lock (the steps
+            # themselves run without it). Busy: reconcile sends it again.
+            begun = False
+            if action_services.needs_decision_to_begin(action_id):
+                try:
+                    # A short wait, well inside the action lock's TTL.
+                    with locks.decisions(wait=settings.RACKWISE_STALL_S / 3):
+                        not_started = action_services.begin(action_id)
+                except locks.Busy:
+                    execute_action.apply_async((action_id,), countdown=1)
+                    return "the decision lock is busy; trying again shortly"
+                if not_started is not None:
+                    return not_started.message
+                begun = True
             while True:
-                result = action_services.execute_next_step(action_id)
+                result = action_services.execute_next_step(action_id, begun=begun)
+                begun = True
                 if result.retry_in is not None:
                     execute_action.apply_async((action_id,), countdown=result.retry_in)
                     return result.message
@@ -186,8 +202,10 @@ def reconcile_once(now=None) -> dict:
         recover_job.delay(job_id)
         done["recovering"].append(job_id)
 
-    # 4. Draining nodes left empty by a release that could not take their lock.
+    # 4. Draining nodes left empty by a release that could not take their lock,
+    #    and holds left by an action that ended outside the lifecycle (drift).
     done["drained"] = node_services.settle_drained_nodes()
+    done["holds_released"] = action_lifecycle.release_stale_holds()
 
     # 5. And a scheduling pass if anything waits. (Jobs that ended in the
     #    cluster are the periodic sync's: fleet.tasks.sync_cluster.)

@@ -3,7 +3,7 @@ the approval policy, the webhook cluster's callbacks, and the step kinds."""
 
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field, inline_serializer
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.permissions import AllowAny
@@ -16,20 +16,30 @@ from fleet.choices import ActionKind, ApprovalMode
 from fleet.cluster import steps
 from fleet.filtersets import ActionFilterSet
 from fleet.locks import Busy, decisions
-from fleet.models import Action
+from fleet.models import Action, HoldRole
 from fleet.permissions import tenant_ids_of, visible_actions
 from fleet.services import actions as action_services
 from fleet.services import callbacks as callback_services
 from fleet.services import defrag as defrag_services
+from fleet.services.action_lifecycle import HOLD_KINDS
 
 # The schema's bound; RACKWISE_DEFRAG_MAX_BUDGET_GPU_HOURS (checked by the service) may be lower.
 MAX_BUDGET_GPU_HOURS = 1e9
+
+
+class HoldSerializer(serializers.Serializer):
+    node = serializers.IntegerField(source="node_id")
+    hostname = serializers.CharField(source="node.hostname")
+    rack = serializers.IntegerField(source="node.rack_id")
+    role = serializers.ChoiceField(choices=HoldRole.choices, help_text="empty: the plan moves jobs off it; fill: it moves jobs onto it.")
 
 
 class ActionSerializer(serializers.ModelSerializer):
     jobs = serializers.PrimaryKeyRelatedField(many=True, read_only=True)
     steps = serializers.SerializerMethodField()
     redacted = serializers.SerializerMethodField()
+    holds = serializers.SerializerMethodField()
+    replaced_by = serializers.SerializerMethodField()
 
     class Meta:
         model = Action
@@ -37,9 +47,22 @@ class ActionSerializer(serializers.ModelSerializer):
             "id", "kind", "state", "title", "jobs", "steps", "plan", "cost_gpu_hours", "benefit",
             "fleet_version", "proposed_by_name", "decided_by_name", "decided_at", "decision_note",
             "step_index", "progress", "log", "error", "created_at", "updated_at", "started_at", "finished_at",
-            "redacted",
+            "redacted", "holds", "lost_gpu_hours", "replaces", "replaced_by",
         ]
         read_only_fields = fields
+        extra_kwargs = {
+            "lost_gpu_hours": {"help_text": "What the plan's end cost: the GPU-hours of work lost by every job it stopped (null until a plan that holds nodes ends)."},
+            "replaces": {"help_text": "The plan this one was made to replace (it had gone stale)."},
+        }
+
+    @extend_schema_field(HoldSerializer(many=True))
+    def get_holds(self, obj: Action) -> list[dict]:
+        """The nodes held for the plan from its approval to its end."""
+        return HoldSerializer(obj.holds.select_related("node").order_by("node_id"), many=True).data
+
+    def get_replaced_by(self, obj: Action) -> int | None:
+        """The plan made to replace this one, when it went stale."""
+        return obj.replaced_by
 
     def to_representation(self, instance: Action) -> dict:
         # A submitter reads other tenants' jobs in an action by id only (fleet.redact);
@@ -60,6 +83,17 @@ class ActionSerializer(serializers.ModelSerializer):
 
 class DecisionSerializer(serializers.Serializer):
     note = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+
+
+class ReplannedSerializer(serializers.Serializer):
+    """A 409 to an approval: ``detail`` says why; when the plan had gone stale
+    and was made again, the new plan (``action``) and its cost come with it."""
+
+    detail = serializers.CharField()
+    replanned = serializers.BooleanField(required=False)
+    action = ActionSerializer(required=False, help_text="The new plan, proposed: approve it to confirm its cost.")
+    cost_gpu_hours = serializers.FloatField(required=False)
+    previous_cost_gpu_hours = serializers.FloatField(required=False)
 
 
 class DefragRequestSerializer(serializers.Serializer):
@@ -111,12 +145,50 @@ class ActionViewSet(viewsets.ReadOnlyModelViewSet):
         form = DecisionSerializer(data=request.data)
         form.is_valid(raise_exception=True)
         service(request.user, action_obj.pk, form.validated_data["note"])
-        return Response(ActionSerializer(self.get_queryset().get(pk=action_obj.pk)).data)
+        return Response(self._read(action_obj.pk))
 
-    @extend_schema(request=DecisionSerializer, responses=ActionSerializer)
+    def _read(self, pk: int) -> dict:
+        return ActionSerializer(self.get_queryset().get(pk=pk), context=self.get_serializer_context()).data
+
+    @extend_schema(
+        request=DecisionSerializer,
+        responses={
+            200: ActionSerializer,
+            409: OpenApiResponse(
+                ReplannedSerializer,
+                description="Conflicts with the action's state; or the plan had gone stale and was made again: "
+                "``action`` is the new plan, which waits for the operator to confirm its cost (approve it).",
+            ),
+        },
+    )
     @action(detail=True, methods=["post"])
     def approve(self, request, pk=None):
-        return self._decide(request, action_services.approve)
+        """Approve a proposed action. A plan that holds nodes (a defrag plan, a
+        migration) is checked on the fleet as it is now, under the decision lock,
+        and holds its nodes from here; one that went stale is made again and the
+        answer is a 409 with the new plan and its cost, to be confirmed."""
+        action_obj = self.get_object()
+        form = DecisionSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        note = form.validated_data["note"]
+        try:
+            if action_obj.kind in HOLD_KINDS:
+                with decisions(wait=30):
+                    action_services.approve(request.user, action_obj.pk, note)
+            else:
+                action_services.approve(request.user, action_obj.pk, note)
+        except Busy:
+            return Response({"detail": "another decision is in progress; try again in a moment"}, status=status.HTTP_409_CONFLICT)
+        except action_services.Replanned as exc:
+            body = {
+                "detail": str(exc),
+                "replanned": True,
+                "action": self._read(exc.successor.pk),
+                "cost_gpu_hours": exc.successor.cost_gpu_hours,
+                "previous_cost_gpu_hours": exc.action.cost_gpu_hours,
+            }
+            return Response(body, status=status.HTTP_409_CONFLICT)
+        return Response(self._read(action_obj.pk))
 
     @extend_schema(request=DecisionSerializer, responses=ActionSerializer)
     @action(detail=True, methods=["post"])

@@ -1,6 +1,7 @@
 """The simulated cluster (``RACKWISE_CLUSTER=simulated``, the default): each
 step takes a realistic time, with progress reports for the console, and may
-fail by injection (``RACKWISE_SIM_FAILURE_RATE``). A job ends in this cluster
+fail by injection (``RACKWISE_SIM_FAILURE_RATE``, or given steps for certain:
+``fail_at``). A job ends in this cluster
 once its expected duration (times ``RACKWISE_SIM_TIME_SCALE``) has passed since
 it started: :meth:`SimulatedAdapter.job_states` reports it completed, and the
 sync service (:mod:`fleet.services.cluster_sync`) finishes it in Rackwise, as
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Collection
 from datetime import timedelta
 
 from django.conf import settings
@@ -55,11 +57,21 @@ SIM_DURATIONS = {
 class SimulatedAdapter:
     name = "simulated"
 
-    def __init__(self, step_seconds: float, failure_rate: float, time_scale: float, seed: int | None = None) -> None:
+    def __init__(
+        self,
+        step_seconds: float,
+        failure_rate: float,
+        time_scale: float,
+        seed: int | None = None,
+        fail_at: Collection[int] = (),
+    ) -> None:
         self.step_seconds = step_seconds
         self.failure_rate = failure_rate
         self.time_scale = time_scale
         self.rng = random.Random(seed)
+        # Step indices that fail for certain (tests, demos of a failure midway);
+        # a rollback's steps are numbered after the plan's and never match.
+        self.fail_at = frozenset(fail_at)
 
     @classmethod
     def from_settings(cls) -> SimulatedAdapter:
@@ -77,6 +89,8 @@ class SimulatedAdapter:
                 progress=(index + done) / total, step_started_at=timezone.now()
             )
             events.actions_changed([action.pk])
+        if index in self.fail_at:
+            raise StepFailed(f"simulated failure injected in {step.op} (step {index + 1})")
         if self.failure_rate and self.rng.random() < self.failure_rate:
             raise StepFailed(f"simulated failure injected in {step.op}")
         if isinstance(step, Allocate):

@@ -1,4 +1,4 @@
-from fleet.models.actions import Action, AgentToken, ApprovalPolicy
+from fleet.models.actions import Action, AgentToken, ApprovalPolicy, HoldRole, NodeHold
 from fleet.models.audit import AuditEvent
 from fleet.models.jobs import Allocation, Job, Tenant
 from fleet.models.metrics import FleetSample
@@ -13,8 +13,10 @@ __all__ = [
     "ApprovalPolicy",
     "AuditEvent",
     "FleetSample",
+    "HoldRole",
     "Job",
     "Node",
+    "NodeHold",
     "Rack",
     "Tenant",
     "WebhookDelivery",

@@ -56,6 +56,15 @@ class Action(models.Model):
     # A proposal waiting for an operator was last found still the best decision
     # at this time (fleet.services.proposals re-checks it as the fleet changes).
     checked_at = models.DateTimeField(null=True, blank=True)
+    # The plan this one was made to replace, when the fleet moved away from that
+    # one (a re-plan keeps its request; fleet.services.defrag.replan).
+    replaces = models.ForeignKey(
+        "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="replacements"
+    )
+    # What the end of a plan that stopped jobs cost, in GPU-hours: the work lost
+    # by every job it stopped (each restarts from its checkpoint, on its old
+    # nodes or its new ones). None until a plan that holds nodes ends.
+    lost_gpu_hours = models.FloatField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -67,6 +76,49 @@ class Action(models.Model):
     @property
     def steps(self) -> list[dict]:
         return self.plan.get("steps", [])
+
+    @property
+    def ended_early(self) -> bool:
+        """Ended without carrying its plan out (expired, rejected, cancelled, failed)."""
+        return self.state in (ActionState.EXPIRED, ActionState.REJECTED, ActionState.CANCELLED, ActionState.FAILED)
+
+    @property
+    def held_nodes(self) -> list[tuple[str, str]]:
+        """(hostname, role) of each node held for this plan, in one query."""
+        return list(self.holds.order_by("node__hostname").values_list("node__hostname", "role"))
+
+    @property
+    def replaced_by(self) -> int | None:
+        """The id of the plan made to replace this one, if any."""
+        return self.replacements.order_by("-id").values_list("pk", flat=True).first()
+
+
+class HoldRole(models.TextChoices):
+    EMPTY = "empty", "Emptied by the plan"
+    FILL = "fill", "Filled by the plan"
+
+
+class NodeHold(models.Model):
+    """A node held for an approved or executing plan, from its approval to its
+    end: the nodes it empties and the nodes it fills. The scheduler, recovery and
+    other plans see a held node as taking no new work (``fleet.engine``), and the
+    services refuse to place anything else there. Taken and released only by
+    ``fleet.services.action_lifecycle``, in the transaction that approves or ends
+    the action; the row goes with the action, so no crash leaves a hold behind.
+
+    A node is held by one action at most (the primary key): two plans can never
+    both count on it."""
+
+    node = models.OneToOneField("fleet.Node", on_delete=models.CASCADE, primary_key=True, related_name="hold")
+    action = models.ForeignKey(Action, on_delete=models.CASCADE, related_name="holds")
+    role = models.CharField(max_length=8, choices=HoldRole.choices)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["node_id"]
+
+    def __str__(self) -> str:
+        return f"node {self.node_id} held for action #{self.action_id} ({self.role})"
 
 
 class ApprovalPolicy(models.Model):

@@ -16,6 +16,7 @@ at most :data:`RETRY_MAX_S`) and nothing is applied for it meanwhile.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.db import transaction
@@ -29,10 +30,10 @@ from fleet.cluster.steps import Step, StepError
 from fleet.models import Action, ApprovalPolicy, Job, Rack
 from fleet.permissions import has_role
 from fleet.services import action_lifecycle as lifecycle
-from fleet.services import audit, cluster_sync
+from fleet.services import audit, cluster_sync, rollback
 from fleet.services import jobs as job_services
 from fleet.services import steps as step_rules
-from fleet.services.errors import InvalidInput, NotAllowed, ServiceError
+from fleet.services.errors import Conflict, InvalidInput, NotAllowed, ServiceError
 from placement.validate import validate
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,10 @@ class Proposal:
     cost_gpu_hours: float = 0.0
     benefit: dict | None = None
     done_steps: int = 0
+    # What was asked for (a defrag's target, budget, move limit): a re-plan asks again.
+    request: dict | None = None
+    # The plan this one replaces (see fleet.services.defrag.replan).
+    replaces: int | None = None
 
 
 def propose(*, actor=None, version: int | None = None, **fields) -> Action:
@@ -98,7 +103,8 @@ def propose_many(proposals: list[Proposal], *, actor=None, version: int | None =
             Action(
                 kind=p.kind,
                 title=p.title[:300],
-                plan={"steps": p.steps, "engine": p.engine_plan or {}},
+                plan={"steps": p.steps, "engine": p.engine_plan or {}, **({"request": p.request} if p.request else {})},
+                replaces_id=p.replaces,
                 cost_gpu_hours=round(p.cost_gpu_hours, 4),
                 benefit=p.benefit or {},
                 fleet_version=version,
@@ -145,8 +151,76 @@ def _decide(actor, action_id: int, to_state: str, note: str) -> Action:
     )
 
 
+class Replanned(Conflict):
+    """An approval that found its plan stale: the plan was made again
+    (``successor``, which replaces it) and waits for the operator to confirm
+    the new cost. The API answers 409 with the new plan."""
+
+    def __init__(self, action: Action, successor: Action, why: str) -> None:
+        super().__init__(
+            f"action #{action.pk} went stale ({why}); re-planned as #{successor.pk} for "
+            f"{successor.cost_gpu_hours:.1f} GPU-hours (it was {action.cost_gpu_hours:.1f}): "
+            f"approve #{successor.pk} to confirm"
+        )
+        self.action = action
+        self.successor = successor
+
+
+# A kind's re-planner (registered by its planner: ActionKind.DEFRAG by
+# fleet.services.defrag): make a new plan in place of ``action`` that the fleet
+# moved away from (``problems``), expiring it; None when no new plan can be made
+# (it expires saying why). ``keep_approval``: an approved plan re-checked before
+# its first step, whose approval carries over to a new plan within its cost.
+Replanner = Callable[..., Action | None]
+REPLANNERS: dict[str, Replanner] = {}
+
+
+def redecide(actor, action: Action, problems: list[str], *, keep_approval: bool = False) -> Action | None:
+    """The plan of ``action`` no longer holds: its kind's re-planner puts a new
+    plan in its place (returned), or, for a kind without one, it expires and the
+    lifecycle asks for a new decision (None)."""
+    replanner = REPLANNERS.get(action.kind)
+    if replanner is None:
+        expire(actor, action.pk, problems)
+        return None
+    return replanner(actor, action, problems, keep_approval=keep_approval)
+
+
+def latest_replacement(action: Action) -> Action | None:
+    """The newest plan in the chain of re-plans that replaced ``action``."""
+    seen = {action.pk}
+    newest = None
+    current = action
+    while (next_id := current.replaced_by) is not None and next_id not in seen:
+        seen.add(next_id)
+        current = newest = Action.objects.get(pk=next_id)
+    return newest
+
+
 def approve(actor, action_id: int, note: str = "") -> Action:
-    """proposed -> approved; a worker starts executing it on commit."""
+    """proposed -> approved; a worker starts executing it on commit.
+
+    A plan that holds nodes (``lifecycle.HOLD_KINDS``) is checked on the fleet as
+    it is now first, and holds its nodes from this commit on. One that went stale
+    since it was proposed is made again (Replanned, a 409 with the new plan and
+    cost, which the operator confirms by approving it) instead of being approved
+    and failing; one already replaced answers with its replacement. The caller
+    holds the decision lock, as for any decision (the API does)."""
+    _require_operator(actor)
+    action = Action.objects.filter(pk=action_id).first()
+    if action is not None and action.kind in lifecycle.HOLD_KINDS:
+        if action.state == ActionState.EXPIRED and (newer := latest_replacement(action)) is not None:
+            if newer.state == ActionState.PROPOSED:
+                raise Replanned(action, newer, action.error or "superseded")
+        elif action.state == ActionState.PROPOSED:
+            problems = check_plan(action)
+            if problems:
+                why = "; ".join(problems)
+                successor = redecide(actor, action, [f"stale at approval: {why}"])
+                if successor is not None:
+                    raise Replanned(action, successor, why)
+                action.refresh_from_db()
+                raise Conflict(f"action #{action.pk} went stale and expired: {action.error}")
     return _decide(actor, action_id, ActionState.APPROVED, note)
 
 
@@ -193,7 +267,9 @@ def policies() -> dict[str, str]:
 def check_plan(action: Action, steps: list[dict] | None = None) -> list[str]:
     """Replay the remaining steps on the fleet as it is now (each by its
     rule in :mod:`fleet.services.steps`) and run the engine's invariant checker
-    on the jobs they touch. Returns the problems (empty: the plan still holds)."""
+    on the jobs they touch. The nodes held for the action are its own; nodes
+    held for another plan are not free. Returns the problems (empty: the plan
+    still holds)."""
     steps = action.steps[action.step_index:] if steps is None else steps
     try:
         typed = [Step.from_dict(s) for s in steps]
@@ -205,7 +281,9 @@ def check_plan(action: Action, steps: list[dict] | None = None) -> list[str]:
     # and a rack change rechecks every open proposal); the steps are replayed in a
     # trial, which leaves it as it was.
     with engine.live_snapshot() as snap, snap.fleet.trial():
-        ctx = step_rules.PlanCheck(snap, jobs)
+        # The nodes held for this plan are its own (the trial gives them back).
+        snap.unhold(action.pk)
+        ctx = step_rules.PlanCheck(snap, jobs, action_id=action.pk)
         for step in typed:
             step_rules.check(ctx, step)
         problems = ctx.problems
@@ -261,7 +339,43 @@ def retries_so_far(action: Action, index: int) -> int:
     return 0
 
 
-def execute_next_step(action_id: int, adapter: ClusterAdapter | None = None) -> StepResult:
+def _starting_plan(action: Action) -> bool:
+    """A plan that holds nodes and has done no step yet: checked before it starts."""
+    return action.kind in lifecycle.HOLD_KINDS and (
+        action.state == ActionState.APPROVED or (action.state == ActionState.EXECUTING and action.step_index == 0)
+    )
+
+
+def needs_decision_to_begin(action_id: int) -> bool:
+    """Whether :func:`begin` may decide (re-plan, take holds) for this action:
+    the caller then takes the decision lock first."""
+    action = Action.objects.filter(pk=action_id).only("kind", "state", "step_index").first()
+    return action is not None and _starting_plan(action)
+
+
+def begin(action_id: int) -> StepResult | None:
+    """Start an approved action: the re-check before its first step
+    (:func:`recheck_before_start`), then approved -> executing. Also re-checks a
+    plan that holds nodes and was claimed but has done no step yet (its worker
+    died). Returns None when it is executing and may go on, else why not. The
+    caller holds the decision lock when it can (``fleet.tasks.execute_action``):
+    a stale plan is made again here."""
+    action = Action.objects.filter(pk=action_id).first()
+    if action is None:
+        return StepResult(False, "gone")
+    if action.state != ActionState.APPROVED and not _starting_plan(action):
+        return None if action.state == ActionState.EXECUTING else StepResult(False, action.state)
+    stale = recheck_before_start(action)
+    if stale is not None:
+        return stale
+    if action.state == ActionState.APPROVED and lifecycle.transition(
+        None, action.pk, ActionState.EXECUTING, quiet=True
+    ) is None:
+        return StepResult(False, "claimed elsewhere")
+    return None
+
+
+def execute_next_step(action_id: int, adapter: ClusterAdapter | None = None, *, begun: bool = False) -> StepResult:
     """Carry out the next step of an approved or executing action.
 
     1. An approved action is checked against the current fleet; a plan that no
@@ -269,7 +383,8 @@ def execute_next_step(action_id: int, adapter: ClusterAdapter | None = None) -> 
     2. The adapter does the step in the cluster (it may say: wait, for a
        callback). A cluster that cannot be reached leaves the action executing
        at this step, with a log entry, and the caller is told when to try again
-       (``retry_in``); a step the cluster refuses fails the action.
+       (``retry_in``); a step the cluster refuses fails the action, and the
+       jobs it stopped run again (:func:`fleet.services.rollback.roll_back`).
     3. Under the action's row lock, the step's database change is applied (its
        rule in :mod:`fleet.services.steps`), the job's id in the cluster stored
        if the step gave it one, and the step counted, in one transaction; a
@@ -277,18 +392,13 @@ def execute_next_step(action_id: int, adapter: ClusterAdapter | None = None) -> 
     Returns whether more steps remain for this call to make.
     """
     adapter = adapter or get_adapter()
+    if not begun:
+        not_started = begin(action_id)
+        if not_started is not None:
+            return not_started
     action = Action.objects.filter(pk=action_id).first()
     if action is None:
         return StepResult(False, "gone")
-    if action.state == ActionState.APPROVED:
-        problems = check_plan(action)
-        if problems:
-            expire(None, action.pk, problems)
-            return StepResult(False, "expired")
-        claimed = lifecycle.transition(None, action.pk, ActionState.EXECUTING, quiet=True)
-        if claimed is None:
-            return StepResult(False, "claimed elsewhere")
-        action = claimed
     if action.state != ActionState.EXECUTING:
         return StepResult(False, action.state)
     steps = action.steps
@@ -299,12 +409,13 @@ def execute_next_step(action_id: int, adapter: ClusterAdapter | None = None) -> 
     try:
         step = Step.from_dict(steps[index])
     except StepError as exc:
-        _fail(action.pk, index, steps[index].get("op", "?") if isinstance(steps[index], dict) else "?", str(exc))
+        op = steps[index].get("op", "?") if isinstance(steps[index], dict) else "?"
+        _fail(action.pk, index, op, str(exc), adapter)
         return StepResult(False, "failed")
     try:
         outcome = adapter.perform(action, index, step)
     except StepFailed as exc:
-        _fail(action.pk, index, step.op, str(exc))
+        _fail(action.pk, index, step.op, str(exc), adapter)
         if step.job is not None:
             # The cluster may say why (the job ended there): apply it now, so
             # the scheduler does not place an ended job again before the next sync.
@@ -335,7 +446,7 @@ def execute_next_step(action_id: int, adapter: ClusterAdapter | None = None) -> 
                 # action still executing.
                 _finish(action.pk)
     except ServiceError as exc:
-        _fail(action.pk, index, step.op, str(exc))
+        _fail(action.pk, index, step.op, str(exc), adapter)
         return StepResult(False, "failed")
     adapter.after_step(action, index, step)
     return StepResult(False, "succeeded") if last else StepResult(True)
@@ -366,8 +477,22 @@ def _finish(action_id: int) -> None:
     lifecycle.transition(None, action_id, ActionState.SUCCEEDED, fields={"progress": 1.0}, quiet=True)
 
 
-def _fail(action_id: int, index: int, op: str, error: str) -> None:
+def _fail(action_id: int, index: int, op: str, error: str, adapter: ClusterAdapter | None = None) -> None:
+    """Step ``index`` failed: the jobs the plan stopped run again (a plan that
+    holds nodes, while it still holds them), then the action fails, with what
+    the failure cost in GPU-hours."""
     message = f"step {index + 1} ({op}) failed: {error}"
+    action = Action.objects.filter(pk=action_id).first()
+    if action is None or action.state != ActionState.EXECUTING or action.step_index != index:
+        return
+    entries: list[dict] = [_failed_entry(index, op, error)]
+    fields: dict = {}
+    if action.kind in lifecycle.HOLD_KINDS:
+        outcome = rollback.roll_back(action, adapter or get_adapter())
+        entries += outcome.entries
+        lost = lifecycle.lost_so_far(action)
+        fields["lost_gpu_hours"] = round(lost, 4)
+        message += f"; {outcome.summary()}; {lost:.1f} GPU-hours lost"
     with transaction.atomic():
         action = Action.objects.select_for_update().get(pk=action_id)
         failed = lifecycle.transition(
@@ -375,11 +500,36 @@ def _fail(action_id: int, index: int, op: str, error: str) -> None:
             action_id,
             ActionState.FAILED,
             message=message,
-            fields={"error": message, "log": [*action.log, _failed_entry(index, op, error)]},
+            fields={"error": message, "log": [*action.log, *entries], **fields},
+            expect=(ActionState.EXECUTING,),
             quiet=True,
         )
     if failed is not None:
-        log.warning("action #%s failed: %s", action_id, error)
+        log.warning("action #%s failed: %s", action_id, message)
+
+
+# --- before the first step, and after a failure ------------------------------------------
+
+
+def recheck_before_start(action: Action) -> StepResult | None:
+    """Right before a plan's first step (its first checkpoint or stop), check it
+    once more on the fleet as it is now, with its holds. None: it still holds.
+    Else it is made again (a plan that holds nodes, by its kind's re-planner:
+    the new plan runs at once when it costs no more than the approved one, and
+    waits for the operator otherwise) or expires saying why, and no job has been
+    stopped. Recovery and other kinds keep their old rule: they expire and the
+    decision is made again."""
+    problems = check_plan(action)
+    if not problems:
+        return None
+    if action.kind not in lifecycle.HOLD_KINDS:
+        expire(None, action.pk, problems)
+        return StepResult(False, "expired")
+    successor = redecide(None, action, [f"stale before its first step: {'; '.join(problems)}"], keep_approval=True)
+    if successor is None:
+        return StepResult(False, "expired")
+    return StepResult(False, f"re-planned as #{successor.pk} ({successor.state})")
+
 
 
 def _failed_entry(index: int, op: str, error: str) -> dict:

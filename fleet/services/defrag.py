@@ -14,6 +14,7 @@ from fleet import engine
 from fleet.choices import ActionKind, ActionState, JobState, Locality
 from fleet.cluster.steps import Checkpoint, Start, Step, Stop
 from fleet.models import Action, Job, Rack
+from fleet.services import action_lifecycle as lifecycle
 from fleet.services import actions as action_services
 from fleet.services import audit
 from fleet.services.errors import InvalidInput
@@ -119,8 +120,9 @@ def plan_defrag(
     pending gangs) placeable, and propose them as one action.
 
     An open plan that still holds is kept (one defrag plan at a time); one the
-    fleet has moved away from is expired first. An operator's explicit request
-    replaces a proposed plan."""
+    fleet has moved away from is made again with its own request
+    (:func:`replan`). An operator's explicit request replaces a proposed or
+    approved plan."""
     check_request(
         free_racks=free_racks,
         room_for_nodes=room_for_nodes,
@@ -128,6 +130,13 @@ def plan_defrag(
         budget_gpu_hours=budget_gpu_hours,
         max_moves=max_moves,
     )
+    request = {
+        "free_racks": free_racks,
+        "room_for_nodes": room_for_nodes,
+        "gpus_per_node": gpus_per_node,
+        "budget_gpu_hours": budget_gpu_hours,
+        "max_moves": max_moves,
+    }
 
     with transaction.atomic():
         for open_plan in Action.objects.select_for_update().filter(
@@ -136,8 +145,13 @@ def plan_defrag(
             if open_plan.state == ActionState.EXECUTING:
                 return DefragOutcome(open_plan, f"defrag #{open_plan.pk} is executing", open_plan.plan)
             problems = action_services.check_plan(open_plan)
-            if not problems and actor is None:
-                return DefragOutcome(open_plan, f"defrag #{open_plan.pk} still holds and awaits a decision", open_plan.plan)
+            if actor is None:
+                if not problems:
+                    return DefragOutcome(open_plan, f"defrag #{open_plan.pk} still holds and awaits a decision", open_plan.plan)
+                successor = replan(None, open_plan, problems)
+                if successor is not None:
+                    return DefragOutcome(successor, f"defrag #{open_plan.pk} re-planned as #{successor.pk}", successor.plan)
+                continue  # expired, saying why: plan afresh below
             # Expired like any other end (event, webhook, jobs settled); no new
             # plan is asked for, since this call makes it.
             action_services.expire(
@@ -147,16 +161,32 @@ def plan_defrag(
                 replan=False,
             )
 
+    proposal, reason, plan_dict = _make_plan(request)
+    if proposal is None:
+        return DefragOutcome(None, reason, plan_dict)
+    action = action_services.propose_many([proposal], actor=actor)[0]
+    return DefragOutcome(action, reason, plan_dict)
+
+
+def _make_plan(request: dict, *, mine: int | None = None) -> tuple[action_services.Proposal | None, str, dict]:
+    """Plan for ``request`` (the arguments of :func:`plan_defrag`) on the fleet as
+    it is now, the nodes held for action ``mine`` seen as free (it is being
+    re-planned: they are its to give up). Returns the proposal (None: nothing to
+    move), the planner's reason and its plan as a dict."""
+    free_racks, room_for_nodes = request.get("free_racks"), request.get("room_for_nodes")
+    budget_gpu_hours, max_moves = request.get("budget_gpu_hours"), request.get("max_moves")
     pending = [engine.job_request(j) for j in Job.objects.select_related("tenant").filter(state=JobState.PENDING)]
     shapes = _typical_shapes(pending)
     # The in-memory fleet brought up to date (a full load is 0.7 s at 1,000 racks);
     # the planner tries its moves in a trial, which leaves it as it was.
-    with engine.live_snapshot() as snap:
+    with engine.live_snapshot() as snap, snap.fleet.trial():
+        if mine is not None:
+            snap.unhold(mine)
         target = None
         if free_racks is not None:
             target = FreeRacks(free_racks)
         elif room_for_nodes is not None:
-            gpn = gpus_per_node or max(snap.fleet.shapes(), default=4)
+            gpn = request.get("gpus_per_node") or max(snap.fleet.shapes(), default=4)
             target = RoomFor(room_for_nodes, gpn)
         plan = defragment(
             snap.fleet,
@@ -180,7 +210,7 @@ def plan_defrag(
         )
     plan_dict = plan.to_dict()
     if not plan.moves:
-        return DefragOutcome(None, plan.reason or "nothing to move", plan_dict)
+        return None, plan.reason or "nothing to move", plan_dict
     benefit = {
         "target": plan.target,
         "feasible": plan.feasible,
@@ -196,7 +226,7 @@ def plan_defrag(
         f"defragment: {len(plan.moves)} move(s) for {plan.target}, "
         f"{plan.cost_gpu_hours:.1f} GPU-h, whole free racks {plan.free_racks_before} -> {plan.free_racks_after}"
     )
-    action = action_services.propose(
+    proposal = action_services.Proposal(
         kind=ActionKind.DEFRAG,
         title=title,
         steps=steps,
@@ -204,9 +234,71 @@ def plan_defrag(
         engine_plan=plan_dict,
         cost_gpu_hours=plan.cost_gpu_hours,
         benefit=benefit,
-        actor=actor,
+        request=request,
     )
-    return DefragOutcome(action, plan.reason, plan_dict)
+    return proposal, plan.reason, plan_dict
+
+
+def replan(actor, action: Action, problems: list[str], *, keep_approval: bool = False) -> Action | None:
+    """Make a new plan in place of ``action``, a defrag plan the fleet has moved
+    away from (``problems``: why), with the same request (target, budget, move
+    limit). The caller holds the decision lock.
+
+    1. Plan again on the fleet as it is now, the nodes held for ``action`` seen
+       as free (they are its to give up).
+    2. In one transaction: the new plan is proposed, replacing ``action``
+       (``Action.replaces``); ``action`` expires, saying why and by which plan
+       (its holds released; no new decision asked for: this is it).
+    3. With ``keep_approval`` (an approved plan re-checked before its first
+       step), the new plan is approved in the same operator's name when it costs
+       no more than the approved one and meets the target if that one did (it
+       then holds its nodes and runs at once); else it waits for the operator to
+       confirm its cost, as after a stale approval.
+    Returns the new plan, or None: nothing to move any more, and ``action``
+    expired saying why."""
+    why = "; ".join(problems) or "superseded"
+    request = action.plan.get("request") or {}
+    proposal, reason, _ = _make_plan(request, mine=action.pk)
+    with transaction.atomic():
+        locked = Action.objects.select_for_update().get(pk=action.pk)
+        if locked.state not in (ActionState.PROPOSED, ActionState.APPROVED, ActionState.EXECUTING) or (
+            locked.state == ActionState.EXECUTING and locked.step_index > 0
+        ):
+            return None  # decided or started meanwhile: not ours to replace
+        if proposal is None:
+            action_services.expire(actor, locked.pk, [f"{why}; no new plan: {reason}"], replan=False)
+            return None
+        proposal.replaces = locked.pk
+        successor = action_services.propose_many([proposal], actor=actor)[0]
+        action_services.expire(
+            actor,
+            locked.pk,
+            [f"{why}; re-planned as #{successor.pk} ({locked.cost_gpu_hours:.1f} -> {successor.cost_gpu_hours:.1f} GPU-h)"],
+            replan=False,
+        )
+        meets = successor.benefit.get("feasible") or not locked.benefit.get("feasible")
+        if keep_approval and locked.decided_at is not None and meets and (
+            successor.cost_gpu_hours <= locked.cost_gpu_hours + 1e-9
+        ):
+            successor = lifecycle.transition(
+                actor,
+                successor.pk,
+                ActionState.APPROVED,
+                message=f"approval of #{locked.pk} carried over: the new plan costs no more",
+                fields={
+                    "decided_by": locked.decided_by,
+                    "decided_by_name": f"{locked.decided_by_name} (approved #{locked.pk})"[:150],
+                    "decided_at": timezone.now(),
+                    "decision_note": locked.decision_note,
+                },
+                expect=(ActionState.PROPOSED,),
+            )
+    return successor
+
+
+# Approvals and the re-check before the first step re-plan a stale defrag plan
+# through this (fleet.services.actions never imports its planners).
+action_services.REPLANNERS[ActionKind.DEFRAG] = replan
 
 
 def defrag_due() -> str | None:

@@ -21,10 +21,11 @@ from django.utils import timezone
 
 from fleet import engine
 from fleet.choices import ActionKind, ActionState, JobState
-from fleet.models import Action
+from fleet.models import Action, Node
 from fleet.services import actions as action_services
+from fleet.services import defrag as _defrag  # noqa: F401  (registers the defrag re-planner)
 from fleet.services import recovery as recovery_services
-from fleet.services.action_lifecycle import RECOVERY_KINDS
+from fleet.services.action_lifecycle import HOLD_KINDS, RECOVERY_KINDS
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +42,10 @@ class RecheckResult:
 
 
 def _due(rack_ids: Iterable[int] | None, now: datetime) -> tuple[list[int], bool]:
-    """Proposals to check: those touching ``rack_ids`` (a rack changed), and
-    those not checked for RACKWISE_PROPOSAL_RECHECK_S (the periodic bound); and
-    whether any is due by the periodic bound."""
+    """Proposals to check: those touching ``rack_ids`` (a rack changed: one of
+    their jobs runs there, or they move jobs there), and those not checked for
+    RACKWISE_PROPOSAL_RECHECK_S (the periodic bound); and whether any is due by
+    the periodic bound."""
     stale = now - timedelta(seconds=settings.RACKWISE_PROPOSAL_RECHECK_S)
     proposed = Action.objects.filter(state=ActionState.PROPOSED)
     by_age = set(
@@ -59,7 +61,28 @@ def _due(rack_ids: Iterable[int] | None, now: datetime) -> tuple[list[int], bool
                 jobs__allocations__gpu__node__rack_id__in=list(rack_ids),
             ).values_list("pk", flat=True)
         )
+        by_rack |= set(filling(rack_ids))
     return sorted(by_age | by_rack), bool(by_age)
+
+
+def filling(rack_ids: Iterable[int]) -> list[int]:
+    """Waiting plans that move jobs into these racks (their allocate steps'
+    nodes are there). A change there (the scheduler placing new work on a
+    plan's destination) may have made the plan stale, though none of its jobs
+    runs there: such plans are re-checked too. Few plans wait at a time, so
+    their steps are read here rather than indexed."""
+    racks = set(rack_ids)
+    waiting = Action.objects.filter(state=ActionState.PROPOSED, kind__in=HOLD_KINDS).values_list("pk", "plan")
+    nodes_of: dict[int, set[int]] = {}
+    for pk, plan in waiting:
+        nodes_of[pk] = {
+            int(n) for step in (plan or {}).get("steps", []) if step.get("op") == "allocate" for n in step.get("nodes", {})
+        }
+    every = set().union(*nodes_of.values()) if nodes_of else set()
+    if not every or not racks:
+        return []
+    there = set(Node.objects.filter(pk__in=every, rack_id__in=racks).values_list("pk", flat=True))
+    return sorted(pk for pk, nodes in nodes_of.items() if nodes & there)
 
 
 def _better(fresh: action_services.Proposal, current: Action) -> bool:
@@ -91,8 +114,9 @@ def recheck_proposals(
        came back, a spare freed up in its rack) expires too: superseded.
     4. Either way the decision is made again at once: a recovering job gets its
        new plan proposed (it runs if the policy says auto: a swap or a restart in
-       place); other kinds go back to their planner through the lifecycle (the
-       scheduler, the defrag planner).
+       place); a defrag plan is made again with its own request, in its place
+       (``actions.redecide``); other kinds go back to their planner through the
+       lifecycle (the scheduler).
     5. A proposal that still stands is stamped ``checked_at``.
     Each transaction calls ``checkpoint()`` (the decision lease) before it commits.
     """
@@ -127,6 +151,16 @@ def recheck_proposals(
                         problems = [f"superseded by a better plan: {better[0].title}"]
             if not problems:
                 Action.objects.filter(pk=action.pk).update(checked_at=now)
+                checkpoint()
+                continue
+            if action.kind in action_services.REPLANNERS:
+                # A plan with a re-planner (a defrag plan) is made again in its
+                # place with its own request; the card shows the new one.
+                successor = action_services.redecide(None, action, problems)
+                result.expired.append(action.pk)
+                if successor is not None:
+                    result.proposed.append(successor.pk)
+                log.info("proposal #%s stale (%s): re-planned as %s", action.pk, "; ".join(problems), successor)
                 checkpoint()
                 continue
             # A recovery with a fresh plan is re-decided right here; anything

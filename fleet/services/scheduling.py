@@ -21,11 +21,13 @@ from django.utils import timezone
 from fleet import engine
 from fleet.choices import ActionKind, ActionState, ApprovalMode, JobState, Locality
 from fleet.cluster.steps import Start
-from fleet.models import Action, ApprovalPolicy, Job
+from fleet.models import Action, ApprovalPolicy, Job, NodeHold
 from fleet.services import actions as action_services
+from fleet.services import dispatch
 from fleet.services import jobs as job_services
 from fleet.services.capacity import fleet_capacity, normalise_shape
 from fleet.services.errors import Conflict
+from fleet.services.proposals import filling
 from placement import model as pm
 from placement import schedule
 from placement.place import what_if as engine_what_if
@@ -75,7 +77,9 @@ def schedule_pass(checkpoint: Checkpoint = _no_checkpoint) -> PassResult:
     """Place every pending job that may start now, in queue order.
 
     1. Snapshot the fleet (the in-memory one, brought up to date: fleet.engine.
-       LiveFleet); leave out jobs an open action already holds.
+       LiveFleet); leave out jobs an open action already holds (a plan's moved
+       jobs among them). Nodes held for a plan take no new work (the engine
+       sees them draining, and the records re-read the holds).
     2. Ask the engine for a queue pass (look-ahead and backfill included).
     3. For each placement, re-check it with the invariant checker against the
        fleet as the earlier placements of this pass left it.
@@ -176,6 +180,7 @@ def _record(plan, pending: list[Job], requests: dict, snap: engine.Snapshot, che
             checkpoint()
     result.proposed = [p.jobs[0] for p in manual]
     result.placed = _place_auto(auto, version, checkpoint)
+    _recheck_plans_filling(auto, result.placed, snap)
     for job_id, reason in plan.waiting.items():
         job = by_id[job_id]
         result.waiting[job.pk] = reason
@@ -192,6 +197,7 @@ def _place_auto(
     taken), fall back to one job at a time so the others still go through."""
     if not auto:
         return []
+    auto = _off_held_nodes(auto)
     try:
         with transaction.atomic():
             placed, refused = job_services.place_jobs(None, [d for d, _ in auto])
@@ -221,6 +227,40 @@ def _place_auto(
             # Someone changed the fleet under us; the next pass decides again.
             log.info("placement of job %s skipped: %s", decision.job_id, exc)
     return placed_ids
+
+
+def _off_held_nodes(
+    auto: list[tuple[job_services.PlacementDecision, action_services.Proposal]],
+) -> list[tuple[job_services.PlacementDecision, action_services.Proposal]]:
+    """The placements that land on no node held for a plan. The engine already
+    sees held nodes as taking no new work (fleet.engine); this reads the holds
+    again as the pass records, so a hold taken since the snapshot (by a caller
+    that did not wait for the decision lock) still wins. The next pass decides
+    again for a job left out."""
+    nodes = {int(n) for d, _ in auto for n in d.gpus_by_node}
+    held = dict(NodeHold.objects.filter(node_id__in=nodes).values_list("node_id", "action_id"))
+    if not held:
+        return auto
+    kept = []
+    for decision, proposal in auto:
+        on = sorted({held[int(n)] for n in decision.gpus_by_node if int(n) in held})
+        if on:
+            log.info("placement of job %s skipped: its nodes are held for action(s) %s", decision.job_id, on)
+        else:
+            kept.append((decision, proposal))
+    return kept
+
+
+def _recheck_plans_filling(auto, placed: list[int], snap: engine.Snapshot) -> None:
+    """New work placed where a waiting plan means to move jobs may have made it
+    stale: ask for a recheck of those racks (the plan is re-planned in place, and
+    its card shows the new one, before anyone approves the old)."""
+    if not placed:
+        return
+    done = set(placed)
+    racks = {int(snap.fleet.nodes[str(n)].rack) for d, _ in auto if d.job_id in done for n in d.gpus_by_node}
+    if filling(racks):
+        dispatch.recheck_proposals_soon(sorted(racks))
 
 
 def _set_reason(job: Job, reason: str) -> None:

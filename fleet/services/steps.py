@@ -6,14 +6,14 @@ and what it does to the database once the cluster has done its part.
 op          check (on a fresh snapshot, replaying earlier steps)  apply (after the cluster)
 =========== ===================================================== ==========================
 allocate    the job is pending (or stopped by an earlier step)    bind the job to the GPUs
-            and the GPUs are free
+            and the GPUs are free (not held for another plan)
 start       the job holds GPUs                                    placed|recovering -> running
 restart     the job holds GPUs                                    same, after a swap
 checkpoint  --                                                    nothing (the cluster saves)
 stop        the job holds GPUs                                    release them; the action holds the job
 preempt     the job holds GPUs                                    release them; back to the queue
 requeue     the job holds GPUs                                    release them; back to the queue
-swap        the job holds GPUs and the spares are free            move it off failed nodes
+swap        the job holds GPUs and the spares are free (not held) move it off failed nodes
 drain       the node is healthy or suspect                        drain the node
 undrain     the node is draining or drained                       undrain the node
 =========== ===================================================== ==========================
@@ -31,9 +31,10 @@ from dataclasses import dataclass, field
 from fleet import engine
 from fleet.choices import HOLDING_JOB_STATES, JobState, NodeState
 from fleet.cluster import steps as st
-from fleet.models import Action, Job, Node
+from fleet.models import Action, Job, Node, NodeHold
 from fleet.services import jobs as job_services
 from fleet.services import nodes as node_services
+from fleet.services.errors import Conflict
 from placement import model as pm
 
 
@@ -44,6 +45,8 @@ class PlanCheck:
 
     snap: engine.Snapshot
     jobs: dict[str, Job]
+    # The action whose plan this is: the nodes held for it are its own to use.
+    action_id: int | None = None
     problems: list[str] = field(default_factory=list)
     touched: set[str] = field(default_factory=set)
     stopped: set[str] = field(default_factory=set)
@@ -51,6 +54,14 @@ class PlanCheck:
     @property
     def fleet(self) -> pm.Fleet:
         return self.snap.fleet
+
+    def held_elsewhere(self, node_ids) -> str | None:
+        """Why one of these nodes cannot be used: held for another action."""
+        for nid in node_ids:
+            owner = self.snap.holder(nid)
+            if owner is not None and owner != self.action_id:
+                return f"node {self.snap.hostnames.get(str(nid), nid)} is held for action #{owner}"
+        return None
 
 
 Check = Callable[[PlanCheck, st.Step], None]
@@ -69,6 +80,10 @@ def _check_allocate(ctx: PlanCheck, step: st.Allocate) -> None:
     job = ctx.jobs[jid]
     if job.state != JobState.PENDING and jid not in ctx.stopped:
         ctx.problems.append(f"job #{jid} is {job.state}, no longer pending")
+        return
+    held = ctx.held_elsewhere(step.nodes)
+    if held:
+        ctx.problems.append(f"job #{jid}: {held}")
         return
     try:
         ctx.fleet.allocate(
@@ -101,6 +116,10 @@ def _check_swap(ctx: PlanCheck, step: st.Swap) -> None:
         new = swaps.get(nid, nid)
         if new != nid:
             target = fleet.nodes.get(new)
+            held = ctx.held_elsewhere([new])
+            if held:
+                ctx.problems.append(f"job #{jid}: replacement {held}")
+                return
             if target is None or target.free_gpus < len(gpus):
                 ctx.problems.append(f"job #{jid}: replacement node {ctx.snap.hostnames.get(new, new)} is no longer free")
                 return
@@ -138,7 +157,19 @@ def _check_undrain(ctx: PlanCheck, step: st.Undrain) -> None:
 # --- database side ----------------------------------------------------------------------
 
 
+def refuse_held(action: Action | None, node_ids) -> None:
+    """Conflict if one of these nodes is held for a plan other than ``action``:
+    whatever planned the step, nothing lands on another plan's nodes."""
+    held = NodeHold.objects.filter(node_id__in=[int(n) for n in node_ids]).select_related("node")
+    if action is not None:
+        held = held.exclude(action_id=action.pk)
+    other = held.first()
+    if other is not None:
+        raise Conflict(f"node {other.node.hostname} is held for action #{other.action_id}")
+
+
 def _apply_allocate(actor, action: Action, step: st.Allocate) -> None:
+    refuse_held(action, step.nodes)
     job_services.apply_placement(
         actor,
         step.job,
@@ -166,6 +197,7 @@ def _apply_requeue(actor, action: Action, step: st.Requeue) -> None:
 
 
 def _apply_swap(actor, action: Action, step: st.Swap) -> None:
+    refuse_held(action, step.swaps.values())
     job_services.swap_job_nodes(actor, step.job, dict(step.swaps), reason=f"recovering: {_why(action)}")
 
 
