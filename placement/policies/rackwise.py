@@ -180,28 +180,27 @@ def _split(n: int, k: int) -> list[int]:
 def _segmented(fleet: Fleet, job: JobRequest, racks: list[Rack], n: int, seg: int,
                ctx: Context) -> PlacementPlan:
     """Step 5: a gang in segments of ``seg`` (fewer than its ``n`` nodes), each whole
-    in one rack, over the fewest racks, at any locality.
+    in one rack, over the fewest racks, at any locality. A rack offers its idle nodes
+    less the spares it keeps, unless it lends them by the segment (:func:`may_borrow`).
 
-    1. Cheap reject, with the whole group: offers are at most idle counts, and a rack
+    1. One rack, when one holds them all: the smallest offer that does (best fit),
+       read from the index (:func:`_one_rack`), which stops early.
+    2. Cheap reject, with the whole group: offers are at most idle counts, and a rack
        used holds a segment at least, so the racks with the most idle nodes, as many
        as there are segments, must hold the segments.
-    2. Offers: each rack with room for the shortest segment offers its idle nodes,
-       less the spares it keeps unless it lends them by the segment
-       (:func:`may_borrow`).
-    3. The fewest racks k: the largest offers, taken in order until they hold the
-       segments (:func:`fewest_racks`; the first k are as good as any k).
-    4. k = 1: the rack with the smallest offer that holds them all (best fit). More:
-       each segment best fit onto at most k racks (:func:`_best_fit`), or, when best
-       fit spends the k racks on small offers, onto the k largest offers, which
-       hold them (:func:`_fill`).
+    3. The offers of the racks with room for the shortest segment, largest first; the
+       fewest racks k are the first that hold the segments (:func:`fewest_racks`:
+       the first k are as good as any k).
+    4. Each segment best fit onto at most k racks (:func:`_best_fit`), or, when best
+       fit spends the k racks on small offers, onto the first k offers, which hold
+       them (:func:`_fill`).
     """
     sizes = segment_sizes(n, seg)
     gpn = racks[0].gpus_per_node
     shortest = sizes[-1]
     whole = racks is fleet.groups.get(gpn)
     if n <= fleet.group_size[gpn]:
-        # k = 1 (step 4) first: read from the index, it stops early, and a busy
-        # fleet rarely needs the offers of every rack below.
+        # Step 1 first: a busy fleet rarely needs the offers of every rack below.
         plan = _one_rack(fleet, job, racks, n, ctx, seg)
         if plan.placed:
             return plan
@@ -225,16 +224,16 @@ def _segmented(fleet: Fleet, job: JobRequest, racks: list[Rack], n: int, seg: in
     if k is None:
         return not_placed(job, NAME, _segment_room(n, seg, sizes, [o for o, _, _ in offers],
                                                    "the racks offer"))
-    assert k > 1  # one rack would have been found above
-    note = ""
+    assert k > 1  # one rack would have been found in step 1
+    how = "best fit"
     picks = _best_fit(sorted(offers, key=lambda x: (x[0], x[1])), sizes, k)
     if picks is None:
-        picks = _fill(offers[:k], sizes)
-        note = " (best fit could not, so the racks with the most room)"
+        picks, how = _fill(offers[:k], sizes), "most room"
     assert picks is not None  # the first k offers hold the segments (step 3)
-    why = (f"{n} nodes in segments of {seg} over the fewest racks ({k}) that hold them"
-           + note)
-    choices = [why] + [f"segment of {len(sl)} -> {r.id} (best fit)" for r, sl in picks]
+    why = f"{n} nodes in segments of {seg} over the fewest racks ({k}) that hold them"
+    if how != "best fit":
+        why += " (best fit could not, so the racks with the most room)"
+    choices = [why] + [f"segment of {len(sl)} -> {r.id} ({how})" for r, sl in picks]
     return whole_node_plan(fleet, job, NAME, picks, why, choices)
 
 
