@@ -12,7 +12,8 @@ the caller.
 Message shapes (``type`` is the event kind):
 
 * ``rack``: ``{"rack": id, "name", "version", "nodes": [[node_id, slot, hostname, state, [[health, job_id|null], ...]], ...], "jobs": {job_id: {"name", "tenant", "state", "color"}}}``
-  (``color``: the job's palette slot in this rack, see ``fleet.palette``)
+  (``color``: the job's palette slot in this rack, see ``fleet.palette``), and ``"held": {node_id: action_id}``,
+  the nodes held for a plan from its approval to its end
 * ``job``: ``{"job": {"id", "name", "tenant", "state", "state_reason", "num_gpus"}}``
 * ``action``: ``{"action": {"id", "kind", "state", "title", "progress", "step_index", "steps", "error", "job_tenants": {job_id: tenant_id}}}``
   (a submitter gets other tenants' jobs withheld, see ``fleet.redact``)
@@ -64,7 +65,7 @@ def rack_state(rack_ids: Iterable[int]) -> list[dict]:
 
     Reads plain rows (no model instances): this runs on every rack change and
     for the console's snapshot of the whole fleet."""
-    from fleet.models import GPU, Allocation, Job, Node, Rack
+    from fleet.models import GPU, Allocation, Job, Node, NodeHold, Rack
 
     ids = sorted(set(rack_ids))
     holder = dict(
@@ -81,6 +82,11 @@ def rack_state(rack_ids: Iterable[int]) -> list[dict]:
         GPU.objects.filter(node__rack_id__in=ids).order_by("node_id", "index").values_list("id", "node_id", "health")
     ):
         gpus[node_id].append([health, holder.get(gpu_id)])
+    held: dict[int, dict[str, int]] = defaultdict(dict)
+    for node_id, rack_id, action_id in NodeHold.objects.filter(node__rack_id__in=ids).values_list(
+        "node_id", "node__rack_id", "action_id"
+    ):
+        held[rack_id][str(node_id)] = action_id
     nodes: dict[int, list] = defaultdict(list)
     for node_id, rack_id, slot, hostname, state in (
         Node.objects.filter(rack_id__in=ids).order_by("slot").values_list("id", "rack_id", "slot", "hostname", "state")
@@ -100,6 +106,7 @@ def rack_state(rack_ids: Iterable[int]) -> list[dict]:
                 "spare_nodes": rack["spare_nodes"],
                 "nodes": nodes[rack["id"]],
                 "jobs": {str(k): jobs[k] | {"color": colors[k]} for k in sorted(colors)},
+                "held": held.get(rack["id"], {}),
             }
         )
     return out

@@ -31,6 +31,7 @@ class HoldSerializer(serializers.Serializer):
     node = serializers.IntegerField(source="node_id")
     hostname = serializers.CharField(source="node.hostname")
     rack = serializers.IntegerField(source="node.rack_id")
+    rack_name = serializers.CharField(source="node.rack.name")
     role = serializers.ChoiceField(choices=HoldRole.choices, help_text="empty: the plan moves jobs off it; fill: it moves jobs onto it.")
 
 
@@ -58,7 +59,7 @@ class ActionSerializer(serializers.ModelSerializer):
     @extend_schema_field(HoldSerializer(many=True))
     def get_holds(self, obj: Action) -> list[dict]:
         """The nodes held for the plan from its approval to its end."""
-        return HoldSerializer(obj.holds.select_related("node").order_by("node_id"), many=True).data
+        return HoldSerializer(obj.holds.select_related("node__rack").order_by("node_id"), many=True).data
 
     def get_replaced_by(self, obj: Action) -> int | None:
         """The plan made to replace this one, when it went stale."""

@@ -83,9 +83,15 @@ class Action(models.Model):
         return self.state in (ActionState.EXPIRED, ActionState.REJECTED, ActionState.CANCELLED, ActionState.FAILED)
 
     @property
-    def held_nodes(self) -> list[tuple[str, str]]:
-        """(hostname, role) of each node held for this plan, in one query."""
-        return list(self.holds.order_by("node__hostname").values_list("node__hostname", "role"))
+    def held_racks(self) -> list[dict]:
+        """The nodes held for this plan by rack, in one query: ``[{"rack": name,
+        "emptied": n, "filled": m}]`` (the nodes themselves are outlined in the
+        racks' grids)."""
+        out: dict[str, dict] = {}
+        for rack, role in self.holds.order_by("node__rack__name").values_list("node__rack__name", "role"):
+            entry = out.setdefault(rack, {"rack": rack, "emptied": 0, "filled": 0})
+            entry["filled" if role == HoldRole.FILL else "emptied"] += 1
+        return list(out.values())
 
     @property
     def replaced_by(self) -> int | None:

@@ -123,12 +123,51 @@ async function refresh(id) {
   show(a);
 }
 
+// States in which a plan ended without being carried out: its card says why
+// (the event's ``error``, live) and never that it meets its target.
+const ENDED_EARLY = ["expired", "rejected", "cancelled", "failed"];
+const PREFIX = { expired: "Expired: ", failed: "Failed: " };
+
+/** Why a card's plan ended, its target's outcome, its holds and what it cost,
+ * from an action event (error, state) or the API (also holds, lost_gpu_hours). */
+function showOutcome(el, a) {
+  const error = el.querySelector("[data-testid=action-error]");
+  if (error && a.error !== undefined) {
+    error.textContent = a.error ? `${PREFIX[a.state] || ""}${a.error}` : "";
+    error.hidden = !a.error;
+  }
+  const outcome = el.querySelector("[data-testid=target-outcome]");
+  if (outcome && ENDED_EARLY.includes(a.state)) {
+    outcome.innerHTML = `<span class="error" data-testid="target-not-met">not met: the plan ${escape(a.state)}</span>`;
+  }
+  const holds = el.querySelector("[data-testid=holds]");
+  if (holds && Array.isArray(a.holds)) {
+    holds.hidden = a.holds.length === 0;
+    const racks = new Map();
+    for (const h of a.holds) {
+      const r = racks.get(h.rack_name) || { emptied: 0, filled: 0 };
+      r[h.role === "fill" ? "filled" : "emptied"]++;
+      racks.set(h.rack_name, r);
+    }
+    holds.querySelector("[data-testid=holds-list]").textContent = [...racks].sort(([x], [y]) => x.localeCompare(y))
+      .map(([name, r]) => `${name}: ${[r.emptied ? `${r.emptied} it empties` : "", r.filled ? `${r.filled} it fills` : ""].filter(Boolean).join(", ")}`)
+      .join("; ");
+  }
+  const lost = el.querySelector("[data-testid=lost]");
+  if (lost && a.lost_gpu_hours !== undefined) {
+    lost.hidden = a.lost_gpu_hours === null;
+    if (a.lost_gpu_hours !== null) lost.querySelector("[data-testid=lost-gpu-hours]").textContent = Number(a.lost_gpu_hours).toFixed(1);
+  }
+}
+
 /** An action's new state on its card or compact row (a row has no steps or log). */
 function show(a) {
   const el = document.querySelector(`[data-action-id="${a.id}"]`);
   if (!el) return;
   const was = el.dataset.state;
   el.dataset.state = a.state;
+  showOutcome(el, a);
+  if (a.replaced_by && !el.dataset.replacedBy) replace(el, a.replaced_by).catch(() => {});
   const badge = el.querySelector("[data-testid=action-state]");
   badge.textContent = a.state;
   badge.className = `badge ${a.state}`;
@@ -158,6 +197,27 @@ function listed(a) {
 
 const adding = new Set();
 
+/** The card of a plan that went stale gives way to the card of the plan made in
+ * its place (same spot on the page), which says what changed and what it costs. */
+async function replace(el, newId) {
+  el.dataset.replacedBy = newId;
+  const id = String(newId);
+  if (document.querySelector(`[data-action-id="${id}"]`)) { el.remove(); counts(); return null; }
+  const res = await fetch(`/actions/${id}/fragment/`, { credentials: "same-origin" });
+  if (!res.ok) return null;
+  const template = document.createElement("template");
+  template.innerHTML = (await res.text()).trim();
+  const card = template.content.firstElementChild;
+  if (document.querySelector(`[data-action-id="${id}"]`)) { el.remove(); counts(); return null; }
+  plans[id] = JSON.parse(card.dataset.plan);
+  delete plans[el.dataset.actionId];
+  delete touched[el.dataset.actionId];
+  el.replaceWith(card);
+  paint(id);
+  counts();
+  return card;
+}
+
 /** A new action the page lists: its card (or compact row) from the server, added on top. */
 async function add(id) {
   if (adding.has(id)) return;
@@ -173,7 +233,16 @@ async function add(id) {
     } else {
       plans[id] = JSON.parse(el.dataset.plan);
       document.querySelector("[data-testid=no-actions]")?.remove();
-      decisions.querySelector("h2").after(el);
+      // A plan made in place of a stale one takes that card's spot.
+      const stale = el.dataset.replaces && document.querySelector(`[data-action-id="${el.dataset.replaces}"]`);
+      if (stale) {
+        stale.dataset.replacedBy = id;
+        delete plans[stale.dataset.actionId];
+        delete touched[stale.dataset.actionId];
+        stale.replaceWith(el);
+      } else {
+        decisions.querySelector("h2").after(el);
+      }
       paint(id);
     }
     counts();
@@ -219,15 +288,33 @@ document.addEventListener("click", async (e) => {
     return;
   }
   button.disabled = true;
+  let replanned = null;
   try {
     show(await api(`/api/actions/${id}/${button.dataset.decide}/`, { method: "POST", body: { note: el.querySelector("[data-testid=note]").value } }));
   } catch (err) {
-    error.textContent = firstMessage(err);
+    if (err.status === 409 && err.data?.replanned && err.data.action) replanned = err.data;
+    else error.textContent = firstMessage(err);
   } finally {
     button.disabled = false;
     if (button.dataset.confirming) { delete button.dataset.confirming; button.textContent = "Approve"; }
   }
+  if (replanned) await confirmReplanned(el, replanned);
 });
+
+/** The plan went stale as it was approved and was made again: its card gives
+ * way to the new plan's, whose Approve button asks to confirm the new cost (the
+ * next click approves the new plan). */
+async function confirmReplanned(el, answer) {
+  const card = (await replace(el, answer.action.id)) || document.querySelector(`[data-action-id="${answer.action.id}"]`);
+  if (!card) return;
+  const note = card.querySelector("[data-testid=decide-error]");
+  if (note) note.textContent = answer.detail;
+  const approve = card.querySelector("[data-testid=approve]");
+  if (approve) {
+    approve.dataset.confirming = "1";
+    approve.textContent = `Confirm the new plan: lose ${Number(answer.cost_gpu_hours).toFixed(1)} GPU-hours`;
+  }
+}
 
 const defragForm = document.querySelector("[data-testid=defrag-form]");
 defragForm?.addEventListener("submit", async (e) => {

@@ -5,10 +5,11 @@
 // 1. A rack is a constant number of elements whatever its GPU count: one <path>
 //    per fill (free cells; each job, its cells and the gaps between them as one
 //    block), one per state pattern (failed, in repair, draining), one per cell
-//    edge (free cells' 3:1 edge, spares, in repair, a search match, a plan's
-//    moved cells), one for the job outlines, and one <text> holding every state
-//    letter (a character per marked cell, each placed by the x/y lists). Big
-//    jobs' names and the slot numbers are the only other text.
+//    edge (free cells' 3:1 edge, spares, in repair, held for a plan, a search
+//    match, a plan's moved cells), one for the job outlines, and one <text>
+//    holding every state letter (a character per marked cell, each placed by
+//    the x/y lists). Big jobs' names and the slot numbers are the only other
+//    text.
 // 2. What each drawn grid shows is kept beside it (a WeakMap from its <svg>):
 //    hover, keyboard and clicks map a position to its (node, gpu) through the
 //    same layout, and the tooltip describes the rack as it was drawn (the
@@ -79,17 +80,21 @@ export function spareNodes(rack) {
   return new Set(k ? idle.slice(-k) : []);
 }
 
-/** What one GPU cell shows: {node, slot, host, gpu, nodeState, health, job, mark}. */
+/** What one GPU cell shows: {node, slot, host, gpu, nodeState, health, job, mark,
+ * held}. ``held``: the action its node is held for (a plan that empties or fills
+ * it, from approval to end; the rack event's ``held``), else null. */
 export function cells(rack) {
   const spares = spareNodes(rack);
+  const held = rack.held || {};
   const out = [];
   for (const [nodeId, slot, host, nodeState, gpus] of rack.nodes) {
+    const heldFor = held[String(nodeId)] ?? null;
     gpus.forEach(([health, job], gpu) => {
       let mark = null;
       if (MARKS[nodeState]) mark = nodeState;
       else if (health === "failed") mark = "gpu_failed";
       else if (spares.has(nodeId)) mark = "spare";
-      out.push({ node: nodeId, slot, host, gpu, nodeState, health, job, mark });
+      out.push({ node: nodeId, slot, host, gpu, nodeState, health, job, mark, held: heldFor });
     });
   }
   return out;
@@ -98,7 +103,8 @@ export function cells(rack) {
 export function describeCell(rack, c) {
   const job = c.job === null ? "free" : jobLabel(rack, c.job);
   const mark = c.mark ? `, ${MARKS[c.mark].label}` : "";
-  return `${c.host} GPU ${c.gpu}: ${job}; node ${c.nodeState}, GPU ${c.health}${mark}`;
+  const held = c.held != null ? `, held for action #${c.held}` : "";
+  return `${c.host} GPU ${c.gpu}: ${job}; node ${c.nodeState}, GPU ${c.health}${mark}${held}`;
 }
 
 export function jobLabel(rack, jobId) {
@@ -134,6 +140,7 @@ const EDGES = [
   ["free", (c) => c.state === "free"],
   ["spare", (c) => c.mark === "spare"],
   ["repair", (c) => c.mark === "in_repair"],
+  ["held", (c) => c.held != null],
   ["match", (c) => c.matched],
   ["moved", (c) => c.moved],
 ];
@@ -415,7 +422,7 @@ function paintedCells(el) {
       const edge = new DOMPoint(x + Math.min(0.5, size / 4), y);
       return {
         rack: m.rack.rack, version: m.rack.version, node: c.node, gpu: c.gpu, host: c.host, job: c.job,
-        state: c.state, mark: c.mark, dim: c.dim, matched: c.matched, moved: c.moved,
+        state: c.state, mark: c.mark, dim: c.dim, matched: c.matched, moved: c.moved, held: c.held,
         fill: fill ? (fill.dataset.job ? Number(fill.dataset.job) : "free") : null,
         pattern: pattern ? pattern.getAttribute("fill").slice(5, -1) : null,
         edges: edges.filter((p) => p.isPointInStroke(edge)).map((p) => p.dataset.edge),
