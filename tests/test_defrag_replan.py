@@ -84,7 +84,8 @@ def test_approving_a_plan_gone_stale_answers_409_with_the_new_plan_and_cost(plan
     assert new["plan"]["request"]["room_for_nodes"] == 16, "the new plan keeps the operator's target"
     old = operator_client.get(f"/api/actions/{plan.pk}/").json()
     assert old["state"] == ActionState.EXPIRED and old["replaced_by"] == new["id"]
-    assert "stale at approval" in old["error"] and "already held" in old["error"]
+    taken = Node.objects.get(pk=_destination(plan)[0]).hostname
+    assert f"stale at approval: job #{plan.jobs.get().pk}: node {taken} is taken (job #{newcomer.pk} runs there now)" in old["error"]
     assert not NodeHold.objects.exists(), "nothing held until the operator confirms"
 
     # Approving the old one again answers with the new one; confirming approves it.

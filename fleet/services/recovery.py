@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from fleet import engine
-from fleet.choices import ActionKind, JobState
+from fleet.choices import ActionKind, ActionState, JobState
 from fleet.cluster.steps import Preempt, Requeue, Restart, Start, Step, Stop, Swap
 from fleet.models import Action, Job
 from fleet.services import actions as action_services
 from fleet.services import jobs as job_services
+from fleet.services.action_lifecycle import HOLD_KINDS
 from placement import model as pm
 from placement.recover import recover, restart_cost_gpu_hours
 from placement.validate import validate_recovery
@@ -60,11 +62,29 @@ def recovery_proposal(job: Job) -> action_services.Proposal | None:
     2. One whose nodes are all healthy again restarts in place.
     3. Else the engine: swap the failed nodes for spares in the same rack; else
        preempt lower-priority jobs there; else move the whole job; else requeue.
+       Nodes held for a plan are not spares (the engine sees them draining), and
+       the jobs a plan is moving are not victims.
     """
     # The in-memory fleet brought up to date (a full load is 0.7 s at 1,000 racks);
     # the engine tries its moves in a trial, which leaves it as it was.
     with engine.live_snapshot() as snap, snap.fleet.trial():
+        _protect_moving_jobs(snap.fleet, exclude=str(job.pk))
         return _proposal(snap, job)
+
+
+def _protect_moving_jobs(fleet: pm.Fleet, *, exclude: str) -> None:
+    """Inside a trial: the jobs an approved or executing plan is moving count as
+    not preemptible, so recovery never picks one as a victim (the plan holds them
+    as it holds their nodes; see fleet.services.action_lifecycle). Their nodes
+    are held already, so the engine cannot swap into them either."""
+    moving = Action.jobs.through.objects.filter(
+        action__state__in=(ActionState.APPROVED, ActionState.EXECUTING), action__kind__in=HOLD_KINDS
+    ).values_list("job_id", flat=True)
+    for jid in {str(j) for j in moving} - {exclude}:
+        alloc = fleet.allocations.get(jid)
+        if alloc is not None and alloc.job.preemptible:
+            fleet.release(jid)
+            fleet.allocate(dataclasses.replace(alloc, job=dataclasses.replace(alloc.job, preemptible=False)), restore=True)
 
 
 def _proposal(snap: engine.Snapshot, job: Job) -> action_services.Proposal | None:

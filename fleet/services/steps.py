@@ -50,6 +50,9 @@ class PlanCheck:
     problems: list[str] = field(default_factory=list)
     touched: set[str] = field(default_factory=set)
     stopped: set[str] = field(default_factory=set)
+    # Jobs with a problem already: their later steps are not checked (one
+    # reason per job, not the cascade that follows from it).
+    failed: set[str] = field(default_factory=set)
 
     @property
     def fleet(self) -> pm.Fleet:
@@ -85,12 +88,30 @@ def _check_allocate(ctx: PlanCheck, step: st.Allocate) -> None:
     if held:
         ctx.problems.append(f"job #{jid}: {held}")
         return
+    taken = _taken(ctx, step)
+    if taken:
+        ctx.problems.append(f"job #{jid}: {taken}")
+        return
     try:
         ctx.fleet.allocate(
             pm.Allocation(engine.job_request(job), {str(k): tuple(v) for k, v in step.nodes.items()}, step.segments or [])
         )
     except pm.CapacityError as exc:
         ctx.problems.append(f"job #{jid}: {exc}")
+
+
+def _taken(ctx: PlanCheck, step: st.Allocate) -> str | None:
+    """Which of the step's GPUs another job holds now, in words."""
+    for nid, gpus in step.nodes.items():
+        node = ctx.fleet.nodes.get(str(nid))
+        if node is None:
+            continue
+        mask = sum(1 << g for g in gpus if 0 <= g < node.gpus)
+        others = sorted(j for j, m in node.jobs.items() if m & mask and j != str(step.job))
+        if others:
+            who = ", ".join(f"#{j}" for j in others)
+            return f"node {ctx.snap.hostnames.get(str(nid), nid)} is taken (job {who} runs there now)"
+    return None
 
 
 def _check_release(ctx: PlanCheck, step: st.Step) -> None:
@@ -232,11 +253,17 @@ def check(ctx: PlanCheck, step: st.Step) -> None:
     """Check one step against the replayed fleet (problems go to ``ctx``)."""
     if step.job is not None:
         jid = str(step.job)
+        if jid in ctx.failed:
+            return
         if jid not in ctx.jobs:
             ctx.problems.append(f"job #{jid} no longer exists")
+            ctx.failed.add(jid)
             return
         ctx.touched.add(jid)
+    before = len(ctx.problems)
     RULES[step.op][0](ctx, step)
+    if step.job is not None and len(ctx.problems) > before:
+        ctx.failed.add(str(step.job))
 
 
 def apply(actor, action: Action, step: st.Step) -> None:
