@@ -59,11 +59,13 @@ class ActionSerializer(serializers.ModelSerializer):
     @extend_schema_field(HoldSerializer(many=True))
     def get_holds(self, obj: Action) -> list[dict]:
         """The nodes held for the plan from its approval to its end."""
-        return HoldSerializer(obj.holds.select_related("node__rack").order_by("node_id"), many=True).data
+        # Read through .all(), so that a list's prefetch (ActionViewSet) serves it.
+        holds = sorted(obj.holds.all(), key=lambda h: h.node_id)
+        return HoldSerializer(holds, many=True).data
 
     def get_replaced_by(self, obj: Action) -> int | None:
         """The plan made to replace this one, when it went stale."""
-        return obj.replaced_by
+        return max((r.pk for r in obj.replacements.all()), default=None)
 
     def to_representation(self, instance: Action) -> dict:
         # A submitter reads other tenants' jobs in an action by id only (fleet.redact);
@@ -122,10 +124,14 @@ class PolicySerializer(serializers.Serializer):
     mode = serializers.ChoiceField(choices=ApprovalMode.choices)
 
 
+# What an action's answer reads besides its row: one query each for a whole list.
+PREFETCH = ("jobs", "replacements", "holds__node__rack")
+
+
 class ActionViewSet(viewsets.ReadOnlyModelViewSet):
     """Placement, recovery, defrag and drain decisions; operators approve them."""
 
-    queryset = Action.objects.prefetch_related("jobs")
+    queryset = Action.objects.prefetch_related(*PREFETCH)
     serializer_class = ActionSerializer
     filterset_class = ActionFilterSet
     write_roles: dict = {}  # every write here is for operators (the default)
@@ -133,7 +139,7 @@ class ActionViewSet(viewsets.ReadOnlyModelViewSet):
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
             return self.queryset
-        return visible_actions(self.request.user, Action.objects.prefetch_related("jobs"))
+        return visible_actions(self.request.user, Action.objects.prefetch_related(*PREFETCH))
 
     def get_serializer_context(self) -> dict:
         context = super().get_serializer_context()

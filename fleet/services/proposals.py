@@ -157,7 +157,8 @@ def recheck_proposals(
                 # A plan with a re-planner (a defrag plan) is made again in its
                 # place with its own request; the card shows the new one.
                 successor = action_services.redecide(None, action, problems)
-                result.expired.append(action.pk)
+                if Action.objects.filter(pk=action.pk, state=ActionState.EXPIRED).exists():
+                    result.expired.append(action.pk)
                 if successor is not None:
                     result.proposed.append(successor.pk)
                 log.info("proposal #%s stale (%s): re-planned as %s", action.pk, "; ".join(problems), successor)
