@@ -226,15 +226,18 @@ class Soak:
     def approve_proposals(self) -> None:
         status, page = self.api.call("GET", "/api/actions/?state=proposed&limit=100")
         for action in (page or {}).get("results", []) if isinstance(page, dict) else []:
-            status, body = self.api.call("POST", f"/api/actions/{action['id']}/approve/", {"note": "soak"})
-            if status == 409 and isinstance(body, dict) and body.get("confirm_required"):
-                # The plan went stale and was re-planned: the operator accepts the new cost.
+            action_id = action["id"]
+            status, body = self.api.call("POST", f"/api/actions/{action_id}/approve/", {"note": "soak"})
+            if status == 409 and isinstance(body, dict) and body.get("replanned"):
+                # The plan went stale and was re-planned as a new one: the operator
+                # reads its cost and approves it, which confirms it.
                 self.figures.approvals_reconfirmed += 1
-                status, body = self.api.call("POST", f"/api/actions/{action['id']}/approve/",
-                                             {"note": "soak, new cost accepted", "confirm": True})
+                action_id = body["action"]["id"]
+                status, body = self.api.call("POST", f"/api/actions/{action_id}/approve/",
+                                             {"note": f"soak: new cost {body['cost_gpu_hours']} GPU-h accepted"})
             if status == 200:
                 self.figures.approvals += 1
-                self.approved.add(action["id"])
+                self.approved.add(action_id)
 
     def request_defrag(self) -> None:
         """Ask for one more wholly free rack than there is now (a goal that needs
