@@ -232,6 +232,8 @@ def _plan(fleet: Fleet, pending: list[JobRequest], target: Target | None,
         met == len(goals) or (target is None and len(made) == len(blocked)))
     if unreachable:
         reasons.append(f"cannot be met in full: {unreachable}")
+    moves = _merged(moves)
+    cost = sum(m.cost_gpu_hours for m in moves)
     return DefragPlan(
         target=label,
         feasible=feasible,
@@ -244,6 +246,26 @@ def _plan(fleet: Fleet, pending: list[JobRequest], target: Target | None,
         free_racks_before=racks_before,
         free_racks_after=_whole_racks(work) if figures else 0,
     )
+
+
+def _merged(moves: list[Move]) -> list[Move]:
+    """One move per job. A job moved out of one rack can land in a rack a later goal
+    clears, and be moved again: it is stopped once instead, from where it runs to
+    where it ends, at its first move's place in the plan and its first move's cost
+    (one checkpoint, one restart). The nodes it ends on were free at its first
+    move: only a rack being cleared loses jobs, and a move never lands in a rack
+    cleared earlier."""
+    first: dict[str, int] = {}
+    out: list[Move] = []
+    for m in moves:
+        if m.job_id not in first:
+            first[m.job_id] = len(out)
+            out.append(m)
+            continue
+        i = first[m.job_id]
+        out[i] = dataclasses.replace(out[i], to_nodes=m.to_nodes, to_segments=m.to_segments,
+                                     reason=f"{out[i].reason}; then {m.reason}")
+    return out
 
 
 def _segments(fleet: Fleet, nodes: int, gpn: int, seg: int | None = None) -> list[
