@@ -354,7 +354,8 @@ class Soak:
         for action_id in sorted(self.approved):
             action = self.api.get(f"/api/actions/{action_id}/")
             states[action["state"]] += 1
-            f.gpu_hours_lost_to_failed_plans += float(action.get("lost_gpu_hours") or 0.0)
+            if action["state"] != "succeeded":  # a plan that finished lost nothing to failure
+                f.gpu_hours_lost_to_failed_plans += float(action.get("lost_gpu_hours") or 0.0)
         f.approved_actions = dict(states)
         expired = self.api.get("/api/actions/?state=expired&limit=1000")
         f.expired_without_reason = [a["id"] for a in expired.get("results", []) if not (a.get("error") or "").strip()]
