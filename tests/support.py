@@ -32,6 +32,16 @@ FAST_CLUSTER = {
 }
 
 
+def mark_directory(items, directory: Path, marker) -> None:
+    """Give every collected test under ``directory`` the ``marker``, so that
+    ``-m 'not NAME'`` deselects the whole directory (and its session fixtures
+    never start). Call it from a ``tryfirst`` collection hook: the marker must be
+    on the items before ``-m`` deselects by it."""
+    for item in items:
+        if directory in Path(item.path).resolve().parents:
+            item.add_marker(marker)
+
+
 def nodes_of(job_id: int) -> set[int]:
     """The nodes a job holds GPUs on now."""
     from fleet.models import Allocation

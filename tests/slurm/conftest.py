@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import mark_directory
+
 HERE = Path(__file__).resolve().parent
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    # tryfirst: the marker must be on the items before `-m` deselects by it.
-    for item in items:
-        if HERE in Path(item.path).resolve().parents:
-            item.add_marker(pytest.mark.slurm)
+    mark_directory(items, HERE, pytest.mark.slurm)

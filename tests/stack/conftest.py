@@ -12,16 +12,14 @@ from pathlib import Path
 import pytest
 
 from benchmarks.soak import Stack, fresh_checkout
+from tests.support import mark_directory
 
 HERE = Path(__file__).resolve().parent
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    # tryfirst: the marker must be on the items before `-m` deselects by it.
-    for item in items:
-        if HERE in Path(item.path).resolve().parents:
-            item.add_marker(pytest.mark.stack)
+    mark_directory(items, HERE, pytest.mark.stack)
 
 
 @pytest.fixture(scope="session")
