@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.test import Client
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 
 def log_in_as(page, user) -> None:
@@ -36,13 +37,21 @@ def grid_cells(page, selector: str = "main") -> list[dict]:
 def hover_cell(page, selector: str, node: int, gpu: int) -> str:
     """Move the mouse onto one GPU's cell of the grid under ``selector`` and
     return the tooltip's text."""
-    page.locator(selector).first.scroll_into_view_if_needed()
-    box = page.evaluate("([s, n, g]) => window.rackwiseGrid.box(s, n, g)", [selector, node, gpu])
-    assert box, f"no drawn cell {node}:{gpu} under {selector}"
-    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
     tip = page.locator("[data-testid=tooltip]")
-    tip.wait_for(state="visible", timeout=5000)
-    return tip.text_content()
+    # The page may still move under the pointer (a figure arriving re-lays out the
+    # cards above): if no tooltip shows, read the cell's box again and move again.
+    for attempt in range(5):
+        page.locator(selector).first.scroll_into_view_if_needed()
+        box = page.evaluate("([s, n, g]) => window.rackwiseGrid.box(s, n, g)", [selector, node, gpu])
+        assert box, f"no drawn cell {node}:{gpu} under {selector}"
+        page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        try:
+            tip.wait_for(state="visible", timeout=1000)
+            return tip.text_content()
+        except PlaywrightTimeout:
+            if attempt == 4:
+                raise
+            page.mouse.move(0, 0)
 
 
 def post_api(page, path: str, data: dict | None = None) -> tuple[int, dict]:
