@@ -378,12 +378,17 @@ def _take_gpus(job: Job, gpus_by_node: Mapping[int, list[int]]) -> list[GPU]:
     return chosen
 
 
-def start_job(actor, job_id: int) -> Job:
-    """placed|recovering -> running, when the job's processes are up (again)."""
+def start_job(actor, job_id: int, expect: str | None = None) -> Job:
+    """placed|recovering -> running, when the job's processes are up (again).
+    ``expect``: the one of the two the caller's step is for (a placement's start
+    is of a placed job, a recovery's restart of a recovering one); Conflict if the
+    job is in the other."""
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job_id)
         if job.state not in (JobState.PLACED, JobState.RECOVERING):
             raise Conflict(f"job #{job.pk} is {job.state}; only a placed or recovering job can start")
+        if expect is not None and job.state != expect:
+            raise Conflict(f"job #{job.pk} is {job.state}, not {expect}: {job.state_reason or 'its state changed'}")
         before = job_snapshot(job)
         job.state = JobState.RUNNING
         job.state_reason = ""

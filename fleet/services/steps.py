@@ -202,7 +202,12 @@ def _apply_allocate(actor, action: Action, step: st.Allocate) -> None:
 
 
 def _apply_start(actor, action: Action, step: st.Step) -> None:
-    job_services.start_job(actor, step.job)
+    # A placement's start is of a placed job. One whose node failed before it
+    # started is recovering: its start is refused (the placement fails), and its
+    # recovery swaps the node and restarts it; started here, it would run on the
+    # failed node (the soak saw one do so for two minutes).
+    expect = JobState.RECOVERING if step.op == st.Restart.op else JobState.PLACED
+    job_services.start_job(actor, step.job, expect=expect)
 
 
 def _apply_stop(actor, action: Action, step: st.Stop) -> None:
