@@ -174,6 +174,9 @@ class Figures:
     approvals_reconfirmed: int = 0
     approved_actions: dict[str, int] = field(default_factory=dict)  # final state -> count
     gpu_hours_lost_to_failed_plans: float = 0.0
+    # Approved actions that failed after a step stopped a job (a reported figure,
+    # not a check: preemptions hold no nodes yet, see the README).
+    failed_after_stopping_a_job: list[str] = field(default_factory=list)
     expired_without_reason: list[int] = field(default_factory=list)
     samples: int = 0
     violations: list[str] = field(default_factory=list)
@@ -356,6 +359,10 @@ class Soak:
             states[action["state"]] += 1
             if action["state"] != "succeeded":  # a plan that finished lost nothing to failure
                 f.gpu_hours_lost_to_failed_plans += float(action.get("lost_gpu_hours") or 0.0)
+            done = (action.get("steps") or [])[: action.get("step_index") or 0]
+            if action["state"] == "failed" and any(
+                    isinstance(s, dict) and s.get("op") in ("stop", "preempt", "requeue") for s in done):
+                f.failed_after_stopping_a_job.append(f"#{action_id} {action['kind']}: {action.get('error', '')[:120]}")
         f.approved_actions = dict(states)
         expired = self.api.get("/api/actions/?state=expired&limit=1000")
         f.expired_without_reason = [a["id"] for a in expired.get("results", []) if not (a.get("error") or "").strip()]
