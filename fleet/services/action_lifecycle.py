@@ -26,7 +26,8 @@ succeeded   action.succeeded action.finished      a scheduling pass (not after a
 failed      action.failed    action.finished      jobs settled
 =========== ================ ==================== ===========================================
 
-Holds. A plan that moves jobs (:data:`HOLD_KINDS`: defrag plans, migrations)
+Holds. A plan that moves jobs (:data:`HOLD_KINDS`: defrag plans, migrations,
+recoveries and preemptions)
 holds the nodes it empties and the nodes it fills (``NodeHold`` rows) from its
 approval to its end, so that the scheduler, recovery and other plans leave them
 alone while it runs (the engine sees a held node as taking no new work:
@@ -91,9 +92,10 @@ WEBHOOK_EVENT: dict[str, str | None] = {
     **{state: "action.finished" for state in ENDED_STATES},
 }
 RECOVERY_KINDS = (ActionKind.RECOVERY, ActionKind.PREEMPTION, ActionKind.MIGRATION, ActionKind.REQUEUE)
-# Plans that stop jobs and place them again: they hold the nodes they empty and
-# fill from approval to end (see the module docstring).
-HOLD_KINDS = (ActionKind.DEFRAG, ActionKind.MIGRATION)
+# Plans that stop jobs and place them again, or swap a job onto other nodes:
+# they hold the nodes they empty and fill from approval to end (see the module
+# docstring). A preemption holds the node its victim frees until its swap.
+HOLD_KINDS = (ActionKind.DEFRAG, ActionKind.MIGRATION, ActionKind.PREEMPTION, ActionKind.RECOVERY)
 # Steps that release a job's GPUs (the nodes it leaves are emptied by the plan).
 RELEASE_OPS = (st.Stop.op, st.Preempt.op, st.Requeue.op)
 
@@ -252,7 +254,7 @@ def settle_jobs(action: Action, actor, *, replan: bool = True) -> None:
 def hold_plan(action: Action) -> dict[int, str]:
     """The nodes the action's remaining steps empty and fill, as node id -> role.
 
-    1. Filled: where it allocates.
+    1. Filled: where it allocates, and the replacements it swaps a job onto.
     2. Emptied: where the jobs it stops run now; and in a rack it clears (jobs
        leave it, none come in), its idle healthy nodes too: the room it makes
        there is what it is for, and work placed there meanwhile would leave the
@@ -270,6 +272,8 @@ def hold_plan(action: Action) -> dict[int, str]:
             released.add(step.job)
         elif isinstance(step, st.Allocate):
             fills.update(int(n) for n in step.nodes)
+        elif isinstance(step, st.Swap):
+            fills.update(int(n) for n in step.swaps.values())
     if released:
         empties = set(
             Allocation.objects.filter(job_id__in=released, released_at__isnull=True).values_list("gpu__node_id", flat=True)
