@@ -8,6 +8,8 @@ class FleetConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from fleet import access_signals
         from fleet.schedules import ensure_periodic_tasks
 
         post_migrate.connect(ensure_periodic_tasks, sender=self)
+        access_signals.connect()

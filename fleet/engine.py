@@ -116,13 +116,13 @@ def load_snapshot() -> Snapshot:
         hostnames[nid] = hostname
         if held_for is not None:
             held[nid] = (held_for, ENGINE_HEALTH[state])
-        nodes_by_rack[rack_id].append(pm.Node(nid, str(rack_id), slot, gpus, engine_health(state, held_for)))
+        nodes_by_rack[rack_id].append(pm.Node(nid, str(rack_id), slot, gpus, engine_health(state, held_for), name=hostname))
     for rack_id, name, spare_nodes in Rack.objects.order_by(*RACK_ORDER).values_list("id", "name", "spare_nodes"):
         nodes = nodes_by_rack.get(rack_id)
         if not nodes:
             continue
         rack_names[str(rack_id)] = name
-        racks.append(pm.Rack(str(rack_id), nodes, spare_nodes=_spares(spare_nodes, len(nodes))))
+        racks.append(pm.Rack(str(rack_id), nodes, spare_nodes=_spares(spare_nodes, len(nodes)), name=name))
     fleet = pm.Fleet(racks)
     jobs = _restore(fleet, Allocation.objects.filter(released_at__isnull=True))
     return Snapshot(fleet, jobs, hostnames, rack_names, held)
@@ -276,7 +276,7 @@ class LiveFleet:
             # A hold is taken or released with its racks' versions moved
             # (fleet.services.action_lifecycle), so a changed rack's holds are read here.
             for nid, _, hostname, health, _, hold in rows[rid]:
-                snap.hostnames[nid] = hostname
+                snap.hostnames[nid] = fleet.nodes[nid].name = hostname
                 if hold is None:
                     snap.held.pop(nid, None)
                 else:

@@ -59,6 +59,25 @@ def _send(events: Iterable[dict]) -> None:
         log.warning("could not publish %d events", len(events), exc_info=True)
 
 
+def user_group(user_id: int) -> str:
+    """The channel group of one user's live-feed sockets."""
+    return f"user.{user_id}"
+
+
+def session_group(session_key: str) -> str:
+    """The channel group of one login session's live-feed sockets."""
+    return f"session.{session_key}"
+
+
+def tell_sockets(group: str, kind: str) -> None:
+    """Send ``{"type": kind}`` to a group of live-feed sockets (now; callers
+    inside a transaction send on commit)."""
+    try:
+        async_to_sync(get_channel_layer().group_send)(group, {"type": kind})
+    except Exception:  # the channel layer down: the socket lives on until its next reconnect
+        log.warning("could not tell %s of %s", group, kind, exc_info=True)
+
+
 def rack_state(rack_ids: Iterable[int]) -> list[dict]:
     """The cell state of each rack, as sent in ``rack`` events and served by the
     console snapshot. A rack's ``jobs`` are the jobs holding GPUs in it.

@@ -85,10 +85,30 @@ class _PageFilterForm(forms.Form):
         return "; ".join(f"{name}: {' '.join(msgs)}" for name, msgs in self.errors.items())
 
 
+# The jobs list's orders: name -> (label, ORDER BY). Newest first by default.
+JOB_SORTS = {
+    "newest": ("newest first", ("-id",)),
+    "oldest": ("oldest first", ("id",)),
+    "priority": ("highest priority", ("-priority", "id")),
+    "size": ("largest", ("-num_gpus", "id")),
+    "state": ("state", ("state", "-id")),
+    "tenant": ("tenant", ("tenant__name", "-id")),
+    "name": ("name", ("name", "-id")),
+}
+
+
 class JobPageFilterForm(_PageFilterForm):
     state = forms.ChoiceField(required=False, choices=[("active", "active"), ("all", "all"), *JobState.choices])
     tenant = forms.CharField(required=False, max_length=100)
     q = forms.CharField(required=False, max_length=200, strip=True)
+    sort = forms.ChoiceField(required=False, choices=[(k, v[0]) for k, v in JOB_SORTS.items()])
+    page = forms.IntegerField(required=False, min_value=1, max_value=10**6)
+
+    def clean_sort(self) -> str:
+        return self.cleaned_data["sort"] or "newest"
+
+    def clean_page(self) -> int:
+        return self.cleaned_data["page"] or 1
 
     def clean_state(self) -> str:
         return self.cleaned_data["state"] or "active"

@@ -83,6 +83,7 @@ def action_for(action: Any, tenant_ids: set[int] | None) -> Any:
     shown.decision_note = WITHHELD if action.decision_note else ""
     shown.log = [_redacted_log_entry(entry, steps, foreign) for entry in action.log]
     shown.redacted = True
+    shown.foreign_jobs = foreign
     return shown
 
 

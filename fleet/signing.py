@@ -10,9 +10,8 @@ import hmac
 import http.client
 import socket
 import ssl
+import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -65,16 +64,6 @@ def _measure(response) -> tuple[int, bool]:
     return min(len(data), MAX_ANSWER_BYTES), len(data) > MAX_ANSWER_BYTES
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    # urllib would turn a redirected POST into a GET without the body (and
-    # without our signature's meaning); a redirect is the receiver's mistake.
-    def redirect_request(self, *args, **kwargs):
-        return None
-
-
-_opener = urllib.request.build_opener(_NoRedirect)
-
-
 class _PinnedHTTPConnection(http.client.HTTPConnection):
     """Connects to ``address`` while ``host`` stays the name (the Host header)."""
 
@@ -95,19 +84,54 @@ class _PinnedHTTPSConnection(http.client.HTTPSConnection):
         )
 
 
-def _post_pinned(url: str, address: str, body: bytes, headers: dict[str, str], timeout: float) -> PostResult:
+def _connection(url: str, address: str | None, timeout: float) -> http.client.HTTPConnection:
     parts = urlsplit(url)
-    cls = _PinnedHTTPSConnection if parts.scheme == "https" else _PinnedHTTPConnection
-    port = parts.port or (443 if parts.scheme == "https" else 80)
+    https = parts.scheme == "https"
+    host, port = parts.hostname or "", parts.port or (443 if https else 80)
+    if address is not None:
+        cls = _PinnedHTTPSConnection if https else _PinnedHTTPConnection
+        return cls(host, port, address=address, timeout=timeout)
+    if https:
+        return http.client.HTTPSConnection(host, port, timeout=timeout, context=ssl.create_default_context())
+    return http.client.HTTPConnection(host, port, timeout=timeout)
+
+
+def _post(url: str, address: str | None, body: bytes, headers: dict[str, str], timeout: float) -> PostResult:
+    """One POST that ends within ``timeout`` seconds in all: the socket timeout
+    bounds each read, and a watchdog cuts the connection at the deadline, so a
+    receiver that answers a byte at a time cannot hold a worker for longer.
+    No redirect is followed (a 3xx is returned like any answer: a redirected
+    POST would lose its body and its signature's meaning)."""
+    parts = urlsplit(url)
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    connection = cls(parts.hostname or "", port, address=address, timeout=timeout)
+    connection = _connection(url, address, timeout)
+    expired = threading.Event()
+
+    def cut() -> None:
+        expired.set()
+        if connection.sock is not None:
+            try:
+                connection.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    watchdog = threading.Timer(timeout, cut)
+    watchdog.daemon = True
+    watchdog.start()
     try:
-        # http.client follows no redirects: a 3xx is returned like any answer.
         connection.request("POST", path, body=body, headers=headers)
         response = connection.getresponse()
-        return PostResult(response.status, *_measure(response))
+        result = PostResult(response.status, *_measure(response))
+    except (OSError, http.client.HTTPException):
+        if expired.is_set():
+            raise TimeoutError(f"timed out: no whole answer within {timeout:g} s") from None
+        raise
     finally:
+        watchdog.cancel()
         connection.close()
+    if expired.is_set():
+        raise TimeoutError(f"timed out: no whole answer within {timeout:g} s")
+    return result
 
 
 def post_signed(
@@ -119,10 +143,10 @@ def post_signed(
     headers: dict[str, str] | None = None,
     connect_to: str | None = None,
 ) -> PostResult:
-    """POST ``body`` as JSON to ``url`` with a fresh signature header. Any HTTP
-    answer (2xx or not) is returned, as its status and size; an unreachable or
-    silent receiver raises OSError (``urllib.error.URLError``, ``TimeoutError``
-    and ``ssl.SSLError`` are OSErrors).
+    """POST ``body`` as JSON to ``url`` with a fresh signature header, within
+    ``timeout`` seconds in all. Any HTTP answer (2xx or not) is returned, as
+    its status and size; an unreachable, silent or too slow receiver raises
+    OSError (``TimeoutError`` and ``ssl.SSLError`` are OSErrors).
 
     ``connect_to``: the IP address to connect to instead of resolving the URL's
     host again (event webhooks pass the address they checked, see
@@ -130,14 +154,6 @@ def post_signed(
     ``Host`` and used for TLS."""
     all_headers = {"Content-Type": "application/json", HEADER: sign(secret, body), **(headers or {})}
     try:
-        if connect_to is not None:
-            return _post_pinned(url, connect_to, body, all_headers, timeout)
-        request = urllib.request.Request(url, data=body, method="POST", headers=all_headers)
-        try:
-            with _opener.open(request, timeout=timeout) as response:
-                return PostResult(response.status, *_measure(response))
-        except urllib.error.HTTPError as exc:
-            with exc:
-                return PostResult(exc.code, *_measure(exc))
+        return _post(url, connect_to, body, all_headers, timeout)
     except http.client.HTTPException as exc:  # a malformed answer: not an OSError
         raise OSError(f"bad HTTP answer: {exc!r}") from exc

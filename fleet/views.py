@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timedelta
+from urllib.parse import urlencode
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied
@@ -32,7 +33,7 @@ from fleet.choices import (
     WebhookEvent,
 )
 from fleet.export import EXPORTABLE_STATES, export_job
-from fleet.filtersets import ActionPageFilterForm, AuditEventFilterSet, JobPageFilterForm
+from fleet.filtersets import JOB_SORTS, ActionPageFilterForm, AuditEventFilterSet, JobPageFilterForm
 from fleet.models import Action, Allocation, AuditEvent, Job, Rack, Tenant, WebhookEndpoint
 from fleet.permissions import (
     has_role,
@@ -43,6 +44,7 @@ from fleet.permissions import (
     visible_jobs,
     visible_tenant_names,
 )
+from fleet.services import nodes as node_services
 from fleet.services import read_models
 from fleet.services.actions import describe_step
 from fleet.services.actions import policies as action_policies
@@ -135,8 +137,12 @@ class RackView(RoleRequiredMixin, TemplateView):
         spares = idle[-rack.spare_nodes:] if rack.spare_nodes else []
         job_ids = Allocation.objects.filter(released_at__isnull=True, gpu__node__rack=rack).values("job_id")
         node_ids = [str(n.pk) for n in nodes]
+        for n in nodes:
+            n.moves = node_services.moves_for(n.state)
         context.update(
             rack=rack,
+            node_moves=[{"name": m.name, "label": m.label, "from": list(m.allowed_from), "disruptive": m.disruptive}
+                        for m in node_services.MOVES.values()],
             summary=rack_summaries(Rack.objects.filter(pk=rack.pk))[rack.pk],
             nodes=nodes,
             spares=spares,
@@ -156,9 +162,11 @@ class JobListView(FilteredPageMixin, RoleRequiredMixin, TemplateView):
     def get_context_data(self, **kwargs):
         context = super().get_context_data(**kwargs)
         params = self.request.GET
-        qs = visible_jobs(self.request.user, Job.objects.select_related("tenant", "owner")).order_by("-id")
+        qs = visible_jobs(self.request.user, Job.objects.select_related("tenant", "owner"))
         form = JobPageFilterForm(params)
+        sort, page = "newest", 1
         if form.is_valid():
+            sort, page = form.cleaned_data["sort"], form.cleaned_data["page"]
             state = form.cleaned_data["state"]
             if state == "active":
                 qs = qs.filter(state__in=ACTIVE_JOB_STATES)
@@ -172,16 +180,28 @@ class JobListView(FilteredPageMixin, RoleRequiredMixin, TemplateView):
         else:
             state, qs = "active", qs.none()
             context["filter_errors"] = form.errors_text()
-        jobs = list(qs[:PAGE_ROWS])
+        total = qs.count()
+        first = (page - 1) * PAGE_ROWS
+        jobs = list(qs.order_by(*JOB_SORTS[sort][1])[first : first + PAGE_ROWS])
+        query = {k: v for k, v in (("state", state), ("tenant", params.get("tenant", "")), ("q", params.get("q", ""))) if v}
         context.update(
             jobs=jobs,
+            total=total,
+            shown_from=first + 1 if jobs else 0,
+            shown_to=first + len(jobs),
+            previous_page=urlencode({**query, "sort": sort, "page": page - 1}) if page > 1 else "",
+            next_page=urlencode({**query, "sort": sort, "page": page + 1}) if first + len(jobs) < total else "",
+            sort=sort,
+            page_rows=PAGE_ROWS,
+            sorts=[(name, label, urlencode({**query, "sort": name})) for name, (label, _) in JOB_SORTS.items()],
             # For jobs.js, which keeps the rows live and must match new jobs as this view does.
             active_states=" ".join(ACTIVE_JOB_STATES),
             finished_states=FINISHED_JOB_STATES,
             # A submitter sees only its tenants' jobs, so may_cancel holds for every
             # row it sees; the API decides again on the click.
             can_submit=has_role(self.request.user, Role.SUBMITTER),
-            page_full=len(jobs) == PAGE_ROWS,
+            # Live rows (jobs.js) are added only to the first page of the newest-first order.
+            page_full=len(jobs) == PAGE_ROWS or sort != "newest" or page > 1,
             states=JobState.choices,
             state=state,
             tenant=params.get("tenant", ""),
@@ -293,7 +313,12 @@ def _for_page(actions: list[Action]) -> list[Action]:
     the plan the page's grids simulate."""
     for a in actions:
         a.step_texts = [describe_step(step) for step in a.steps]
-        a.plan_json = json.dumps({"steps": a.steps, "jobs": [j.pk for j in a.jobs.all()], "state": a.state})
+        a.plan_json = json.dumps(
+            {"steps": a.steps, "jobs": [j.pk for j in a.jobs.all()], "state": a.state, "step_index": a.step_index}
+        )
+        # Jobs by name, except other tenants' (fleet.redact): those by id only.
+        foreign = getattr(a, "foreign_jobs", set())
+        a.job_links = [(j.pk, "" if j.pk in foreign else j.name) for j in a.jobs.all()]
     return actions
 
 

@@ -186,7 +186,7 @@ def _plan(fleet: Fleet, pending: list[JobRequest], target: Target | None,
             moves += [st.move for st in node_moves]
             cost += node_cost
             met += 1
-            reasons.append(f"{name}: {len(node_moves)} move(s) free {gpus} GPUs on {node.id}, "
+            reasons.append(f"{name}: {len(node_moves)} move(s) free {gpus} GPUs on {node.label}, "
                            f"{node_cost:.2f} GPU-h")
             continue
         goal_moves: list[_Step] = []
@@ -373,7 +373,7 @@ def _clear(work: Fleet, rack: Rack, nodes: int, targeted: set[str],
         c = restart_cost_gpu_hours(alloc.job, alloc.gpus, restart_minutes, now=now,
                                    started_at=alloc.started_at)
         moves.append(_Step(Move(jid, list(alloc.nodes), dict(new.nodes), new.segments, c,
-                                f"move out of {rack.id}: {plan.reason}"), alloc))
+                                f"move out of {rack.label}: {plan.reason}"), alloc))
         cost += c
     if _need(rack, nodes, borrow) > 0:
         _undo(work, moves)
@@ -540,7 +540,7 @@ def _clear_node(work: Fleet, node: Node, jids: list[str], targeted: set[str],
             c = restart_cost_gpu_hours(alloc.job, alloc.gpus, restart_minutes, now=now,
                                        started_at=alloc.started_at)
             steps.append(_Step(Move(jid, list(alloc.nodes), dict(new.nodes), new.segments, c,
-                                    f"move off {node.id} to free GPUs there: {plan.reason}"),
+                                    f"move off {node.label} to free GPUs there: {plan.reason}"),
                                alloc))
     finally:
         work.set_health(node.id, HEALTHY)

@@ -69,13 +69,14 @@ class NodeEnds:
 
 
 class _RackView:
-    """What a view of a rack shares with the rack: its id and shape, its spares
+    """What a view of a rack shares with the rack: its id, label and shape, its spares
     policy and how many nodes it lends (read when the view is made)."""
 
-    __slots__ = ("gpus_per_node", "id", "lent_nodes", "size", "spare_nodes")
+    __slots__ = ("gpus_per_node", "id", "label", "lent_nodes", "size", "spare_nodes")
 
     def __init__(self, rack: Rack) -> None:
         self.id = rack.id
+        self.label = rack.label
         self.size = rack.size
         self.spare_nodes = rack.spare_nodes
         self.lent_nodes = rack.lent_nodes

@@ -75,7 +75,26 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "fleet.middleware.LoginRequiredEverywhereMiddleware",
+    "csp.middleware.CSPMiddleware",
 ]
+
+# Content-Security-Policy on every page (django-csp): scripts only from the app
+# itself (no inline script anywhere: data goes to pages as json_script), nothing
+# from other origins, no framing. Inline style attributes stay allowed: the
+# grids colour cells with them, and a style cannot run code.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'", "'unsafe-inline'"],
+        "img-src": ["'self'", "data:"],
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    }
+}
 
 ROOT_URLCONF = "rackwise.urls"
 WSGI_APPLICATION = "rackwise.wsgi.application"
@@ -134,7 +153,11 @@ CHANNEL_LAYERS = {
         "CONFIG": {
             "hosts": [
                 {"address": REDIS_URL, "socket_timeout": CHANNEL_LAYER_READ_TIMEOUT_S, "socket_connect_timeout": 5}
-            ]
+            ],
+            # A live-feed socket renews its groups with every ping (25 s): one that
+            # vanished without a disconnect leaves them within 5 minutes (the
+            # default, a day, kept about 0.3% of disconnects as stale members).
+            "group_expiry": 300,
         },
     }
 }
@@ -166,6 +189,10 @@ CELERY_TASK_ROUTES = {
     "fleet.tasks.deliver_webhooks": {"queue": "webhooks"},
     "fleet.tasks.deliver_webhook": {"queue": "webhooks"},
     "fleet.tasks.sweep_webhooks": {"queue": "webhooks"},
+    # Failure detection and reconcile must not wait behind a burst of bulk work
+    # in the default queue: they have a queue (and, in scripts/run, a worker) of their own.
+    "fleet.tasks.detect_failures": {"queue": "control"},
+    "fleet.tasks.reconcile": {"queue": "control"},
 }
 
 # --- Rackwise control loop -----------------------------------------------------------
@@ -323,14 +350,22 @@ CACHES = {
     }
 }
 # Throttles: generous for signed-in users (the console polls); strict for
-# failures: after RACKWISE_LOGIN_MAX_FAILURES failed logins for one username (or
-# from one address) within RACKWISE_LOGIN_WINDOW_S, logins are refused, even with
-# the right password, until the window has passed. Bad API tokens count the same
-# way per address (RACKWISE_TOKEN_MAX_FAILURES).
+# failures, and never locking anyone out for others' failures (fleet.auth): after
+# RACKWISE_LOGIN_MAX_FAILURES failed logins for one username from one client
+# within RACKWISE_LOGIN_WINDOW_S, that client is refused for that username, even
+# with the right password; the username's other clients that failed back off.
+# Bad API tokens slow down only the client sending them (RACKWISE_TOKEN_MAX_FAILURES).
 RACKWISE_THROTTLE_USER = env_str("RACKWISE_THROTTLE_USER", "") or "3000/min"
 RACKWISE_LOGIN_MAX_FAILURES = env_int("RACKWISE_LOGIN_MAX_FAILURES", 5, minimum=1)
 RACKWISE_LOGIN_WINDOW_S = env_int("RACKWISE_LOGIN_WINDOW_S", 900, minimum=1)
 RACKWISE_TOKEN_MAX_FAILURES = env_int("RACKWISE_TOKEN_MAX_FAILURES", 20, minimum=1)
+# The per-username backoff's longest delay, and the failures one address may
+# make over all usernames before it is refused (fleet.auth).
+RACKWISE_LOGIN_MAX_DELAY_S = env_int("RACKWISE_LOGIN_MAX_DELAY_S", 60, minimum=1)
+RACKWISE_LOGIN_MAX_ADDRESS_FAILURES = env_int("RACKWISE_LOGIN_MAX_ADDRESS_FAILURES", 50, minimum=1)
+# Trusted reverse proxies in front of the app (nginx, HAProxy, a load balancer):
+# the client's address is read from X-Forwarded-For through this many (DRF's NUM_PROXIES).
+RACKWISE_NUM_PROXIES = env_int("RACKWISE_NUM_PROXIES", 0, minimum=0)
 # HTTPS: on by default when DEBUG is off; each can be turned off (for plain-http
 # tests, or a proxy that already redirects). SECURE_PROXY_SSL_HEADER is off unless
 # set (e.g. "X-Forwarded-Proto"): only a proxy that overwrites that header makes it safe.

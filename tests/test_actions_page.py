@@ -76,3 +76,18 @@ def test_the_costly_approval_threshold_reaches_the_page(queue, operator, setting
 def test_a_kind_filter_the_page_does_not_know_is_a_400(queue, operator):
     response = _get(operator, "/actions/?kind=teleport")
     assert response.status_code == 400 and "teleport" in response.content.decode()
+
+
+def test_a_card_names_its_jobs_and_withholds_other_tenants_names(queue, operator, submitter, other_submitter):
+    """Action cards listed jobs as bare ids (#28 item 8)."""
+    mixed = action_services.propose(
+        kind=ActionKind.MIGRATION, title="mixed", jobs=[*queue["manual"].jobs.values_list("pk", flat=True),
+                                                         *queue["foreign"].jobs.values_list("pk", flat=True)],
+        steps=[{"op": "start", "job": j.pk} for j in [*queue["manual"].jobs.all(), *queue["foreign"].jobs.all()]],
+    )
+    llm, vision = queue["manual"].jobs.get(), queue["foreign"].jobs.get()
+
+    html = _get(operator, f"/actions/{mixed.pk}/fragment/").content.decode()
+    assert f">#{llm.pk} llm-job</a>" in html and f">#{vision.pk} vision-secret</a>" in html
+    html = _get(submitter, f"/actions/{mixed.pk}/fragment/").content.decode()
+    assert f">#{llm.pk} llm-job</a>" in html and f">#{vision.pk}</a>" in html and "vision-secret" not in html

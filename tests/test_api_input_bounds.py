@@ -221,12 +221,59 @@ def test_a_job_id_in_the_search_box_finds_the_job(fleet, page, submitter):
     assert page.get("/jobs/", {"q": BIGGER_THAN_BIGINT}).status_code == 200
 
 
+@pytest.mark.parametrize("debug", [False, True])
 @pytest.mark.parametrize("path", ["/api/actions/1.5/approve/", "/api/jobs/x.y/", "/api/no-such-thing/"])
-def test_a_path_no_api_route_takes_answers_json(fleet, operator_client, path):
+def test_a_path_no_api_route_takes_answers_json(fleet, operator_client, path, settings, debug):
+    """With DEBUG on (the quick start's default) too: #28 item 5 got Django's HTML debug page."""
+    settings.DEBUG = debug
     response = operator_client.get(path)
-    assert response.status_code == 404 and response.json() == {"detail": "Not found."}
+    assert response.status_code == 404 and response["Content-Type"] == "application/json"
+    assert response.json()["detail"].startswith("Not found")
+
+
+def test_an_api_path_without_its_trailing_slash_is_told_the_one_that_exists(fleet, operator_client, settings):
+    settings.DEBUG = True
+    response = operator_client.post("/api/jobs", {"name": "x"}, format="json")
+    assert response.status_code == 404
+    assert "Did you mean '/api/jobs/'?" in response.json()["detail"]
 
 
 def test_the_audit_log_takes_a_time_with_any_offset(fleet, operator_client):
     response = operator_client.get("/api/audit/", {"since": "2020-01-01T00:00:00+21:06"})
     assert response.status_code == 200 and response.json()["count"] > 0
+
+
+# -- bodies JSON cannot carry into the database (item 16) -------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/api/jobs/", '{"name": "a\\ud800", "tenant": "llm", "num_gpus": 1}'),
+        ("/api/jobs/what-if/", '{"name": "x", "tenant": "llm\\udfff", "num_gpus": 1}'),
+        ("/api/webhooks/", '{"url": "https://example.com/\\ud83d", "events": ["job.*"]}'),
+        ("/api/actions/defrag/", '{"note\\udc00": 1}'),
+    ],
+)
+def test_a_lone_utf16_surrogate_is_a_400_that_names_it(fleet, operator_client, path, body):
+    response = operator_client.post(path, body, content_type="application/json")
+    assert response.status_code == 400, response.content
+    assert "lone UTF-16 surrogate" in response.json()["detail"]
+    assert not Job.objects.exists()
+
+
+def test_a_surrogate_pair_is_a_character_and_is_kept(fleet, submitter_client):
+    response = submitter_client.post(
+        "/api/jobs/", '{"name": "train-\\ud83d\\ude80", "tenant": "llm", "num_gpus": 1}', content_type="application/json"
+    )
+    assert response.status_code == 201 and response.json()["name"] == "train-\N{ROCKET}"
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_a_body_over_the_upload_limit_is_a_json_400_that_says_the_limit(fleet, submitter_client, settings, debug):
+    settings.DEBUG = debug
+    body = '{"name": "%s", "tenant": "llm", "num_gpus": 1}' % ("x" * (settings.DATA_UPLOAD_MAX_MEMORY_SIZE + 1))
+    response = submitter_client.post("/api/jobs/", body, content_type="application/json")
+    assert response.status_code == 400 and response["Content-Type"] == "application/json"
+    assert "2,621,440 bytes" in response.json()["detail"]
+    assert not Job.objects.exists()

@@ -50,9 +50,9 @@ MATRIX = [
     ("get", "/api/racks/{rack}/", None, {ANON: 401, OUTSIDER: 403, VIEWER: 200, OTHER: 200, OPERATOR: 200}),
     ("get", "/api/nodes/", None, {ANON: 401, OUTSIDER: 403, VIEWER: 200, OTHER: 200, OPERATOR: 200}),
     ("get", "/api/nodes/{node}/", None, {ANON: 401, OUTSIDER: 403, VIEWER: 200, OTHER: 200, OPERATOR: 200}),
-    ("post", "/api/nodes/{node}/drain/", {}, {ANON: 401, OUTSIDER: 403, VIEWER: 403, OTHER: 403, OPERATOR: 200}),
+    ("post", "/api/nodes/{node}/drain/", {"reason": "maintenance"}, {ANON: 401, OUTSIDER: 403, VIEWER: 403, OTHER: 403, OPERATOR: 200}),
     ("post", "/api/nodes/{node}/undrain/", {}, {ANON: 401, OUTSIDER: 403, VIEWER: 403, OTHER: 403, OPERATOR: 409}),
-    ("post", "/api/nodes/{node}/mark-failed/", {}, {ANON: 401, OUTSIDER: 403, VIEWER: 403, OTHER: 403, OPERATOR: 200}),
+    ("post", "/api/nodes/{node}/mark-failed/", {"reason": "XID 79"}, {ANON: 401, OUTSIDER: 403, VIEWER: 403, OTHER: 403, OPERATOR: 200}),
     (
         "post",
         "/api/nodes/{node}/return-to-service/",

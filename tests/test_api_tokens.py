@@ -81,3 +81,20 @@ def test_the_migration_hashes_old_plain_text_tokens_so_they_keep_working(fleet):
     assert "authtoken_token" not in connection.introspection.table_names()
     assert _me(old_key) == 200
     assert AuthToken.objects.get(user=user).created < timezone.now() - timedelta(hours=23)
+
+
+def test_a_bearer_token_is_taken_like_a_token(db):
+    """#28 item 5: ``Bearer <token>`` got "credentials were not provided"."""
+    _, token = ensure_user(None, "ci-bot", role="viewer")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert client.get("/api/me/").status_code == 200
+
+
+def test_an_unknown_scheme_is_told_the_one_to_use(db):
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION="Basic dXNlcjpwYXNz")
+    response = client.get("/api/me/")
+    assert response.status_code == 401
+    assert "send 'Authorization: Token <key>'" in response.json()["detail"]
+    assert "'Basic'" in response.json()["detail"]

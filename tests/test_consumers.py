@@ -3,10 +3,13 @@ Redis channel layer."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
+from django.db import transaction
 from django.test import Client
 
 from fleet.models import Node
@@ -119,3 +122,89 @@ def test_a_submitter_sees_other_tenants_jobs_on_the_grid_only_as_ids(fleet, subm
     assert event["jobs"][str(job.pk)]["name"] is None and event["jobs"][str(job.pk)]["tenant"] is None
     assert job_event["job"]["id"] == job.pk and job_event["job"]["name"] is None
     assert "secret-llm" not in str(event) + str(job_event)
+
+
+def _logged_in(user) -> tuple[Client, list[tuple[bytes, bytes]]]:
+    client = Client()
+    client.force_login(user)
+    cookie = client.cookies[settings.SESSION_COOKIE_NAME].value
+    return client, [(b"origin", b"http://localhost"), (b"cookie", f"{settings.SESSION_COOKIE_NAME}={cookie}".encode())]
+
+
+async def _closed_with(communicator, timeout: float = 5) -> int:
+    while True:
+        output = await communicator.receive_output(timeout=timeout)
+        if output["type"] == "websocket.close":
+            return output["code"]
+
+
+def test_logging_out_closes_the_sessions_open_socket_and_no_other(viewer):
+    """An open socket kept streaming after logout (#28 item 16)."""
+    client, headers = _logged_in(viewer)
+    _, other_headers = _logged_in(viewer)  # the same user in another browser
+
+    async def run():
+        mine, connected, _ = await _connect(headers)
+        theirs, connected_too, _ = await _connect(other_headers)
+        assert connected and connected_too
+        await mine.receive_json_from(timeout=5)
+        await theirs.receive_json_from(timeout=5)
+        await database_sync_to_async(client.logout)()
+        code = await _closed_with(mine)
+        assert await theirs.receive_nothing(timeout=0.5)
+        await theirs.disconnect()
+        return code
+
+    assert run_socket_test(run) == 4401
+
+
+def test_losing_the_role_closes_the_socket_and_a_new_role_carries_on(viewer):
+    from django.contrib.auth.models import Group
+
+    _, headers = _logged_in(viewer)
+
+    async def run():
+        communicator, connected, _ = await _connect(headers)
+        assert connected
+        await communicator.receive_json_from(timeout=5)
+
+        def promote():
+            with transaction.atomic():  # as ensure_user and the admin change a role
+                viewer.groups.clear()
+                viewer.groups.add(Group.objects.get_or_create(name="operator")[0])
+
+        await database_sync_to_async(promote)()
+        hello = await _next_of(communicator, "hello")
+        assert hello["role"] == "operator"
+        await database_sync_to_async(viewer.groups.clear)()
+        return await _closed_with(communicator)
+
+    assert run_socket_test(run) == 4403
+
+
+def test_a_ping_renews_the_sockets_group_membership_so_stale_members_expire(viewer):
+    """A socket gone without a disconnect stayed a member of the feed's group for
+    24 h (#28 item 16): members now expire after 5 minutes unless a ping renews them."""
+    import redis as redis_client
+
+    from fleet.events import GROUP
+
+    assert settings.CHANNEL_LAYERS["default"]["CONFIG"]["group_expiry"] == 300
+    _, headers = _logged_in(viewer)
+    r = redis_client.Redis.from_url(settings.REDIS_URL)
+    key = f"asgi:group:{GROUP}"
+
+    async def run():
+        communicator, connected, _ = await _connect(headers)
+        assert connected
+        await communicator.receive_json_from(timeout=5)
+        joined = dict(await database_sync_to_async(r.zrange)(key, 0, -1, withscores=True))
+        await asyncio.sleep(1.1)
+        await communicator.send_json_to({"type": "ping"})
+        assert (await communicator.receive_json_from(timeout=5))["type"] == "pong"
+        renewed = dict(await database_sync_to_async(r.zrange)(key, 0, -1, withscores=True))
+        await communicator.disconnect()
+        return joined, renewed
+
+    joined, renewed = run_socket_test(run)
+    assert any(renewed[m] > joined[m] + 1 for m in joined.keys() & renewed.keys())

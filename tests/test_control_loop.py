@@ -52,7 +52,7 @@ def test_a_failed_node_is_swapped_for_a_spare_in_the_same_rack_keeping_the_other
         wait_for(lambda: _job(job_id, state=JobState.RUNNING), 30, "the job to run")
         before = nodes_of(job_id)
         victim = min(before)
-        response = operator_client.post(f"/api/nodes/{victim}/mark-failed/", {"reason": "XID 79"}, format="json")
+        response = operator_client.post(f"/api/nodes/{victim}/mark-failed/", {"reason": "XID 79", "confirm": True}, format="json")
         assert response.status_code == 200
         wait_for(lambda: _job(job_id, state=JobState.RUNNING, attempt=2), 30, "the job to restart in place")
         wait_for(
@@ -123,7 +123,7 @@ def test_a_plan_the_fleet_has_moved_away_from_expires_and_a_new_one_is_proposed(
         plan = _propose_defrag(operator_client)
         target = int(next(step for step in plan["plan"]["steps"] if step["op"] == "allocate")["nodes"].popitem()[0])
         # The fleet changes under the plan: one of its destination nodes fails.
-        assert operator_client.post(f"/api/nodes/{target}/mark-failed/", {}, format="json").status_code == 200
+        assert operator_client.post(f"/api/nodes/{target}/mark-failed/", {"reason": "XID 79"}, format="json").status_code == 200
         operator_client.post(f"/api/actions/{plan['id']}/approve/", {}, format="json")
         expired = wait_for(
             lambda: Action.objects.filter(pk=plan["id"], state=ActionState.EXPIRED).first(), 30, "the plan to expire"

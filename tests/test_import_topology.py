@@ -321,6 +321,20 @@ def test_a_malformed_node_list_is_refused_with_its_place_and_nothing_imported(db
     assert Rack.objects.count() == 0
 
 
+@pytest.mark.parametrize("hostname", ["gb200-r1-n[01-18]", "gb200-r1-n01,gb200-r1-n02", "-n01"])
+def test_a_node_named_in_slurm_hostlist_syntax_is_refused_not_imported(db, tmp_path, hostname):
+    """Such a name was imported, then broke export_slurm_topology and the job's
+    Slurm export (#28 item 16)."""
+    doc = k8s()
+    doc["items"][0]["metadata"]["name"] = hostname
+
+    with pytest.raises(CommandError) as error:
+        run("--from", "kubernetes", write(tmp_path, doc))
+
+    assert f"items[0].metadata.name: node name {hostname!r} is not a host name" in str(error.value)
+    assert Rack.objects.count() == 0
+
+
 def test_the_command_exits_non_zero_with_one_line_on_a_bad_file():
     result = subprocess.run(
         [
@@ -714,3 +728,20 @@ def test_a_small_change_needs_no_flag(imported, tmp_path, settings):
     doc["items"] = doc["items"][:-18]  # one rack of four: 25%, at the limit
 
     assert "nodes removed (never ran a job) (18)" in run("--from", "kubernetes", write(tmp_path, doc))
+
+
+def test_a_busy_node_gone_notready_with_a_long_message_imports_failed(db, submitter, tmp_path):
+    """#28 item 15: a long NotReady message crashed the import (the job's
+    derived reason overflowed its column), so a cron import stopped syncing."""
+    run("--from", "kubernetes", str(DATA / "k8s_gb200_nodes.json"))
+    job = run_job_on(submitter, ["gb200-r1-n01"])
+    doc = k8s()
+    item(doc, "gb200-r1-n01")["status"]["conditions"][-1].update(
+        status="False", reason="KubeletNotReady", message="container runtime network not ready: " + "x" * 900
+    )
+
+    run("--from", "kubernetes", write(tmp_path, doc))
+
+    assert state("gb200-r1-n01") == NodeState.FAILED
+    job.refresh_from_db()
+    assert job.state == JobState.RECOVERING and len(job.state_reason) == 500

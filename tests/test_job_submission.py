@@ -376,3 +376,44 @@ def test_an_anonymous_caller_may_not_submit(fleet, anon_client):
 
     assert response.status_code in (401, 403)
     assert_nothing_written()
+
+
+# --- #28 items 4 and 6: never more than asked; every missing field at once ----------
+
+
+@pytest.mark.parametrize("asked, offers", [(5, ["4 (1 node of 4)", "8 (2 nodes of 4)"]), (30, ["28 (7 nodes of 4)", "32 (8 nodes of 4)"])])
+def test_a_gpu_count_that_is_not_whole_nodes_is_refused_with_the_shapes_that_fit(fleet, submitter_client, asked, offers):
+    """num_gpus: 5 was accepted and held 2 whole nodes (8 GPUs) without saying so."""
+    response = submit(submitter_client, name="odd", num_gpus=asked)
+
+    assert_refused(response, "num_gpus", f"{asked} GPUs is more than one node holds (4)", *offers)
+
+
+def test_the_what_if_refuses_the_same_odd_count(fleet, submitter_client):
+    response = submitter_client.post(f"{URL}what-if/", {"name": "odd", "num_gpus": 5}, format="json")
+
+    assert response.status_code == 400
+    assert "ask for 4 (1 node of 4) or 8 (2 nodes of 4)" in messages_for(response, "num_gpus")
+
+
+def test_an_empty_request_names_every_missing_field_at_once(fleet, operator):
+    """``{}`` got only ``name: required``; the tenant and the size came one
+    retry at a time."""
+    client = APIClient()
+    client.force_authenticate(operator)  # an operator belongs to no tenant: it must name one
+
+    response = client.post(URL, {}, format="json")
+
+    assert response.status_code == 400
+    assert set(response.json()) >= {"name", "tenant", "num_gpus"}
+    assert "required" in messages_for(response, "name")
+    assert "tenant is required" in messages_for(response, "tenant")
+    assert "num_nodes together with gpus_per_node" in messages_for(response, "num_gpus")
+    assert_nothing_written()
+
+
+def test_a_submitter_with_one_tenant_is_not_asked_for_it(fleet, submitter_client):
+    response = submit(submitter_client)
+
+    assert response.status_code == 400
+    assert set(response.json()) == {"name", "num_gpus"}

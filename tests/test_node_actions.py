@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleet.choices import ActionKind, JobState
+from fleet.choices import ActionKind, JobState, NodeState
 from fleet.models import GPU, Allocation, AuditEvent, Job, Node, Rack
 from fleet.services import jobs as job_services
 from fleet.services import nodes as node_services
@@ -59,18 +59,32 @@ def test_draining_an_idle_node_drains_it_at_once(node, operator, operator_client
     assert event.after == {"state": "drained", "state_reason": "firmware update"}
 
 
-def test_a_drain_without_a_reason_records_a_default_one(node, operator_client):
-    response = operator_client.post(url(node, "drain"))
+@pytest.mark.parametrize("move", ["drain", "mark-failed"])
+def test_a_disruptive_move_without_a_reason_is_refused_and_says_why(node, operator_client, move):
+    response = operator_client.post(url(node, move), {"reason": "  "}, format="json")
+
+    assert response.status_code == 400, response.content
+    assert "takes the node out of service" in response.json()["reason"][0]
+    node.refresh_from_db()
+    assert node.state == "healthy"
+    assert not node_events(node).exists()
+
+
+@pytest.mark.parametrize("move", ["undrain", "return-to-service"])
+def test_a_move_back_into_service_needs_no_reason(node, operator, operator_client, move):
+    prepare = node_services.drain_node if move == "undrain" else node_services.mark_node_failed
+    prepare(operator, node.pk, "setup")
+
+    response = operator_client.post(url(node, move))
 
     assert response.status_code == 200, response.content
-    node.refresh_from_db()
-    assert node.state_reason == "drained by operator"
+    assert response.json()["state"] == "healthy"
 
 
 def test_draining_a_busy_node_waits_for_its_job_then_drains(node, submitter, operator_client):
     job = placed_job(submitter, [node])
 
-    response = operator_client.post(url(node, "drain"), {"reason": "swap PSU"}, format="json")
+    response = operator_client.post(url(node, "drain"), {"reason": "swap PSU", "confirm": True}, format="json")
 
     assert response.status_code == 200, response.content
     assert response.json()["state"] == "draining"
@@ -96,7 +110,7 @@ def test_a_draining_node_stays_draining_while_another_job_is_still_on_it(fleet, 
     second = job_services.submit_job(submitter, job_services.JobSpec(name="b", num_gpus=2))
     job_services.apply_placement(None, first.pk, {node.id: [0, 1]}, reason="test")
     job_services.apply_placement(None, second.pk, {node.id: [2, 3]}, reason="test")
-    assert operator_client.post(url(node, "drain")).json()["state"] == "draining"
+    assert operator_client.post(url(node, "drain"), {"reason": "PSU", "confirm": True}, format="json").json()["state"] == "draining"
 
     job_services.finish_job(None, first.pk, succeeded=True)
     node.refresh_from_db()
@@ -152,7 +166,7 @@ def test_marking_a_node_failed_moves_its_jobs_to_recovering(fleet, submitter, op
     bystander = placed_job(submitter, [elsewhere], name="bystander")
     version = rack_version(broken)
 
-    response = operator_client.post(url(broken, "mark-failed"), {"reason": "XID 79"}, format="json")
+    response = operator_client.post(url(broken, "mark-failed"), {"reason": "XID 79", "confirm": True}, format="json")
 
     assert response.status_code == 200, response.content
     assert response.json()["state"] == "failed"
@@ -200,7 +214,7 @@ def test_a_failed_node_moves_the_versions_of_every_rack_its_jobs_hold(fleet, sub
     job_services.start_job(None, job.pk)
     versions = {n.rack_id: rack_version(n) for n in (broken, other)}
 
-    response = operator_client.post(url(broken, "mark-failed"), {"reason": "XID 79"}, format="json")
+    response = operator_client.post(url(broken, "mark-failed"), {"reason": "XID 79", "confirm": True}, format="json")
 
     assert response.status_code == 200, response.content
     assert rack_version(broken) == versions[broken.rack_id] + 1
@@ -210,11 +224,11 @@ def test_a_failed_node_moves_the_versions_of_every_rack_its_jobs_hold(fleet, sub
 def test_marking_a_drained_node_failed_is_allowed(node, operator, operator_client):
     node_services.drain_node(operator, node.pk)
 
-    response = operator_client.post(url(node, "mark-failed"))
+    response = operator_client.post(url(node, "mark-failed"), {"reason": "XID 79"}, format="json")
 
     assert response.status_code == 200, response.content
     node.refresh_from_db()
-    assert (node.state, node.state_reason) == ("failed", "marked failed by operator")
+    assert (node.state, node.state_reason) == ("failed", "XID 79")
 
 
 # --- return to service ----------------------------------------------------------
@@ -247,7 +261,7 @@ def test_returning_a_failed_node_to_service_resets_its_gpu_health(node, operator
 def test_a_suspect_node_can_be_drained_returned_or_failed(node, operator_client, action, state):
     Node.objects.filter(pk=node.pk).update(state="suspect", state_reason="ECC errors rising")
 
-    response = operator_client.post(url(node, action))
+    response = operator_client.post(url(node, action), {"reason": "ECC"}, format="json")
 
     assert response.status_code == 200, response.content
     node.refresh_from_db()
@@ -350,3 +364,81 @@ def test_each_action_bumps_the_rack_version(node, operator_client):
         ("node.fail", "mark-failed"),
         ("node.return", "return-to-service"),
     ]
+
+
+# --- guarded moves: what the state allows, and confirming what a move interrupts --------
+
+
+def test_the_api_lists_the_moves_each_state_allows_and_every_other_pair_is_refused(node, operator, operator_client):
+    """Walk every (state, move) pair: the node's ``moves`` are exactly those the
+    API carries out; every other move is a 409 that changes nothing."""
+    for state in NodeState.values:
+        allowed = node_services.moves_for(state)
+        for move in node_services.MOVES:
+            Node.objects.filter(pk=node.pk).update(state=state, state_reason="set up")
+            assert operator_client.get(f"/api/nodes/{node.pk}/").json()["moves"] == allowed
+            events = AuditEvent.objects.count()
+            response = operator_client.post(url(node, move), {"reason": "walk"}, format="json")
+            if move in allowed:
+                assert response.status_code == 200, (state, move, response.content)
+            else:
+                assert response.status_code == 409, (state, move, response.content)
+                assert Node.objects.get(pk=node.pk).state == state
+                assert AuditEvent.objects.count() == events
+
+
+def test_marking_a_busy_node_failed_needs_confirming_and_names_what_it_interrupts(fleet, submitter, operator_client):
+    nodes = list(fleet[0].nodes.order_by("slot")[:2])
+    job = placed_job(submitter, nodes, name="llama-70b")
+    job_services.start_job(None, job.pk)
+    version = rack_version(nodes[0])
+
+    response = operator_client.post(url(nodes[0], "mark-failed"), {"reason": "XID 79"}, format="json")
+
+    assert response.status_code == 409, response.content
+    body = response.json()
+    assert body["confirm_required"] is True
+    assert f"interrupts 1 job: #{job.pk} llama-70b (8 GPUs)" in body["detail"]
+    assert "confirm: true" in body["detail"]
+    (entry,) = body["impact"]["jobs"]
+    assert (entry["id"], entry["gpus"], entry["gpus_here"]) == (job.pk, 8, 4)
+    assert entry["gpu_hours_lost"] > 0 and body["impact"]["gpu_hours_lost"] == entry["gpu_hours_lost"]
+    assert Node.objects.get(pk=nodes[0].pk).state == "healthy"
+    assert Job.objects.get(pk=job.pk).state == JobState.RUNNING
+    assert rack_version(nodes[0]) == version
+    assert not node_events(nodes[0]).exists()
+
+    confirmed = operator_client.post(url(nodes[0], "mark-failed"), {"reason": "XID 79", "confirm": True}, format="json")
+    assert confirmed.status_code == 200, confirmed.content
+    assert Job.objects.get(pk=job.pk).state == JobState.RECOVERING
+
+
+def test_draining_a_busy_node_needs_confirming_and_an_idle_one_does_not(fleet, submitter, operator_client):
+    busy, idle = fleet[0].nodes.get(slot=0), fleet[0].nodes.get(slot=5)
+    job = placed_job(submitter, [busy], name="sweep")
+
+    refused = operator_client.post(url(busy, "drain"), {"reason": "PSU"}, format="json")
+    assert refused.status_code == 409
+    assert f"affects 1 job: #{job.pk} sweep" in refused.json()["detail"]
+    assert refused.json()["impact"]["gpu_hours_lost"] == 0
+    assert Node.objects.get(pk=busy.pk).state == "healthy"
+
+    assert operator_client.post(url(idle, "drain"), {"reason": "PSU"}, format="json").status_code == 200
+
+
+def test_a_long_failure_reason_on_a_busy_node_is_kept_whole_on_the_node_and_clipped_on_its_jobs(
+    fleet, submitter, operator_client
+):
+    """#28 item 15: a ~480-character reason answered 500 when the node held jobs
+    (the jobs' derived reason overflowed its 500-character column)."""
+    node = fleet[0].nodes.get(slot=0)
+    job = placed_job(submitter, [node], name="long")
+    reason = ("XID 79: " + "GPU has fallen off the bus " * 18).strip()
+    assert 470 < len(reason) <= 500
+
+    response = operator_client.post(url(node, "mark-failed"), {"reason": reason, "confirm": True}, format="json")
+
+    assert response.status_code == 200, response.content
+    assert Node.objects.get(pk=node.pk).state_reason == reason
+    job_reason = Job.objects.get(pk=job.pk).state_reason
+    assert len(job_reason) == 500 and job_reason.startswith(f"node {node.hostname} failed: XID 79") and job_reason.endswith("…")

@@ -98,6 +98,15 @@ def test_a_pending_job_says_why_it_waits_in_words(browser, fragmented, viewer):
     assert "needs 16 nodes in one rack; the largest free slice is 14" in html
 
 
+def test_a_running_jobs_grid_is_headed_by_its_racks_name(browser, fragmented, viewer):
+    """The job page's grid had no rack name (#28 item 8)."""
+    running, _b, _c = fragmented
+    browser.force_login(viewer)
+    html = browser.get(f"/jobs/{running.pk}/").content.decode()
+    rack = running.allocations.first().gpu.node.rack
+    assert f'<a href="/racks/{rack.pk}/" data-testid="job-rack-name">{rack.name}</a>' in html
+
+
 def test_a_submitter_cannot_open_another_tenants_job(browser, fragmented, other_submitter):
     browser.force_login(other_submitter)
     assert browser.get(f"/jobs/{fragmented[0].pk}/").status_code == 404

@@ -81,13 +81,15 @@ def test_the_job_page_shows_its_times_and_the_action_holding_it(fleet, submitter
     job.refresh_from_db()
 
     page = html(page_for(submitter).get(f"/jobs/{job.pk}/"))
-    fmt = "%Y-%m-%d %H:%M:%S"
-    assert f'data-time="submitted">{job.submitted_at.strftime(fmt)}<' in page
-    assert f'data-time="started">{job.started_at.strftime(fmt)}<' in page
+    def shown(t):  # as the server writes it; time.js then shows it in the viewer's zone
+        return f'<time datetime="{t.isoformat()}" data-when data-seconds>{t.strftime("%Y-%m-%d %H:%M:%S")} UTC</time>'
+
+    assert f'data-time="submitted">{shown(job.submitted_at)}<' in page
+    assert f'data-time="started">{shown(job.started_at)}<' in page
     assert 'data-time="run">2 h<' in page
-    assert f'data-time="expected-end">{(job.started_at + timedelta(hours=4)).strftime(fmt)}<' in page
+    assert f'data-time="expected-end">{shown(job.started_at + timedelta(hours=4))}<' in page
     assert 'data-time="waited">1 h<' in page
-    assert f"action #{held.pk}</a> (migration, proposed) since {held.created_at.strftime(fmt)}" in page
+    assert f"action #{held.pk}</a> (migration, proposed) since {shown(held.created_at)}" in page
     assert 'data-testid="job-cancel"' in page
     # A viewer reads the same page without the button.
     assert 'data-testid="job-cancel"' not in html(page_for(viewer).get(f"/jobs/{job.pk}/"))

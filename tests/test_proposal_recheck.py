@@ -187,7 +187,7 @@ def test_a_node_returning_in_its_rack_is_enough_for_the_workers_to_re_decide(ful
     train, _ = full_rack
     with workers(1):
         failed = min(nodes_of(train.pk))
-        assert operator_client.post(f"/api/nodes/{failed}/mark-failed/", {"reason": "XID 79"}, format="json").status_code == 200
+        assert operator_client.post(f"/api/nodes/{failed}/mark-failed/", {"reason": "XID 79", "confirm": True}, format="json").status_code == 200
         preemption = wait_for(
             lambda: Action.objects.filter(jobs=train.pk, kind=ActionKind.PREEMPTION, state=ActionState.PROPOSED).first(),
             30,

@@ -96,3 +96,28 @@ def test_the_debug_page_shows_no_redis_or_broker_password(redis_with_password):
     assert "boom" in html
     assert "redis.internal" in html
     assert REDIS_PASSWORD not in html and BROKER_PASSWORD not in html
+
+
+@pytest.mark.parametrize("path", ["/", "/jobs/", "/login/", "/api/docs/"])
+def test_pages_send_a_content_security_policy_that_allows_no_foreign_or_inline_script(db, path, viewer):
+    """Console pages sent no Content-Security-Policy (#28 item 16)."""
+    from django.test import Client
+
+    client = Client()
+    if path != "/login/":
+        client.force_login(viewer)
+    response = client.get(path)
+    assert response.status_code == 200
+    policy = dict(
+        [*part.strip().split(" ", 1), ""][:2] for part in response["Content-Security-Policy"].split(";") if part.strip()
+    )
+    assert policy["script-src"] == "'self'" and policy["default-src"] == "'self'"
+    assert policy["frame-ancestors"] == "'none'" and policy["object-src"] == "'none'"
+
+
+def test_no_template_has_an_inline_script_the_policy_would_block():
+    import re
+
+    for template in (ROOT / "templates").rglob("*.html"):
+        for tag in re.findall(r"<script\b[^>]*>", template.read_text()):
+            assert "src=" in tag or "application/json" in tag, f"{template.name}: inline {tag}"

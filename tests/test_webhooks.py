@@ -78,7 +78,7 @@ def test_a_failed_node_sends_node_failed_naming_the_interrupted_job(
     job = _running_job(submitter, fleet[0], range(4))
     node = Node.objects.get(rack=fleet[0], slot=2)
 
-    response = operator_client.post(f"/api/nodes/{node.pk}/mark-failed/", {"reason": "XID 79"}, format="json")
+    response = operator_client.post(f"/api/nodes/{node.pk}/mark-failed/", {"reason": "XID 79", "confirm": True}, format="json")
     assert response.status_code == 200
     deliver_all()
 
@@ -313,7 +313,7 @@ def two_workers() -> Iterator[None]:
     flush_broker()
     started = []
     try:
-        started.append(Worker(WEBHOOK_ENV, concurrency=1, queues="celery,scheduler").start())
+        started.append(Worker(WEBHOOK_ENV, concurrency=1, queues="celery,scheduler,control").start())
         started.append(Worker(WEBHOOK_ENV, concurrency=1, queues="webhooks").start())
         yield
     finally:
@@ -373,3 +373,38 @@ def test_a_dead_endpoint_does_not_delay_placement(fleet, operator, submitter_cli
     )
     dead = WebhookDelivery.objects.get(pk=placed_event.pk)
     assert dead.attempts == 2 and "timed out" in dead.last_error.lower()
+
+
+def test_a_receiver_that_answers_a_byte_at_a_time_is_cut_off_at_the_timeout():
+    """The timeout bounds the whole request, not each read: a receiver that
+    trickles its answer held a worker indefinitely (#28 item 16)."""
+    import socket
+
+    from fleet import signing
+
+    server = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def trickle() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(65536)
+            for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 1000:
+                if stop.is_set():
+                    return
+                try:
+                    conn.sendall(bytes([byte]))
+                except OSError:
+                    return
+                time.sleep(0.2)  # each read well inside the timeout
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError, match="timed out: no whole answer within 1 s"):
+            signing.post_signed(f"http://127.0.0.1:{server.getsockname()[1]}/hook", "s", b"{}", timeout=1.0)
+        assert time.monotonic() - started < 3
+    finally:
+        stop.set()
+        server.close()

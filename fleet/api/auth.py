@@ -10,6 +10,7 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.plumbing import build_bearer_security_scheme_object
 from knox.auth import TokenAuthentication as KnoxTokenAuthentication
 from rest_framework import throttling
+from rest_framework.authentication import get_authorization_header
 from rest_framework.exceptions import AuthenticationFailed, Throttled
 
 from fleet.auth import client_ip, token_limiter
@@ -17,25 +18,37 @@ from fleet.auth import client_ip, token_limiter
 log = logging.getLogger(__name__)
 
 
+# The schemes a token may come under: ``Token`` (DRF's and knox's) and ``Bearer``
+# (what OAuth-minded clients send).
+SCHEMES = (b"token", b"bearer")
+
+
 class TokenAuthentication(KnoxTokenAuthentication):
-    """``Authorization: Token <key>``, checked against the stored hash. After
-    ``RACKWISE_TOKEN_MAX_FAILURES`` wrong tokens from one address in the window,
-    that address gets 429 for every token, right or wrong, until the window passes."""
+    """``Authorization: Token <key>`` (or ``Bearer <key>``), checked against the
+    stored hash. After ``RACKWISE_TOKEN_MAX_FAILURES`` wrong tokens from one
+    client in the window, its wrong tokens get 429 until the window passes; a
+    right token always works (``fleet.auth``)."""
 
     def authenticate(self, request):
+        auth = get_authorization_header(request).split()
+        if not auth or auth[0].lower() not in SCHEMES:
+            return None  # another scheme, or none: a 401 that names ours (authenticate_header)
+        if len(auth) != 2:
+            self._failed(request, "Invalid token header: send 'Authorization: Token <key>', one key without spaces.")
+        try:
+            return self.authenticate_credentials(auth[1])
+        except (AuthenticationFailed, UnicodeDecodeError):  # knox decodes the key as UTF-8
+            self._failed(request, "Invalid token.")
+
+    def _failed(self, request, message: str):
+        """A wrong token: counted for this client, which gets 429 once over the
+        limit (slowed down); a right token is never refused for this."""
         limiter = token_limiter()
         keys = [f"ip:{client_ip(request)}"]
-        header = request.META.get("HTTP_AUTHORIZATION", "")
-        if header[:6].lower() == "token " and limiter.blocked(keys):
+        limiter.record_failure(keys)
+        if limiter.blocked(keys):
             raise Throttled(wait=limiter.window_s, detail="Too many invalid API tokens from this address.")
-        try:
-            return super().authenticate(request)
-        except AuthenticationFailed:
-            limiter.record_failure(keys)
-            raise
-        except UnicodeDecodeError as exc:  # knox decodes the key as UTF-8
-            limiter.record_failure(keys)
-            raise AuthenticationFailed("Invalid token.") from exc
+        raise AuthenticationFailed(message)
 
 
 class TokenAuthenticationScheme(OpenApiAuthenticationExtension):

@@ -1,4 +1,5 @@
-"""Map service errors to HTTP: InvalidInput 400 (field messages), NotAllowed 403,
+"""Map service errors to HTTP: InvalidInput 400 (field messages), a body too big
+or otherwise refused by Django 400 (JSON, not Django's HTML page), NotAllowed 403,
 Conflict 409, a missing object 404; a cluster that did not take a change
 (ClusterDown) 503 with Retry-After, nothing changed; a database that does not
 answer 503 with Retry-After (the request may be retried; a job submission with an
@@ -10,12 +11,15 @@ import logging
 import sys
 
 from django.conf import settings
-from django.core.exceptions import ObjectDoesNotExist
+from django.core.exceptions import ObjectDoesNotExist, RequestDataTooBig, SuspiciousOperation
 from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.urls import Resolver404, resolve
+from django.views.decorators.csrf import csrf_exempt
 from django.views.defaults import page_not_found
 from django.views.defaults import server_error as django_server_error
 from rest_framework import status
+from rest_framework.exceptions import NotAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
@@ -35,7 +39,7 @@ def exception_handler(exc, context):
     if isinstance(exc, InvalidInput):
         return Response(exc.errors, status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, Conflict):
-        return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+        return Response({"detail": str(exc), **exc.extra}, status=status.HTTP_409_CONFLICT)
     if isinstance(exc, NotAllowed):
         return Response({"detail": str(exc)}, status=status.HTTP_403_FORBIDDEN)
     if isinstance(exc, ClusterDown):
@@ -45,8 +49,22 @@ def exception_handler(exc, context):
             status=status.HTTP_503_SERVICE_UNAVAILABLE,
             headers={"Retry-After": str(exc.retry_after_s)},
         )
+    if isinstance(exc, NotAuthenticated) and (scheme := _unknown_scheme(context)):
+        response = drf_exception_handler(exc, context)
+        response.data = {"detail": f"The Authorization scheme {scheme!r} is not accepted: send 'Authorization: Token <key>' "
+                         "(Bearer works too), or log in to the console."}
+        return response
     if isinstance(exc, ObjectDoesNotExist):
         return Response({"detail": "Not found."}, status=status.HTTP_404_NOT_FOUND)
+    if isinstance(exc, RequestDataTooBig):
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return Response(
+            {"detail": f"The request body is over {limit:,} bytes, the most the API takes: send less "
+             "(a batch in several requests)."},
+            status=status.HTTP_400_BAD_REQUEST,
+        )
+    if isinstance(exc, SuspiciousOperation):  # Django refused the request's form (too many fields, ...)
+        return Response({"detail": f"Bad request: {exc}"}, status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, DATABASE_ERRORS):
         log.warning("database error answered 503: %s", exc)
         return Response(
@@ -57,12 +75,34 @@ def exception_handler(exc, context):
     return drf_exception_handler(exc, context)
 
 
+def _unknown_scheme(context) -> str:
+    """The scheme of an Authorization header no authenticator took ("" if none was sent)."""
+    request = context.get("request")
+    header = request.META.get("HTTP_AUTHORIZATION", "") if request is not None else ""
+    return header.split(" ", 1)[0][:20] if header.strip() else ""
+
+
 def not_found(request, exception=None):
     """Django's 404 handler: ``{"detail": "Not found."}`` for API paths (an id the
     router's pattern does not take, a mistyped path), the HTML page elsewhere."""
     if request.path.startswith("/api/"):
         return JsonResponse({"detail": "Not found."}, status=404)
     return page_not_found(request, exception)
+
+
+@csrf_exempt  # it changes nothing; a POST with a session cookie must get this 404, not the CSRF page
+def unknown_api_path(request: HttpRequest) -> JsonResponse:
+    """The API's last route: any other path under /api/ is a JSON 404, with
+    DEBUG on too (Django's debug page would answer HTML there, not handler404),
+    naming the path with its trailing slash when that one exists."""
+    detail = f"Not found: no API path {request.path!r}."
+    try:
+        resolve(request.path + "/")
+    except Resolver404:
+        detail += " The API's paths are listed at /api/docs/."
+    else:
+        detail += f" Did you mean {request.path + '/'!r}? API paths end in a slash."
+    return JsonResponse({"detail": detail}, status=404)
 
 
 def server_error(request: HttpRequest) -> HttpResponse:

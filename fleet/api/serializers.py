@@ -2,11 +2,13 @@ from __future__ import annotations
 
 import math
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from fleet.choices import Locality
 from fleet.models import GPU, AuditEvent, Job, Node, Rack
 from fleet.permissions import sees_all_tenants
+from fleet.services.nodes import MOVES, moves_for
 
 MAX_INT32 = 2**31 - 1  # the range of the integer columns sizes and counts land in
 
@@ -253,14 +255,20 @@ class GPUCellSerializer(serializers.ModelSerializer):
 class NodeSerializer(serializers.ModelSerializer):
     rack = serializers.CharField(source="rack.name", read_only=True)
     rack_id = serializers.IntegerField(read_only=True)
+    moves = serializers.SerializerMethodField(help_text="The moves the node's state allows (POST /api/nodes/<id>/<move>/).")
 
     class Meta:
         model = Node
         fields = [
             "id", "rack_id", "rack", "slot", "hostname", "state", "state_reason",
-            "state_changed_at", "last_heartbeat_at",
+            "state_changed_at", "last_heartbeat_at", "moves",
         ]
         read_only_fields = fields
+
+
+    @extend_schema_field(serializers.ListField(child=serializers.ChoiceField(choices=list(MOVES))))
+    def get_moves(self, obj: Node) -> list[str]:
+        return moves_for(obj.state)
 
 
 class NodeDetailSerializer(NodeSerializer):
@@ -281,6 +289,24 @@ class RackDetailSerializer(RackSerializer):
 
 class ReasonSerializer(serializers.Serializer):
     reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+
+
+class NodeMoveSerializer(ReasonSerializer):
+    """An operator's move on a node. Drain and mark-failed need a reason; on a
+    node that holds jobs they also need ``confirm: true`` (without it, a 409
+    names the jobs and the GPU-hours the move would cost)."""
+
+    confirm = serializers.BooleanField(required=False, default=False)
+
+
+class NodeImpactSerializer(serializers.Serializer):
+    """A node move's 409: a move the node's state does not allow (``detail``
+    only), or a disruptive one asked without ``confirm`` (with what it would
+    interrupt)."""
+
+    detail = serializers.CharField()
+    confirm_required = serializers.BooleanField(required=False)
+    impact = serializers.DictField(required=False)
 
 
 class AuditEventSerializer(serializers.ModelSerializer):

@@ -1,8 +1,8 @@
-from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from django.urls import include, path, re_path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework.routers import DefaultRouter
 
-from fleet.api import actions, agent, console, views, webhooks
+from fleet.api import actions, agent, console, errors, views, webhooks
 
 router = DefaultRouter()
 router.register("jobs", views.JobViewSet, basename="job")
@@ -27,5 +27,7 @@ urlpatterns = [
     path("attention/", views.AttentionView.as_view(), name="attention"),
     path("me/", views.MeView.as_view(), name="me"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+    path("docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="docs"),
+    # Last: any other path under /api/ answers a JSON 404, with DEBUG on too.
+    re_path(r"^", errors.unknown_api_path),
 ]

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from django.db.models import Prefetch, Q
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -66,10 +67,7 @@ class JobViewSet(
     def create(self, request, *args, **kwargs):
         """Submit a job: 201 with the job; 200 with the same job for a retry that
         repeats an earlier submission's Idempotency-Key."""
-        form = s.JobSubmitSerializer(
-            data=request.data, context={"idempotency_key_header": request.headers.get("Idempotency-Key")}
-        )
-        form.is_valid(raise_exception=True)
+        form = _job_form(request, context={"idempotency_key_header": request.headers.get("Idempotency-Key")})
         job, created = job_services.submit_job_once(request.user, job_services.JobSpec(**form.validated_data))
         if created:
             # Built from the row just created, not re-read: once the job is
@@ -85,8 +83,7 @@ class JobViewSet(
         """What would happen to this job if it were submitted now: where it would
         start, or why it waits, the largest free slice and the expected start. The
         same validation as submission; nothing is submitted."""
-        form = s.JobSubmitSerializer(data=request.data)
-        form.is_valid(raise_exception=True)
+        form = _job_form(request)
         answer = scheduling_services.what_if(request.user, job_services.JobSpec(**form.validated_data))
         return Response(s.WhatIfSerializer(answer).data)
 
@@ -114,6 +111,16 @@ class JobViewSet(
         lines. 409 unless the job is placed or running."""
         job = self.get_object()  # 404 for jobs the user cannot see
         return Response(export_job(job, queue=request.query_params.get("queue") or None))
+
+
+def _job_form(request, context: dict | None = None) -> s.JobSubmitSerializer:
+    """The job request's form, validated: a 400 names every field that is wrong
+    or missing at once (the tenant and the size too, which the service checks)."""
+    form = s.JobSubmitSerializer(data=request.data, context=context or {})
+    if not form.is_valid():
+        missing = job_services.missing_fields(request.user, request.data)
+        raise ValidationError({**missing, **form.errors})
+    return form
 
 
 class RackViewSet(viewsets.ReadOnlyModelViewSet):
@@ -164,6 +171,13 @@ def _cell_context(request, allocation_filter: Q) -> dict:
     }
 
 
+_MOVE_409 = OpenApiResponse(
+    s.NodeImpactSerializer,
+    description="The node's state does not allow the move; or the move is disruptive, the node holds jobs "
+    "and ``confirm`` was not sent: ``impact`` names the jobs and the GPU-hours it would cost.",
+)
+
+
 class NodeViewSet(viewsets.ReadOnlyModelViewSet):
     """Nodes, and the operator actions on them."""
 
@@ -184,35 +198,39 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
             context.update(_cell_context(self.request, Q(gpu__node_id=self.kwargs["pk"])))
         return context
 
-    def _act(self, request, service) -> Response:
+    def _act(self, request, move: str) -> Response:
         node = self.get_object()
-        form = s.ReasonSerializer(data=request.data)
+        form = s.NodeMoveSerializer(data=request.data)
         form.is_valid(raise_exception=True)
-        service(request.user, node.pk, form.validated_data["reason"])
+        node_services.operator_move(
+            request.user, node.pk, move, form.validated_data["reason"], confirm=form.validated_data["confirm"]
+        )
         fresh = self.get_queryset().get(pk=node.pk)
         return Response(s.NodeDetailSerializer(fresh, context=self.get_serializer_context()).data)
 
-    @extend_schema(request=s.ReasonSerializer, responses={200: s.NodeDetailSerializer})
+    @extend_schema(request=s.NodeMoveSerializer, responses={200: s.NodeDetailSerializer, 409: _MOVE_409})
     @action(detail=True, methods=["post"])
     def drain(self, request, pk=None):
-        """Stop new work landing here; jobs on it finish in place."""
-        return self._act(request, node_services.drain_node)
+        """Stop new work landing here; jobs on it finish in place. Needs a reason,
+        and ``confirm: true`` when jobs run on it."""
+        return self._act(request, "drain")
 
-    @extend_schema(request=s.ReasonSerializer, responses={200: s.NodeDetailSerializer})
+    @extend_schema(request=s.NodeMoveSerializer, responses={200: s.NodeDetailSerializer, 409: _MOVE_409})
     @action(detail=True, methods=["post"])
     def undrain(self, request, pk=None):
-        return self._act(request, node_services.undrain_node)
+        return self._act(request, "undrain")
 
-    @extend_schema(request=s.ReasonSerializer, responses={200: s.NodeDetailSerializer})
+    @extend_schema(request=s.NodeMoveSerializer, responses={200: s.NodeDetailSerializer, 409: _MOVE_409})
     @action(detail=True, methods=["post"], url_path="mark-failed")
     def mark_failed(self, request, pk=None):
-        """Take the node out of service; its jobs go to recovering."""
-        return self._act(request, node_services.mark_node_failed)
+        """Take the node out of service; its jobs go to recovering. Needs a
+        reason, and ``confirm: true`` when jobs run on it."""
+        return self._act(request, "mark-failed")
 
-    @extend_schema(request=s.ReasonSerializer, responses={200: s.NodeDetailSerializer})
+    @extend_schema(request=s.NodeMoveSerializer, responses={200: s.NodeDetailSerializer, 409: _MOVE_409})
     @action(detail=True, methods=["post"], url_path="return-to-service")
     def return_to_service(self, request, pk=None):
-        return self._act(request, node_services.return_node_to_service)
+        return self._act(request, "return-to-service")
 
 
 class AuditEventViewSet(viewsets.ReadOnlyModelViewSet):

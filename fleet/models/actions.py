@@ -124,7 +124,7 @@ class NodeHold(models.Model):
         ordering = ["node_id"]
 
     def __str__(self) -> str:
-        return f"node {self.node_id} held for action #{self.action_id} ({self.role})"
+        return f"node {self.node.hostname} held for action #{self.action_id} ({self.role})"
 
 
 class ApprovalPolicy(models.Model):

@@ -3,7 +3,6 @@ message that says what would."""
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -84,7 +83,9 @@ def normalise_shape(spec: JobSpec, capacity: FleetCapacity) -> Shape:
     1. Sizes must be positive and the shape given one way or the other.
     2. A job of at most one node's GPUs is a sub-node job and may share a node.
     3. A bigger job takes whole nodes as one gang, cut into the fleet's dominant
-       node size unless ``gpus_per_node`` says otherwise.
+       node size unless ``gpus_per_node`` says otherwise; a GPU count that is not
+       a whole number of such nodes is refused with the two counts around it
+       (never rounded up to hold GPUs nobody asked for).
     4. ``segment_nodes`` (nodes that must share one domain) defaults to the whole
        gang when that fits in the largest domain.
     5. The shape must fit the installed fleet; a ``required`` segment must fit one
@@ -130,7 +131,17 @@ def normalise_shape(spec: JobSpec, capacity: FleetCapacity) -> Shape:
             shape = Shape(num_gpus, None, None, None)
             return shape
         gpn = capacity.dominant_gpus_per_node
-        num_nodes = math.ceil(num_gpus / gpn)
+        if num_gpus % gpn and num_gpus <= capacity.total_gpus:
+            # Never hold more than was asked without saying so: offer the shapes that fit.
+            low, high = num_gpus // gpn, num_gpus // gpn + 1
+            offers = [f"{n * gpn} ({n} node{'s' if n > 1 else ''} of {gpn})" for n in (low, high)
+                      if n >= 1 and n * gpn <= capacity.total_gpus]
+            raise InvalidInput({"num_gpus": [
+                f"{num_gpus} GPUs is more than one node holds ({max_gpn}) and not a whole number of "
+                f"{gpn}-GPU nodes, which a multi-node job takes; ask for " + " or ".join(offers)
+                + ", or give num_nodes and gpus_per_node"
+            ]})
+        num_nodes = -(-num_gpus // gpn)
     else:
         num_gpus = num_nodes * gpn
 

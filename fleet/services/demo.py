@@ -88,8 +88,8 @@ def tick(
         if busy_nodes:
             node_id = rng.choice(sorted(busy_nodes))
             try:
-                node_services.mark_node_failed(None, node_id, "XID 79: GPU has fallen off the bus (demo)")
-                notes.append(f"node {node_id} failed")
+                node = node_services.mark_node_failed(None, node_id, "XID 79: GPU has fallen off the bus (demo)")
+                notes.append(f"node {node.hostname} failed")
             except ServiceError:
                 pass
 

@@ -23,7 +23,12 @@ class InvalidInput(ServiceError):
 
 
 class Conflict(ServiceError):
-    """The request conflicts with the object's current state (HTTP 409)."""
+    """The request conflicts with the object's current state (HTTP 409).
+    ``extra``: more fields for the answer beside ``detail``."""
+
+    def __init__(self, message: str, **extra) -> None:
+        super().__init__(message)
+        self.extra = extra
 
 
 class NotAllowed(ServiceError):

@@ -30,6 +30,7 @@ from fleet.services.capacity import fleet_capacity, normalise_shape
 from fleet.services.errors import Conflict, InvalidInput, NotAllowed
 from fleet.services.nodes import idle_draining_nodes
 from fleet.services.racks import bump_versions, racks_held_by
+from fleet.text import clip
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,26 @@ def resolve_tenant(actor, tenant_name: str | None) -> Tenant:
         names = ", ".join(mine.values_list("name", flat=True)) or "none"
         raise InvalidInput({"tenant": [f"unknown tenant {tenant_name!r} for you; yours: {names}"]})
     return tenant
+
+
+def missing_fields(actor, data) -> dict[str, list[str]]:
+    """What a job request (raw, as sent) lacks beyond the fields its form checks
+    one by one: a tenant, where the actor has not exactly one, and a size. The
+    API reports them with the form's own errors, so that ``{}`` is told every
+    field it needs at once."""
+    errors: dict[str, list[str]] = {}
+    if not hasattr(data, "get"):
+        return errors
+    if not data.get("tenant"):
+        try:
+            resolve_tenant(actor, None)
+        except InvalidInput as exc:
+            errors.update(exc.errors)
+        except NotAllowed:
+            pass
+    if all(data.get(f) in (None, "") for f in ("num_gpus", "num_nodes", "gpus_per_node")):
+        errors["num_gpus"] = ["give num_gpus, or num_nodes together with gpus_per_node"]
+    return errors
 
 
 def submit_job(actor, spec: JobSpec) -> Job:
@@ -217,7 +238,7 @@ def cancel_job(
         before = job_snapshot(job)
         racks = _release(job)
         job.state = JobState.CANCELLED
-        job.state_reason = reason or f"cancelled by {audit.actor_name(actor)}"
+        job.state_reason = clip(reason or f"cancelled by {audit.actor_name(actor)}")
         job.finished_at = timezone.now()
         job.save(update_fields=["state", "state_reason", "finished_at"])
         audit.record(actor, "job.cancel", job, before=before, after=job_snapshot(job))
@@ -312,10 +333,13 @@ def place_jobs(actor, decisions: list[PlacementDecision]) -> tuple[list[Job], di
             job.state = JobState.PLACED
             job.state_reason = ""
             job.placed_at = now
+            segments = d.segments or [sorted({str(g.node_id) for g in chosen})]
+            host_of = {str(g.node_id): g.node.hostname for g in chosen}
             job.placement = {
                 "racks": sorted({g.node.rack.name for g in chosen}),
                 "nodes": sorted({g.node.hostname for g in chosen}),
-                "segments": d.segments or [sorted({str(g.node_id) for g in chosen})],
+                "segments": segments,
+                "segment_hosts": [[host_of.get(n, n) for n in seg] for seg in segments],
                 "reason": d.reason,
                 "choices": d.choices or [],
             }
@@ -418,7 +442,8 @@ def swap_job_nodes(actor, job_id: int, swaps: Mapping[int, int], *, reason: str)
             held = Allocation.objects.filter(job=job, gpu__node_id=old, released_at__isnull=True)
             count = held.count()
             if count == 0:
-                raise Conflict(f"job #{job.pk} holds nothing on node {old}; the plan is stale")
+                host = Node.objects.filter(pk=old).values_list("hostname", flat=True).first() or old
+                raise Conflict(f"job #{job.pk} holds nothing on node {host}; the plan is stale")
             held.update(released_at=now)
             busy = set(
                 Allocation.objects.filter(gpu__node_id=new, released_at__isnull=True).values_list(
@@ -427,7 +452,8 @@ def swap_job_nodes(actor, job_id: int, swaps: Mapping[int, int], *, reason: str)
             )
             free = [i for i in GPU.objects.filter(node_id=new).order_by("index").values_list("index", flat=True) if i not in busy]
             if len(free) < count:
-                raise Conflict(f"node {new} has {len(free)} free GPUs, job #{job.pk} needs {count}")
+                host = Node.objects.filter(pk=new).values_list("hostname", flat=True).first() or new
+                raise Conflict(f"node {host} has {len(free)} free GPUs, job #{job.pk} needs {count}")
             wanted[new] = free[:count]
             rack_ids |= set(Node.objects.filter(id__in=[old, new]).values_list("rack_id", flat=True))
         _take_gpus(job, wanted)
@@ -438,9 +464,12 @@ def swap_job_nodes(actor, job_id: int, swaps: Mapping[int, int], *, reason: str)
         hosts = dict(Node.objects.filter(id__in=[*swaps, *swaps.values()]).values_list("id", "hostname"))
         nodes = set(placement.get("nodes", [])) - {hosts[o] for o in swaps}
         placement["nodes"] = sorted(nodes | {hosts[n] for n in swaps.values()})
+        in_segments = {int(n) for seg in placement["segments"] for n in seg}
+        host_of = {str(k): v for k, v in Node.objects.filter(id__in=in_segments).values_list("id", "hostname")}
+        placement["segment_hosts"] = [[host_of.get(n, n) for n in seg] for seg in placement["segments"]]
         job.placement = placement
         job.state = JobState.RECOVERING
-        job.state_reason = reason
+        job.state_reason = clip(reason)
         job.save(update_fields=["placement", "state", "state_reason"])
         audit.record(
             actor,
@@ -465,7 +494,7 @@ def requeue_job(actor, job_id: int, *, reason: str, action: str = "job.requeue")
         before = job_snapshot(job)
         racks = _release(job)
         job.state = JobState.PENDING
-        job.state_reason = reason
+        job.state_reason = clip(reason)
         job.save(update_fields=["state", "state_reason"])
         audit.record(actor, action, job, before=before, after=job_snapshot(job), message=reason)
         events.jobs_changed([job.pk])
@@ -507,7 +536,7 @@ def finish_job(
         before = job_snapshot(job)
         racks = _release(job)
         job.state = JobState.COMPLETED if succeeded else JobState.FAILED
-        job.state_reason = reason
+        job.state_reason = clip(reason)
         job.finished_at = finished_at or timezone.now()
         job.save(update_fields=["state", "state_reason", "finished_at"])
         audit.record(actor, "job.finish", job, before=before, after=job_snapshot(job), message=reason)

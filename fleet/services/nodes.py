@@ -18,12 +18,13 @@ out, or a state the cluster itself reported.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from fleet import events
+from fleet import engine, events
 from fleet.choices import HOLDING_JOB_STATES, GpuHealth, JobState, NodeState
 from fleet.cluster.base import (
     NODE_DRAINING,
@@ -35,8 +36,16 @@ from fleet.cluster.base import (
 )
 from fleet.models import GPU, Allocation, Job, Node
 from fleet.services import audit, dispatch, webhooks
-from fleet.services.errors import ClusterDown, Conflict
+from fleet.services.errors import ClusterDown, Conflict, InvalidInput
 from fleet.services.racks import bump_versions, racks_held_by
+from fleet.text import clip
+from placement.recover import restart_cost_gpu_hours
+
+# Where each move may start (the module docstring's table).
+DRAINABLE = (NodeState.HEALTHY, NodeState.SUSPECT)
+UNDRAINABLE = (NodeState.DRAINING, NodeState.DRAINED)
+FAILABLE = (NodeState.HEALTHY, NodeState.SUSPECT, NodeState.DRAINING, NodeState.DRAINED)
+RETURNABLE = (NodeState.FAILED, NodeState.IN_REPAIR, NodeState.SUSPECT)
 
 
 def _snapshot(node: Node) -> dict[str, str]:
@@ -67,7 +76,7 @@ def _transition(
         mirror_node_state(node.hostname, cluster_state, reason)
     before = _snapshot(node)
     node.state = to_state(node) if callable(to_state) else to_state
-    node.state_reason = reason
+    node.state_reason = clip(reason)
     node.state_changed_at = timezone.now()
     node.save(update_fields=["state", "state_reason", "state_changed_at"])
     audit.record(actor, action, node, before=before, after=_snapshot(node), message=reason)
@@ -96,7 +105,7 @@ def drain_node(actor, node_id: int, reason: str = "", *, mirror: bool = True) ->
             actor,
             node_id,
             action="node.drain",
-            allowed_from=(NodeState.HEALTHY, NodeState.SUSPECT),
+            allowed_from=DRAINABLE,
             to_state=lambda n: NodeState.DRAINING if _has_active_allocations(n) else NodeState.DRAINED,
             reason=reason or "drained by operator",
             refusal="only a healthy or suspect node can be drained",
@@ -139,7 +148,7 @@ def undrain_node(actor, node_id: int, reason: str = "", *, mirror: bool = True) 
             actor,
             node_id,
             action="node.undrain",
-            allowed_from=(NodeState.DRAINING, NodeState.DRAINED),
+            allowed_from=UNDRAINABLE,
             to_state=NodeState.HEALTHY,
             reason=reason,
             refusal="only a draining or drained node can be undrained",
@@ -158,12 +167,7 @@ def mark_node_failed(actor, node_id: int, reason: str = "", *, mirror: bool = Tr
             actor,
             node_id,
             action="node.fail",
-            allowed_from=(
-                NodeState.HEALTHY,
-                NodeState.SUSPECT,
-                NodeState.DRAINING,
-                NodeState.DRAINED,
-            ),
+            allowed_from=FAILABLE,
             to_state=NodeState.FAILED,
             reason=reason or "marked failed by operator",
             refusal="it is already out of service",
@@ -179,7 +183,7 @@ def mark_node_failed(actor, node_id: int, reason: str = "", *, mirror: bool = Tr
             interrupted.append(job.pk)
             before = {"state": job.state, "state_reason": job.state_reason}
             job.state = JobState.RECOVERING
-            job.state_reason = f"node {node.hostname} failed: {node.state_reason}"
+            job.state_reason = clip(f"node {node.hostname} failed: {node.state_reason}")
             job.save(update_fields=["state", "state_reason"])
             audit.record(
                 actor,
@@ -203,7 +207,7 @@ def return_node_to_service(actor, node_id: int, reason: str = "", *, mirror: boo
             actor,
             node_id,
             action="node.return",
-            allowed_from=(NodeState.FAILED, NodeState.IN_REPAIR, NodeState.SUSPECT),
+            allowed_from=RETURNABLE,
             to_state=NodeState.HEALTHY,
             reason=reason or "returned to service",
             refusal="only a failed, in-repair or suspect node can be returned to service "
@@ -216,3 +220,114 @@ def return_node_to_service(actor, node_id: int, reason: str = "", *, mirror: boo
         bump_versions([node.rack_id])
         dispatch.schedule_soon()
     return node
+
+
+# --- operators' moves, guarded ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeMove:
+    """A move an operator may ask of a node (the API path and the console's
+    button). A disruptive move takes capacity out of service: it needs a reason,
+    and, when the node holds jobs, a confirmation that names what it affects."""
+
+    name: str
+    label: str
+    allowed_from: tuple[str, ...]
+    disruptive: bool
+    apply: Callable[..., Node]
+
+
+@dataclass(frozen=True)
+class Impact:
+    """What a move would do to the jobs on a node: each job (id, name, its GPUs
+    here and in all, the GPU-hours a stop now would lose) and the total lost."""
+
+    move: str
+    hostname: str
+    jobs: list[dict]
+    gpu_hours: float
+
+    def describe(self) -> str:
+        names = ", ".join(f"#{j['id']} {j['name']} ({j['gpus']} GPUs)" for j in self.jobs)
+        count = f"{len(self.jobs)} job{'s' if len(self.jobs) != 1 else ''}"
+        if self.move == "mark-failed":
+            return (
+                f"marking {self.hostname} failed interrupts {count}: {names}; they lose about "
+                f"{self.gpu_hours:.1f} GPU-hours (work since their last checkpoint, and the restart)"
+            )
+        return (
+            f"draining {self.hostname} affects {count}: {names}; they keep running there until they end, "
+            f"but nothing new lands on it and a restart in place cannot use it"
+        )
+
+
+class ConfirmationNeeded(Conflict):
+    """A disruptive move on a node that holds jobs, asked without ``confirm``
+    (HTTP 409 with the impact)."""
+
+    def __init__(self, impact: Impact) -> None:
+        super().__init__(
+            f"{impact.describe()}. Send confirm: true to go ahead.",
+            confirm_required=True,
+            impact={"move": impact.move, "node": impact.hostname, "jobs": impact.jobs, "gpu_hours_lost": impact.gpu_hours},
+        )
+        self.impact = impact
+
+
+def impact_of(node: Node, move: str) -> Impact:
+    """The jobs holding GPUs on ``node`` and what ``move`` would cost them."""
+    job_ids = set(
+        Allocation.objects.filter(gpu__node=node, released_at__isnull=True).values_list("job_id", flat=True)
+    )
+    now = timezone.now()
+    jobs = []
+    total = 0.0
+    for job in Job.objects.filter(pk__in=job_ids).order_by("pk"):
+        gpus = Allocation.objects.filter(job=job, released_at__isnull=True).count()
+        here = Allocation.objects.filter(job=job, gpu__node=node, released_at__isnull=True).count()
+        lost = 0.0
+        if move == "mark-failed":
+            started = job.started_at.timestamp() if job.started_at else None
+            lost = restart_cost_gpu_hours(engine.job_request(job), gpus, now=now.timestamp(), started_at=started)
+        total += lost
+        jobs.append({"id": job.pk, "name": job.name, "state": job.state, "gpus": gpus, "gpus_here": here,
+                     "gpu_hours_lost": round(lost, 2)})
+    return Impact(move, node.hostname, jobs, round(total, 2))
+
+
+MOVES: dict[str, NodeMove] = {
+    m.name: m
+    for m in (
+        NodeMove("drain", "Drain", DRAINABLE, True, drain_node),
+        NodeMove("undrain", "Undrain", UNDRAINABLE, False, undrain_node),
+        NodeMove("mark-failed", "Mark failed", FAILABLE, True, mark_node_failed),
+        NodeMove("return-to-service", "Return to service", RETURNABLE, False, return_node_to_service),
+    )
+}
+
+
+def moves_for(state: str) -> list[str]:
+    """The moves a node in ``state`` allows, in the console's order."""
+    return [m.name for m in MOVES.values() if state in m.allowed_from]
+
+
+def operator_move(actor, node_id: int, move: str, reason: str = "", *, confirm: bool = False) -> Node:
+    """An operator's move on a node, guarded: a disruptive move needs a reason
+    (InvalidInput), and on a node that holds jobs, ``confirm`` (else
+    ConfirmationNeeded, naming the jobs and the GPU-hours at stake); a move the
+    node's state does not allow is a Conflict. The node row is locked while the
+    impact is read, so what was confirmed is what happens."""
+    spec = MOVES[move]
+    reason = reason.strip()
+    if spec.disruptive and not reason:
+        raise InvalidInput({"reason": [f"say why: {spec.label.lower()} takes the node out of service, "
+                                       "and the reason is shown to everyone and kept in the audit log"]})
+    with transaction.atomic():
+        node = Node.objects.select_for_update().get(pk=node_id)
+        # A move the state does not allow is refused by the move itself, saying why.
+        if spec.disruptive and not confirm and node.state in spec.allowed_from:
+            impact = impact_of(node, move)
+            if impact.jobs:
+                raise ConfirmationNeeded(impact)
+        return spec.apply(actor, node_id, reason)

@@ -20,6 +20,7 @@ from fleet.services import action_lifecycle as lifecycle
 from fleet.services import jobs as job_services
 from fleet.services import steps as step_rules
 from fleet.services.errors import ServiceError
+from fleet.text import clip
 
 
 @dataclass
@@ -136,7 +137,7 @@ def _gpus_left(job_id: int) -> dict[int, list[int]]:
 
 def _requeue_after_rollback(action: Action, job_id: int, why: str, out: RollBack) -> None:
     reason = f"action #{action.pk} failed and its rollback could not restart the job ({why}); waiting in the queue"
-    Job.objects.filter(pk=job_id, state=JobState.PENDING).update(state_reason=reason[:500])
+    Job.objects.filter(pk=job_id, state=JobState.PENDING).update(state_reason=clip(reason))
     out.queued.append(job_id)
     out.entries.append(_rollback_entry(job_id, f"job #{job_id} back in the queue: {why}"))
 

@@ -28,6 +28,7 @@ from fleet.services import jobs as job_services
 from fleet.services.capacity import fleet_capacity, normalise_shape
 from fleet.services.errors import Conflict
 from fleet.services.proposals import filling
+from fleet.text import clip
 from placement import model as pm
 from placement import schedule
 from placement.place import what_if as engine_what_if
@@ -265,7 +266,7 @@ def _recheck_plans_filling(auto, placed: list[int], snap: engine.Snapshot) -> No
 
 def _set_reason(job: Job, reason: str) -> None:
     if job.state_reason != reason:
-        Job.objects.filter(pk=job.pk, state=JobState.PENDING).update(state_reason=reason[:500])
+        Job.objects.filter(pk=job.pk, state=JobState.PENDING).update(state_reason=clip(reason))
 
 
 def _in_about(seconds: float) -> str:

@@ -166,13 +166,13 @@ def _node_state(node_id: int) -> str | None:
 def _check_drain(ctx: PlanCheck, step: st.Drain) -> None:
     state = _node_state(step.node)
     if state not in (NodeState.HEALTHY, NodeState.SUSPECT):
-        ctx.problems.append(f"node {step.node} is {state}, it can no longer be drained")
+        ctx.problems.append(f"node {step.hostname or step.node} is {state}, it can no longer be drained")
 
 
 def _check_undrain(ctx: PlanCheck, step: st.Undrain) -> None:
     state = _node_state(step.node)
     if state not in (NodeState.DRAINING, NodeState.DRAINED):
-        ctx.problems.append(f"node {step.node} is {state}, it can no longer be undrained")
+        ctx.problems.append(f"node {step.hostname or step.node} is {state}, it can no longer be undrained")
 
 
 # --- database side ----------------------------------------------------------------------

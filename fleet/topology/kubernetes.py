@@ -30,13 +30,13 @@ from fleet.topology.model import (
     FAILED,
     HEALTHY,
     MAX_EXTERNAL_ID,
-    MAX_HOSTNAME,
     DesiredDomain,
     DesiredNode,
     Topology,
     TopologyError,
     check_domains,
     check_gpus,
+    check_hostname,
     check_name,
     read_text,
     show,
@@ -180,7 +180,7 @@ def parse_nodes(
             metadata = _object(item.get("metadata"), f"{where}.metadata")
             if metadata.get("name") in (None, ""):
                 raise TopologyError("a node needs a name", f"{where}.metadata.name")
-            name = check_name(metadata["name"], "node name", MAX_HOSTNAME, f"{where}.metadata.name")
+            name = check_hostname(metadata["name"], "node name", f"{where}.metadata.name")
             gpus = _gpus(item, where, max_gpus)
             if gpus == 0:
                 skipped.append((name, f"no {GPU_RESOURCE} capacity"))

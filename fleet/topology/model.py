@@ -131,6 +131,24 @@ def check_name(value: object, what: str, limit: int, place: str) -> str:
     return value
 
 
+HOSTNAME_CHARS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def check_hostname(value: object, what: str, place: str) -> str:
+    """A host's name: :func:`check_name`, and only letters, digits, '.', '-' and
+    '_'. A Slurm hostlist (``n[01-99]``, ``a,b``) names several hosts: refused,
+    since it would break every Slurm file and expression the name is written into."""
+    name = check_name(value, what, MAX_HOSTNAME, place)
+    if not HOSTNAME_CHARS.fullmatch(name):
+        hint = " (a Slurm hostlist names several hosts: list each)" if any(c in name for c in "[],") else ""
+        raise TopologyError(
+            f"{what} {show(name)} is not a host name: use letters, digits, '.', '-' and '_', starting with a letter "
+            f"or digit{hint}",
+            place,
+        )
+    return name
+
+
 def check_gpus(gpus: int, max_gpus: int, place: str) -> int:
     """A node's GPU count, refused above ``max_gpus`` (a typo or a broken
     exporter, not a machine: NVL72 trays have 4 GPUs, HGX boards 8)."""

@@ -39,13 +39,13 @@ from fleet.topology.model import (
     FAILED,
     HEALTHY,
     MAX_EXTERNAL_ID,
-    MAX_HOSTNAME,
     DesiredDomain,
     DesiredNode,
     Topology,
     TopologyError,
     check_domains,
     check_gpus,
+    check_hostname,
     check_name,
     natural_key,
     show,
@@ -115,7 +115,7 @@ def _expand(expression: str, where: str) -> list[str]:
     if not names:
         raise TopologyError(f"hostlist {show(expression)} names no host", where)
     for name in names:
-        check_name(name, "host name", MAX_HOSTNAME, where)
+        check_hostname(name, "host name", where)
     return names
 
 
@@ -296,7 +296,7 @@ def parse_scontrol_nodes(
         if not isinstance(name, str) or not name:
             raise TopologyError("a node needs a name", f"{prefix}{where}.name")
         try:
-            check_name(name, "node name", MAX_HOSTNAME, f"{where}.name")
+            check_hostname(name, "node name", f"{where}.name")
             states = _states(item.get("state"), where)
             gpus = _gres_gpus(item, where, max_gpus)
         except TopologyError as exc:

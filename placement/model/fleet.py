@@ -116,8 +116,8 @@ class Fleet:
         jobs keep their order, that of ``allocations``. Allocations are shared, as
         with ``allocate``."""
         racks = [
-            Rack(r.id, [Node(n.id, n.rack, n.index, n.gpus, n.health) for n in r.nodes],
-                 spare_nodes=r.spare_nodes)
+            Rack(r.id, [Node(n.id, n.rack, n.index, n.gpus, n.health, name=n.name) for n in r.nodes],
+                 spare_nodes=r.spare_nodes, name=r.name)
             for r in self.racks
         ]
         out = Fleet(racks)  # builds the fixed indexes (shapes, slots, positions)
@@ -284,7 +284,7 @@ class Fleet:
             if node is None:
                 raise CapacityError(f"job {jid}: unknown node {nid}")
             if node.health != HEALTHY and not restore:
-                raise CapacityError(f"job {jid}: node {nid} is {node.health}")
+                raise CapacityError(f"job {jid}: node {node.label} is {node.health}")
             whole = _WHOLE.get(node.gpus)
             if whole is None:
                 whole = _WHOLE[node.gpus] = (tuple(range(node.gpus)), (1 << node.gpus) - 1)
@@ -294,10 +294,10 @@ class Fleet:
                 mask = 0
                 for g in gpus:
                     if not 0 <= g < node.gpus or mask >> g & 1:
-                        raise CapacityError(f"job {jid}: bad GPU index {g} on {nid}")
+                        raise CapacityError(f"job {jid}: bad GPU index {g} on {node.label}")
                     mask |= 1 << g
             if node.used & mask:
-                raise CapacityError(f"job {jid}: GPU on {nid} already held")
+                raise CapacityError(f"job {jid}: a GPU on {node.label} is already held")
             masks.append((node, mask))
         if self._undo is not None:
             self._undo.save(alloc.nodes)
@@ -421,8 +421,8 @@ class Fleet:
         """Rebuild a fleet from :meth:`to_dict` output (JSON round trip)."""
         racks = [
             Rack(r["id"], [Node(n["id"], r["id"], n["index"], n["gpus"],
-                                n.get("health", HEALTHY)) for n in r["nodes"]],
-                 spare_nodes=r.get("spare_nodes", 2))
+                                n.get("health", HEALTHY), name=n.get("name", "")) for n in r["nodes"]],
+                 spare_nodes=r.get("spare_nodes", 2), name=r.get("name", ""))
             for r in data["racks"]
         ]
         fleet = cls(racks)

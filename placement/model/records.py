@@ -36,6 +36,12 @@ class Node:
     health: str = HEALTHY
     used: int = 0
     jobs: dict[str, int] = field(default_factory=dict)
+    # How people name it (a hostname); messages use ``label``.
+    name: str = ""
+
+    @property
+    def label(self) -> str:
+        return self.name or self.id
 
     @property
     def free_gpus(self) -> int:
@@ -70,6 +76,12 @@ class Rack:
     # recovery can reclaim those nodes).
     free: set[int] = field(default_factory=set)
     lent_nodes: int = 0
+    # How people name it; messages use ``label``.
+    name: str = ""
+
+    @property
+    def label(self) -> str:
+        return self.name or self.id
 
     @property
     def gpus_per_node(self) -> int:

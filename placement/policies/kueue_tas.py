@@ -55,7 +55,7 @@ def kueue_tas(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) ->
                 and cap(r) >= n // seg]
         if fits:
             rack = min(fits, key=lambda r: (r.free_count, pos[r.id]))
-            why = f"BestFit: {rack.id} is the tightest rack that holds {n} nodes"
+            why = f"BestFit: {rack.label} is the tightest rack that holds {n} nodes"
             slots = sorted(rack.free)[:n]
             picks = [(rack, slots[i:i + seg]) for i in range(0, n, seg)]
             return whole_node_plan(fleet, job, NAME, picks, why, [why])
@@ -127,5 +127,5 @@ def _small(job: JobRequest, racks: list[Rack], ctx: Context) -> PlacementPlan:
     if best is None:
         return not_placed(job, NAME, f"no node has {job.num_gpus} free GPUs")
     node = best[1]
-    return small_plan(job, NAME, node, f"LeastFreeCapacity: {node.id} ({node.free_gpus} free "
+    return small_plan(job, NAME, node, f"LeastFreeCapacity: {node.label} ({node.free_gpus} free "
                                        f"GPUs) in the rack with least free capacity")

@@ -163,7 +163,7 @@ def _one_rack(fleet: Fleet, job: JobRequest, racks: list[Rack], n: int,
     if best is None:
         return not_placed(job, NAME, f"no rack offers {n} idle nodes beyond its spares")
     rack = best[3]
-    why = (f"best fit: {rack.id} offers {best[0]} idle nodes (keeping "
+    why = (f"best fit: {rack.label} offers {best[0]} idle nodes (keeping "
            f"{rack.free_count - best[0]} spare), the fewest that hold {n}")
     slots = sorted(rack.free)[:n]
     picks = [(rack, slots[i:i + seg]) for i in range(0, n, seg)] if seg else [(rack, slots)]
@@ -233,7 +233,7 @@ def _segmented(fleet: Fleet, job: JobRequest, racks: list[Rack], n: int, seg: in
     why = f"{n} nodes in segments of {seg} over the fewest racks ({k}) that hold them"
     if how != "best fit":
         why += " (best fit could not, so the racks with the most room)"
-    choices = [why] + [f"segment of {len(sl)} -> {r.id} ({how})" for r, sl in picks]
+    choices = [why] + [f"segment of {len(sl)} -> {r.label} ({how})" for r, sl in picks]
     return whole_node_plan(fleet, job, NAME, picks, why, choices)
 
 
@@ -296,7 +296,7 @@ def _many_racks(fleet: Fleet, job: JobRequest, racks: list[Rack], n: int, ctx: C
             n_racks = len({r.id for r, _ in picks})
             why = (f"{n} nodes over the fewest racks ({n_racks}) in segments "
                    + "+".join(str(len(s)) for _, s in picks) + note)
-            choices = [why] + [f"segment of {len(s)} -> {r.id} (best fit)" for r, s in picks]
+            choices = [why] + [f"segment of {len(s)} -> {r.label} (best fit)" for r, s in picks]
             return whole_node_plan(fleet, job, NAME, picks, why, choices)
     if spread_ok:
         return not_placed(job, NAME, f"the racks together do not offer {n} idle nodes")
@@ -453,7 +453,7 @@ def _small(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) -> Pl
                 best = (key, node)
         if best is not None:
             node = best[1]
-            return small_plan(job, NAME, node, f"best fit on partly used node {node.id} "
+            return small_plan(job, NAME, node, f"best fit on partly used node {node.label} "
                                                f"({free} free GPUs)")
     # 2. An idle node in the busiest rack that still has one.
     brack: tuple[int, int, Rack] | None = None
@@ -472,8 +472,8 @@ def _small(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) -> Pl
         return not_placed(job, NAME, f"no node has {g} free GPUs")
     rack = brack[2]
     node = fleet.node_at(rack.id, min(rack.free))
-    return small_plan(job, NAME, node, f"idle node {node.id} in the busiest rack with room "
-                                       f"({rack.id}, {rack.free_count} idle), keeping "
+    return small_plan(job, NAME, node, f"idle node {node.label} in the busiest rack with room "
+                                       f"({rack.label}, {rack.free_count} idle), keeping "
                                        "emptier racks whole")
 
 

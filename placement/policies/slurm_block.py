@@ -128,7 +128,7 @@ def slurm_block(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) 
             slots, taken[rack.id] = taken[rack.id][:size], taken[rack.id][size:]
             left[rack.id] -= size
             picks.append((rack, slots))
-            choices.append(f"segment of {size} -> {rack.id} (best fit)")
+            choices.append(f"segment of {size} -> {rack.label} (best fit)")
     else:
         # 4b. Nodes from the block's base blocks, the ones with most free first.
         need = n
@@ -168,5 +168,5 @@ def _small(job: JobRequest, racks: list[Rack], ctx: Context) -> PlacementPlan:
     reserved = rack.id in ctx.reserved
     node = next(nd for nd in rack.nodes if nd.free_gpus >= job.num_gpus
                 and not (reserved and nd.used == 0))
-    return small_plan(job, NAME, node, f"block {rack.id} has the fewest nodes with room "
-                                       f"({best[0]}); lowest-numbered node {node.id}")
+    return small_plan(job, NAME, node, f"block {rack.label} has the fewest nodes with room "
+                                       f"({best[0]}); lowest-numbered node {node.label}")

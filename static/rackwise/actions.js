@@ -6,7 +6,7 @@ import { attachClicks, attachTooltip, cells, drawGrid } from "./grid.js";
 import { api, messages, showFieldErrors, startLive } from "./live.js";
 
 const live = startLive();
-const plans = {}; // action id -> {steps, jobs, state}, from each card's data-plan
+const plans = {}; // action id -> {steps, jobs, state, step_index}, from each card's data-plan
 for (const el of document.querySelectorAll("[data-action-id][data-plan]")) plans[el.dataset.actionId] = JSON.parse(el.dataset.plan);
 const touched = {}; // action id -> [rack ids], fixed at first paint
 const filters = document.querySelector("[data-testid=action-filters]").dataset;
@@ -97,6 +97,12 @@ function paint(id) {
     box.innerHTML = side("Before", live.racks) + side("After", after);
     draw("before", live.racks);
     draw("after", after, (r) => movedCells(live.racks.get(r), after.get(r)));
+  } else if (plan.state === "executing") {
+    // Where it is now, and where its remaining steps take the racks.
+    const target = simulate(live.racks, plan.steps.slice(plan.step_index || 0));
+    box.innerHTML = side("Now", live.racks) + side("Target", target);
+    draw("now", live.racks);
+    draw("target", target, (r) => movedCells(live.racks.get(r), target.get(r)));
   } else {
     box.innerHTML = side("Now", live.racks);
     draw("now", live.racks);
@@ -184,8 +190,10 @@ function show(a) {
   if (steplog && Array.isArray(a.log)) {
     steplog.innerHTML = a.log.map((l) => `<div>${escape((l.at || "").slice(11, 19))} ${escape(l.message)}</div>`).join("");
   }
-  if (plans[a.id]) plans[a.id].state = a.state;
-  if (was !== a.state) paint(a.id);
+  const plan = plans[a.id];
+  const moved = plan && plan.step_index !== a.step_index;
+  if (plan) Object.assign(plan, { state: a.state, step_index: a.step_index });
+  if (was !== a.state || (moved && a.state === "executing")) paint(a.id);
 }
 
 /** Whether the page's filters would list an action in this state and of this kind. */

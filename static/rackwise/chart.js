@@ -5,6 +5,7 @@
 // that moment.
 
 import { api } from "./live.js";
+import { when } from "./time.js";
 
 const W = 640, H = 120, PAD = 34;
 
@@ -20,8 +21,8 @@ function duration(s) {
 const CHARTS = [
   { name: "use", title: "utilization and fragmentation", fixedMax: 1, format: pct,
     series: [["utilization", "util", "utilization"], ["fragmentation", "frag", "fragmentation"]] },
-  { name: "queue", title: "queue depth", format: count, series: [["jobs_pending", "queue", "pending jobs"]] },
-  { name: "wait", title: "waits of pending jobs", format: duration,
+  { name: "queue", title: "queue depth", format: count, whole: true, series: [["jobs_pending", "queue", "pending jobs"]] },
+  { name: "wait", title: "waits of pending jobs", format: duration, whole: true,
     series: [["wait_p50_s", "p50", "wait p50"], ["wait_p95_s", "p95", "wait p95"]] },
 ];
 
@@ -36,16 +37,22 @@ export async function drawChart(el, hours) {
   const t = samples.map((s) => Date.parse(s.at));
   const t0 = Math.min(...t), t1 = Math.max(...t, t0 + 1);
   const x = (v) => PAD + ((v - t0) / (t1 - t0)) * (W - 2 * PAD);
-  const fmt = (ms) => new Date(ms).toISOString().slice(hours > 48 ? 5 : 11, 16).replace("T", " ");
+  // The viewer's zone, named: "2026-12-05 14:05 EST", or "14:05 EST" within two days.
+  const fmt = (ms) => (hours > 48 ? when(ms) : when(ms).slice(11));
   const shown = markers.filter((m) => Date.parse(m.at) >= t0 && Date.parse(m.at) <= t1);
   el.innerHTML = CHARTS.map((chart) => {
-    const max = chart.fixedMax || Math.max(1, ...samples.flatMap((s) => chart.series.map(([key]) => s[key] || 0)));
+    const top = Math.max(1, ...samples.flatMap((s) => chart.series.map(([key]) => s[key] || 0)));
+    // A whole-number axis tops at an even number, so its half-way line is whole
+    // too: a top of 1 read "1, 1, 0" (0.5 rounded up).
+    const max = chart.fixedMax || (chart.whole ? 2 * Math.ceil(top / 2) : top);
+    // And no label repeats the one below it (durations round: 90 s and 120 s read "2 min").
+    const ticks = [0, 0.5, 1].filter((f, i, all) => i === 0 || chart.format(f * max) !== chart.format(all[i - 1] * max));
     const y = (v) => H - PAD / 2 - (v / max) * (H - PAD);
     const line = (key) => samples.map((s, i) => `${x(t[i]).toFixed(1)},${y(s[key] || 0).toFixed(1)}`).join(" ");
     const marks = shown.map((m) => `<line class="marker ${m.kind}" x1="${x(Date.parse(m.at)).toFixed(1)}" x2="${x(Date.parse(m.at)).toFixed(1)}" y1="${PAD / 2}" y2="${H - PAD / 2}"><title>${esc(fmt(Date.parse(m.at)))} ${esc(m.text)}</title></line>`).join("");
     return `<figure class="chart-box" data-chart="${chart.name}">
       <svg viewBox="0 0 ${W} ${H}" class="chart" tabindex="0" role="img" aria-label="${chart.title} over the last ${hours} hours; arrow keys read the values">
-        ${[0, 0.5, 1].map((f) => `<line x1="${PAD}" x2="${W - PAD}" y1="${y(f * max)}" y2="${y(f * max)}" class="gridline"/><text x="2" y="${y(f * max) + 4}" class="axis">${chart.format(f * max)}</text>`).join("")}
+        ${ticks.map((f) => `<line x1="${PAD}" x2="${W - PAD}" y1="${y(f * max)}" y2="${y(f * max)}" class="gridline"/><text x="2" y="${y(f * max) + 4}" class="axis">${chart.format(f * max)}</text>`).join("")}
         ${marks}
         ${chart.series.map(([key, cls]) => `<polyline points="${line(key)}" class="${cls}"/>`).join("")}
         <line class="cursor" x1="0" x2="0" y1="${PAD / 2}" y2="${H - PAD / 2}" visibility="hidden"/>

@@ -24,6 +24,7 @@
 import { cancelButtons } from "./cancel.js";
 import { api } from "./live.js";
 import { live } from "./racks.js";
+import { when } from "./time.js";
 
 const HOLDING = ["placed", "running", "recovering"];
 const box = document.querySelector("[data-live-job]");
@@ -79,8 +80,8 @@ const times = {
   finished: ms(timesBox.dataset.finished),
   expectedS: Number(timesBox.dataset.expectedS) || null,
 };
-// As the server writes times (UTC, as the API gives them).
-const stamp = (t) => new Date(t).toISOString().slice(0, 19).replace("T", " ");
+// In the viewer's zone, named, as the server-written times become (time.js).
+const stamp = (t) => when(t, { seconds: true });
 
 /** A duration in words: the rule of fleet.views.span_text. */
 function spanText(seconds) {
@@ -155,7 +156,9 @@ function addRack(rack) {
   const el = document.createElement("section");
   Object.assign(el.dataset, { rackId: rack.rack, rackName: rack.name, version: -1, highlightJob: jobId, cell: 16 });
   el.setAttribute("data-live-rack", "");
-  el.innerHTML = '<div class="grid" tabindex="0"></div>';
+  el.innerHTML = `<h3 class="rack-title"><a href="/racks/${Number(rack.rack)}/" data-testid="job-rack-name"></a></h3><div class="grid" tabindex="0"></div>`;
+  el.querySelector("a").textContent = rack.name;
+  el.querySelector(".grid").setAttribute("aria-label", `GPU grid of rack ${rack.name}`);
   box.insertBefore(el, sections().find((s) => Number(s.dataset.rackId) > rack.rack) || null);
   showEmpty();
   live.follow(rack.rack);

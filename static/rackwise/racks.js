@@ -5,19 +5,36 @@
 // (job.js follows the job's racks this way).
 //
 // The rack page also has, per node row, the node's state badge (kept live from
-// the rack events) and, for operators, drain / undrain / mark failed / return to
-// service with a reason: each a POST to /api/nodes/<id>/<action>/, whose answer
-// fills the row and whose refusal (400 field messages, 403/409 detail) is shown
-// next to it. The grid changes when the rack event of that change arrives.
+// the rack events) and, for operators, the moves the node's state allows (the
+// table in #node-moves; the buttons follow the live state): each a POST to
+// /api/nodes/<id>/<move>/, whose answer fills the row and whose refusal (400
+// field messages, 403/409 detail) is shown next to it. Drain and mark failed
+// need a reason; on a node that holds jobs the API answers 409 with what the
+// move would interrupt, shown in a dialog, and the move is sent again with
+// confirm: true only if the operator says so. The grid changes when the rack
+// event of that change arrives.
 
 import { attachClicks, attachTooltip, drawGrid, paintSwatches } from "./grid.js";
 import { api, showFieldErrors, startLive } from "./live.js";
+import { when } from "./time.js";
 
 const els = [...document.querySelectorAll("[data-live-rack]")];
 const ids = [...new Set(els.map((el) => Number(el.dataset.rackId)))];
 export const live = startLive(ids);
 
 const stateLabel = (state) => state.charAt(0).toUpperCase() + state.slice(1).replace("_", " ");
+const movesEl = document.getElementById("node-moves");
+const MOVES = movesEl ? JSON.parse(movesEl.textContent) : [];
+
+/** Show a node row's buttons for the moves its state allows. */
+function showMoves(nodeId, state) {
+  const form = document.querySelector(`[data-node-actions="${nodeId}"]`);
+  if (!form) return;
+  for (const m of MOVES) {
+    const button = form.querySelector(`[data-node-action="${m.name}"]`);
+    if (button) button.hidden = !m.from.includes(state);
+  }
+}
 
 function paint(rack) {
   for (const el of document.querySelectorAll(`[data-live-rack][data-rack-id="${rack.rack}"]`)) {
@@ -29,6 +46,7 @@ function paint(rack) {
     if (badge && !badge.classList.contains(state)) {
       badge.className = `badge ${state}`;
       badge.textContent = stateLabel(state);
+      showMoves(nodeId, state);
     }
   }
   paintSwatches(document, live.racks);
@@ -41,27 +59,52 @@ live.on("job", (event) => {
   }
 });
 
-/** One node action from its row's form; the answer (the node) fills the row. */
-async function act(form, button) {
+/** Ask the operator to confirm a move the API says would affect jobs
+ * (its 409's impact); resolves true to go ahead. */
+function confirmMove(form, button, err) {
+  const dialog = document.querySelector("[data-testid=node-confirm]");
+  const impact = err.data.impact;
+  dialog.querySelector("[data-confirm-title]").textContent = `${button.textContent} ${form.dataset.hostname}?`;
+  dialog.querySelector("[data-confirm-detail]").textContent = err.message;
+  const table = dialog.querySelector("[data-confirm-jobs]");
+  for (const row of [...table.rows].slice(1)) row.remove();
+  for (const job of impact.jobs) {
+    const row = table.insertRow();
+    const link = Object.assign(document.createElement("a"), { href: `/jobs/${job.id}/`, textContent: `#${job.id} ${job.name}` });
+    row.insertCell().append(link);
+    for (const value of [job.gpus_here, job.gpus, job.gpu_hours_lost.toFixed(1)]) row.insertCell().textContent = value;
+  }
+  dialog.querySelector("[data-testid=node-confirm-go]").textContent = `${button.textContent} anyway`;
+  dialog.returnValue = "";
+  dialog.showModal();
+  return new Promise((resolve) => dialog.addEventListener("close", () => resolve(dialog.returnValue === "go"), { once: true }));
+}
+
+/** One node move from its row's form; the answer (the node) fills the row. */
+async function act(form, button, confirm = false) {
   const row = form.closest("[data-node-id]");
   showFieldErrors(form, null);
   for (const b of form.querySelectorAll("button")) b.disabled = true;
+  let again = false;
   try {
     const node = await api(`/api/nodes/${form.dataset.nodeActions}/${button.dataset.nodeAction}/`, {
       method: "POST",
-      body: { reason: form.reason.value },
+      body: { reason: form.reason.value, confirm },
     });
     form.reason.value = "";
     const badge = row.querySelector("[data-node-state]");
     badge.className = `badge ${node.state}`;
     badge.textContent = stateLabel(node.state);
-    row.querySelector("[data-node-since]").textContent = (node.state_changed_at || "").slice(0, 16).replace("T", " ");
+    showMoves(node.id, node.state);
+    row.querySelector("[data-node-since]").textContent = when(node.state_changed_at);
     row.querySelector("[data-node-reason]").textContent = node.state_reason;
   } catch (err) {
-    showFieldErrors(form, err);
+    if (err.status === 409 && err.data && err.data.confirm_required) again = await confirmMove(form, button, err);
+    else showFieldErrors(form, err);
   } finally {
     for (const b of form.querySelectorAll("button")) b.disabled = false;
   }
+  if (again) await act(form, button, true);
 }
 document.addEventListener("submit", (e) => { if (e.target.matches("[data-node-actions]")) e.preventDefault(); });
 document.addEventListener("click", (e) => {

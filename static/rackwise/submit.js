@@ -16,7 +16,7 @@
 // Tests wait on [data-testid=what-if][data-state] (idle, checking, answered,
 // refused) and read the [data-field-error] slots.
 
-import { api, showFieldErrors } from "./live.js";
+import { api, errorPaths, showFieldErrors } from "./live.js";
 
 const form = document.querySelector("[data-testid=submit-form]");
 const panel = form.querySelector("[data-testid=what-if]");
@@ -70,7 +70,15 @@ async function check({ all = false } = {}) {
     if (mine !== asked) return;
     if (err.status === 400 && err.data && typeof err.data === "object") {
       const shown = showErrors(err, { all });
-      showAnswer("refused", shown ? "not checked: the API refused the values marked." : "fill in the form to see what would happen.");
+      // A refusal about a field the user has not touched (a 40-node required job
+      // is refused on locality) is still the answer: shown here, unless it only
+      // says a field is still empty.
+      const unmarked = all ? [] : errorPaths(err.data)
+        .filter(([path]) => !touched.has(form.querySelector(`[data-field-error~="${CSS.escape(path)}"]`)))
+        .flatMap(([, texts]) => texts)
+        .filter((text) => !/required/i.test(text));
+      if (unmarked.length) showAnswer("refused", `would be refused: ${unmarked.join(" ")}`);
+      else showAnswer("refused", shown ? "not checked: the API refused the values marked." : "fill in the form to see what would happen.");
     } else {
       showFieldErrors(form, null);
       showAnswer("refused", `not checked: ${err.message}`);

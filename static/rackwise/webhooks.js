@@ -14,6 +14,7 @@
 // Tests wait on body[data-ready] and the data-state of each delivery row.
 
 import { api, showFieldErrors } from "./live.js";
+import { when } from "./time.js";
 
 const list = document.querySelector("[data-testid=webhooks]");
 const empty = document.querySelector("[data-testid=no-webhooks]");
@@ -25,8 +26,8 @@ const polls = new Map(); // endpoint id -> { timer, delay, until }
 
 const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
 // The API gives ISO times in the server's zone (UTC): show them as the other pages do.
-const day = (iso) => (iso ? iso.slice(0, 16).replace("T", " ") : "");
-const stamp = (iso) => (iso ? iso.slice(0, 19).replace("T", " ") : "");
+const day = (iso) => when(iso);
+const stamp = (iso) => when(iso, { seconds: true });
 const clock = (iso) => (iso ? iso.slice(11, 19) : "");
 // Delivery states in the badge colours the rest of the console uses.
 const BADGE = { dead: "dead failed", retrying: "retrying pending" };

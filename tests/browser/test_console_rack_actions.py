@@ -1,5 +1,7 @@
-"""The rack page's node controls: an operator drains a node with a reason and the
-grid shows it draining; a refusal is shown on the row; a viewer gets no
+"""The rack page's node controls: only the moves the node's state allows are
+shown; an operator drains a busy node with a reason, confirms in a dialog that
+names the job it affects, and the grid shows it draining; a refusal is shown on
+the row; a viewer gets no
 controls, and the API refuses the drain anyway. The fleet page's rack cards
 count the node and "problems only" finds its rack."""
 
@@ -36,8 +38,21 @@ def test_an_operator_drains_a_node_from_the_rack_page_and_the_grid_shows_it_drai
     assert swatch.evaluate("el => getComputedStyle(el).backgroundColor") == cell_fill
 
     row = page.locator(f"[data-testid=node-row][data-node-id='{node.pk}']")
+    visible = row.locator("[data-node-action]:visible")
+    assert visible.all_text_contents() == ["Drain", "Mark failed"]
+    # A disruptive move without a reason: refused on the row, nothing changed.
+    row.locator("[data-testid=node-mark-failed]").click()
+    row.locator("[data-testid=node-reason-error]").wait_for(state="visible")
+    assert "takes the node out of service" in row.locator("[data-testid=node-reason-error]").text_content()
+
     row.locator("[data-testid=node-reason]").fill("fan noise, RMA 4711")
     row.locator("[data-testid=node-drain]").click()
+    # The node runs a job: the console asks first, naming it.
+    dialog = page.locator("[data-testid=node-confirm]")
+    dialog.wait_for(state="visible")
+    assert f"#{job.pk} llama-70b" in dialog.text_content()
+    assert Node.objects.get(pk=node.pk).state == NodeState.HEALTHY
+    dialog.locator("[data-testid=node-confirm-go]").click()
 
     page.wait_for_function(
         f"""() => {{
@@ -56,11 +71,15 @@ def test_an_operator_drains_a_node_from_the_rack_page_and_the_grid_shows_it_drai
     fresh = Node.objects.get(pk=node.pk)
     assert (fresh.state, fresh.state_reason) == (NodeState.DRAINING, "fan noise, RMA 4711")
 
-    # A refused change: the API's message next to the row, nothing changed.
-    row.locator("[data-testid=node-return]").click()
-    error = row.locator("[data-testid=node-error]")
-    error.wait_for(state="visible")
-    assert "only a failed, in-repair or suspect node can be returned to service" in error.text_content()
+    # A draining node offers undrain and mark failed, not drain or return to service.
+    assert visible.all_text_contents() == ["Undrain", "Mark failed"]
+    # Cancelling the confirmation changes nothing.
+    row.locator("[data-testid=node-reason]").fill("XID 79")
+    row.locator("[data-testid=node-mark-failed]").click()
+    dialog.wait_for(state="visible")
+    assert "interrupts 1 job" in dialog.text_content()
+    dialog.locator("[data-testid=node-confirm-cancel]").click()
+    dialog.wait_for(state="hidden")
     assert Node.objects.get(pk=node.pk).state == NodeState.DRAINING
     assert page.js_errors == []
 

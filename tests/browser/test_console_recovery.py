@@ -24,7 +24,7 @@ def test_a_failed_node_shows_as_failed_and_the_recovered_jobs_new_cell_appears(p
     page.wait_for_function(f"window.rackwiseGrid.cells('main').filter(c => c.fill === {job.pk}).length === 8")
     failed = nodes[1]
 
-    status, body = post_api(page, f"/api/nodes/{failed.pk}/mark-failed/", {"reason": "XID 79"})
+    status, body = post_api(page, f"/api/nodes/{failed.pk}/mark-failed/", {"reason": "XID 79", "confirm": True})
     assert status == 200, body
 
     page.wait_for_function(

@@ -76,6 +76,25 @@ def test_an_engineer_submits_through_the_form_sees_the_what_if_and_cancels_from_
     assert page.js_errors == []
 
 
+def test_the_what_if_says_at_once_why_a_job_too_big_for_a_rack_would_be_refused(page, fleet, submitter):
+    """#28 item 7: a refused 40-node job showed nothing until Check was pressed
+    (the refusal is about locality, a field the engineer had not touched)."""
+    log_in_as(page, submitter)
+    page.goto("/jobs/submit/")
+    page.wait_for_function("document.body.dataset.ready === '1'")
+    form = page.get_by_test_id("submit-form")
+    form.get_by_test_id("field-name").fill("huge")
+    form.get_by_test_id("shape-nodes").check()
+    form.get_by_test_id("field-num_nodes").fill("30")
+    form.get_by_test_id("field-gpus_per_node").fill("4")
+    page.wait_for_function(
+        "document.querySelector('[data-testid=what-if]').dataset.state === 'refused'"
+        " && document.querySelector('[data-testid=what-if-summary]').textContent.startsWith('would be refused')"
+    )
+    assert "exceed the largest domain (18 nodes" in form.get_by_test_id("what-if-summary").text_content()
+    assert page.js_errors == []
+
+
 def test_an_operator_cancels_a_job_from_its_row_in_the_jobs_list(page, fleet, operator, submitter):
     job = submit_job(submitter, JobSpec(name="eval", num_gpus=2, tenant="llm"))
     log_in_as(page, operator)
