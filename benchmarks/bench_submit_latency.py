@@ -141,7 +141,7 @@ def start_stack(port: int, env: dict[str, str]) -> list[subprocess.Popen]:
                          cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=(ROOT / "var" / "bench-web.log").open("w"),
                          start_new_session=True),
         celery("scheduler", "scheduler"),
-        celery("worker", "celery"),
+        celery("worker", "celery,control"),
     ]
 
 

@@ -376,7 +376,7 @@ class Soak:
         f.api_5xx = list(self.api.errors)
 
     def read_logs(self) -> None:
-        """5xx in the web log and tracebacks anywhere (read after the stack stops)."""
+        """5xx in the web log and tracebacks anywhere (the logs so far)."""
         for name, text in self.stack.logs().items():
             if "Traceback (most recent call last)" in text:
                 self.figures.tracebacks.append(name)

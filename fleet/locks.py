@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 
 DECISION_LOCK = "rackwise:lock:decisions"
 SCHEDULE_DIRTY = "rackwise:schedule:dirty"
+SYNC_LOCK = "rackwise:lock:sync"
+SYNC_DIRTY = "rackwise:sync:dirty"
+SYNC_STARTED = "rackwise:sync:started"
 
 
 class Busy(Exception):

@@ -6,19 +6,21 @@ services."""
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from datetime import timedelta
 
-from celery import shared_task
+from celery import Task, shared_task
 from celery.signals import task_prerun
 from django.conf import settings
+from django.db import InterfaceError, OperationalError, connections
 from django.db.models import Q
 from django.utils import timezone
 
 from fleet import locks
 from fleet.choices import ActionState, JobState
 from fleet.models import Action, Job
-from fleet.services import action_lifecycle, audit, cluster_sync, scheduling
+from fleet.services import action_lifecycle, audit, cluster_sync, dispatch, scheduling
 from fleet.services import actions as action_services
 from fleet.services import defrag as defrag_services
 from fleet.services import jobs as job_services
@@ -28,7 +30,26 @@ from fleet.services.errors import Conflict
 
 log = logging.getLogger(__name__)
 
-TASK_OPTIONS = {"acks_late": True, "ignore_result": True}
+class RetriedOnDatabaseErrors(Task):
+    """A task that meets a dropped database connection (a PostgreSQL restart or
+    failover, a proxy that cut it) is run again shortly, on a fresh connection,
+    instead of failing and waiting for reconcile (which started jobs 69-90 s
+    late): 1, 2, 4 ... s, at most 30 s apart, up to 8 times. Every task is
+    idempotent (module docstring), so a second run is harmless."""
+
+    max_retries = 8
+
+    def __call__(self, *args, **kwargs):
+        try:
+            return super().__call__(*args, **kwargs)
+        except (OperationalError, InterfaceError) as exc:
+            for connection in connections.all(initialized_only=True):
+                connection.close_if_unusable_or_obsolete()
+            log.warning("%s: database error, run again shortly: %s", self.name, exc)
+            raise self.retry(exc=exc, countdown=min(30, 2**self.request.retries)) from exc
+
+
+TASK_OPTIONS = {"acks_late": True, "ignore_result": True, "base": RetriedOnDatabaseErrors}
 
 
 @task_prerun.connect
@@ -69,6 +90,7 @@ def schedule_pending() -> str:
 
 @shared_task(name="fleet.tasks.recover_job", **TASK_OPTIONS)
 def recover_job(job_id: int) -> str:
+    dispatch.taken("fleet.tasks.recover_job", job_id)
     with locks.decisions():
         action = recovery_services.plan_recovery(job_id)
     return f"proposed action #{action.pk}" if action else "nothing to do"
@@ -122,6 +144,7 @@ def execute_action(action_id: int) -> str:
     under the row lock with the step's database change, makes each step count
     once. A step the cluster could not be reached for is tried again later
     (``retry_in``, the service's backoff), by this task re-sent with a countdown."""
+    dispatch.taken("fleet.tasks.execute_action", action_id)
     try:
         with locks.action_lock(action_id) as lock:
             # The re-check before the first step may make the plan again and
@@ -134,7 +157,7 @@ def execute_action(action_id: int) -> str:
                     with locks.decisions(wait=settings.RACKWISE_STALL_S / 3):
                         not_started = action_services.begin(action_id)
                 except locks.Busy:
-                    execute_action.apply_async((action_id,), countdown=1)
+                    dispatch.send_once("fleet.tasks.execute_action", action_id, countdown=1)
                     return "the decision lock is busy; trying again shortly"
                 if not_started is not None:
                     return not_started.message
@@ -143,7 +166,7 @@ def execute_action(action_id: int) -> str:
                 result = action_services.execute_next_step(action_id, begun=begun)
                 begun = True
                 if result.retry_in is not None:
-                    execute_action.apply_async((action_id,), countdown=result.retry_in)
+                    dispatch.send_once("fleet.tasks.execute_action", action_id, countdown=result.retry_in)
                     return result.message
                 if not result.more:
                     return result.message
@@ -153,9 +176,25 @@ def execute_action(action_id: int) -> str:
 
 
 @shared_task(name="fleet.tasks.sync_cluster", **TASK_OPTIONS)
-def sync_cluster() -> dict:
-    """Apply what the cluster says (jobs that ended there); idempotent."""
-    return cluster_sync.sync()
+def sync_cluster(asked_at: float | None = None) -> dict:
+    """Apply what the cluster says (jobs that ended there); idempotent. Coalesced
+    as scheduling passes are: one sync at a time fleet-wide, a request that
+    comes while one runs has it go round again, and a request due at
+    ``asked_at`` that a sync begun since has answered is skipped. A burst of
+    job ends thus costs a few syncs, not one full sync each."""
+    r = locks.client()
+    if asked_at is not None and float(r.get(locks.SYNC_STARTED) or 0) >= asked_at:
+        return {"skipped": "a sync begun since it was asked for has answered it"}
+    r.set(locks.SYNC_DIRTY, 1)
+    out: dict = {"skipped": "another worker is syncing; it will go round again"}
+    try:
+        with locks.held(locks.SYNC_LOCK, ttl=settings.RACKWISE_STALL_S, wait=None):
+            while r.getdel(locks.SYNC_DIRTY):
+                r.set(locks.SYNC_STARTED, time.time())
+                out = cluster_sync.sync()
+    except locks.Busy:
+        pass
+    return out
 
 
 @shared_task(name="fleet.tasks.detect_failures", **TASK_OPTIONS)
@@ -183,8 +222,9 @@ def reconcile_once(now=None) -> dict:
         state=ActionState.EXECUTING, updated_at__lte=now - stall
     )
     for action_id in Action.objects.filter(quiet).values_list("pk", flat=True):
-        if not locks.is_held(f"rackwise:lock:action:{action_id}"):
-            execute_action.delay(action_id)
+        if not locks.is_held(f"rackwise:lock:action:{action_id}") and dispatch.send_once(
+            "fleet.tasks.execute_action", action_id
+        ):
             done["executing"].append(action_id)
 
     busy = action_services.open_action_job_ids()
@@ -199,8 +239,8 @@ def reconcile_once(now=None) -> dict:
         except Conflict:
             pass
     for job_id in Job.objects.filter(state=JobState.RECOVERING).exclude(pk__in=busy).values_list("pk", flat=True):
-        recover_job.delay(job_id)
-        done["recovering"].append(job_id)
+        if dispatch.send_once("fleet.tasks.recover_job", job_id):
+            done["recovering"].append(job_id)
 
     # 4. Draining nodes left empty by a release that could not take their lock,
     #    and holds left by an action that ended outside the lifecycle (drift).

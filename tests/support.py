@@ -78,7 +78,7 @@ def flush_broker() -> None:
 class Worker:
     """A real ``celery worker`` process (prefork pool) on the test database."""
 
-    def __init__(self, env: dict[str, str] | None = None, concurrency: int = 2, queues: str = "celery,scheduler") -> None:
+    def __init__(self, env: dict[str, str] | None = None, concurrency: int = 2, queues: str = "celery,scheduler,control") -> None:
         db = connection.settings_dict
         url = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
         self.name = f"test-{uuid.uuid4().hex[:8]}"

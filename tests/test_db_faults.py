@@ -194,3 +194,18 @@ def test_a_job_committed_before_its_connection_dies_is_answered_201(fleet, submi
     assert response.status_code == 201, response.content
     assert response.json()["name"] == "last-word"
     assert Job.objects.filter(pk=response.json()["id"], name="last-word").exists()
+
+
+def test_a_task_whose_connection_was_dropped_runs_again_on_a_fresh_one(fleet):
+    """Tasks hit by a dropped connection failed and waited for reconcile (job
+    starts 69-90 s late, #28 item 16); now they run again at once."""
+    from fleet.tasks import detect_failures
+
+    pid = _own_pid()
+    with psycopg.connect(_admin_dsn(), autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+
+    result = detect_failures.apply()
+
+    assert result.successful(), result.traceback
+    assert _own_pid() != pid  # it went on with a new connection

@@ -7,8 +7,13 @@ is pending. That is what makes a lost message harmless."""
 from __future__ import annotations
 
 import logging
+import time
 
+from django.conf import settings
 from django.db import transaction
+from redis.exceptions import RedisError
+
+from fleet import locks
 
 log = logging.getLogger(__name__)
 
@@ -28,16 +33,44 @@ def after_commit(name: str, *args) -> None:
     transaction.on_commit(lambda: _send(name, args), robust=True)
 
 
+def _queued_key(name: str, args: tuple) -> str:
+    return f"rackwise:queued:{name}:{','.join(map(str, args))}"
+
+
+def send_once(name: str, *args, countdown: float | None = None) -> bool:
+    """Send ``name(*args)`` unless the same message is already queued and no
+    worker has taken it yet (:func:`taken`), so a reconcile pass, an approval
+    and a retry never stack copies of one piece of work. The mark expires
+    ``RACKWISE_STALL_S`` after the message is due, so a message the broker lost
+    is sent again then. Returns whether it was sent."""
+    try:
+        ttl = int((countdown or 0) + settings.RACKWISE_STALL_S)
+        fresh = locks.client().set(_queued_key(name, args), 1, nx=True, ex=max(1, ttl))
+    except RedisError:
+        fresh = True  # no Redis, no broker either: _send logs it, reconcile retries
+    if fresh:
+        _send(name, args, countdown)
+    return bool(fresh)
+
+
+def taken(name: str, *args) -> None:
+    """A worker has taken ``name(*args)``: the next request for it is sent again."""
+    try:
+        locks.client().delete(_queued_key(name, args))
+    except RedisError:
+        pass  # the mark expires on its own
+
+
 def schedule_soon() -> None:
     after_commit("fleet.tasks.schedule_pending")
 
 
 def recover_soon(job_id: int) -> None:
-    after_commit("fleet.tasks.recover_job", job_id)
+    transaction.on_commit(lambda: send_once("fleet.tasks.recover_job", job_id), robust=True)
 
 
 def execute_soon(action_id: int) -> None:
-    after_commit("fleet.tasks.execute_action", action_id)
+    transaction.on_commit(lambda: send_once("fleet.tasks.execute_action", action_id), robust=True)
 
 
 def recheck_proposals_soon(rack_ids: list[int]) -> None:
@@ -47,8 +80,22 @@ def recheck_proposals_soon(rack_ids: list[int]) -> None:
 
 def sync_cluster_in(seconds: float) -> None:
     """Ask the cluster what it did in ``seconds`` (after commit): the simulated
-    cluster asks for this when a job it runs is due to end."""
-    transaction.on_commit(lambda: _send("fleet.tasks.sync_cluster", (), countdown=max(0.0, seconds)), robust=True)
+    cluster asks for this when a job it runs is due to end. Requests due in the
+    same second share one message, sent at that second's end, and the task skips a request that a sync
+    begun after it was due has answered (``fleet.tasks.sync_cluster``)."""
+    seconds = max(0.0, seconds)
+
+    def send() -> None:
+        now = time.time()
+        due = int(now + seconds) + 1  # the end of the second it is due in
+        try:
+            first = locks.client().set(f"rackwise:queued:sync:{due}", 1, nx=True, ex=int(seconds) + 60)
+        except RedisError:
+            first = True
+        if first:
+            _send("fleet.tasks.sync_cluster", (due,), countdown=due - now)
+
+    transaction.on_commit(send, robust=True)
 
 
 def refresh_read_models_in(seconds: float) -> None:
