@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.db.models import Prefetch, Q
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
@@ -24,6 +24,17 @@ from fleet.services import nodes as node_services
 from fleet.services import read_models
 from fleet.services import scheduling as scheduling_services
 from fleet.services.summary import rack_summaries
+
+# Bodies the API accepts, in the schema (and so in /api/docs/ and for fuzzers).
+JOB_EXAMPLES = [
+    OpenApiExample("one GPU", value={"name": "notebook", "tenant": "llm", "num_gpus": 1}, request_only=True),
+    OpenApiExample(
+        "a 2-node gang in one rack",
+        value={"name": "llama-70b-ft", "tenant": "llm", "num_nodes": 2, "gpus_per_node": 4,
+               "locality": "required", "expected_duration_s": 3600},
+        request_only=True,
+    ),
+]
 
 
 class JobViewSet(
@@ -63,6 +74,7 @@ class JobViewSet(
             )
         ],
         responses={201: s.JobSerializer, 200: s.JobSerializer},
+        examples=JOB_EXAMPLES,
     )
     def create(self, request, *args, **kwargs):
         """Submit a job: 201 with the job; 200 with the same job for a retry that
@@ -77,7 +89,7 @@ class JobViewSet(
             )
         return Response(s.JobSerializer(self.get_queryset().get(pk=job.pk)).data, status=status.HTTP_200_OK)
 
-    @extend_schema(request=s.JobSubmitSerializer, responses={200: s.WhatIfSerializer})
+    @extend_schema(request=s.JobSubmitSerializer, responses={200: s.WhatIfSerializer}, examples=JOB_EXAMPLES)
     @action(detail=False, methods=["post"], url_path="what-if")
     def what_if(self, request):
         """What would happen to this job if it were submitted now: where it would

@@ -4,7 +4,7 @@ create and on rotation only."""
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiExample, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -73,6 +73,16 @@ class WebhookDeliverySerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+# A body the API accepts, in the schema (a public address literal: no DNS lookup).
+WEBHOOK_EXAMPLES = [
+    OpenApiExample(
+        "job and node events",
+        value={"url": "https://93.184.215.14/rackwise", "event_types": ["job.placed", "node.failed"]},
+        request_only=True,
+    )
+]
+
+
 class WebhookEndpointViewSet(
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
@@ -87,7 +97,9 @@ class WebhookEndpointViewSet(
     permission_classes = [IsOperator]
 
     @extend_schema(
-        request=WebhookEndpointInputSerializer, responses={201: WebhookEndpointWithSecretSerializer}
+        request=WebhookEndpointInputSerializer,
+        responses={201: WebhookEndpointWithSecretSerializer},
+        examples=WEBHOOK_EXAMPLES,
     )
     def create(self, request, *args, **kwargs):
         form = WebhookEndpointInputSerializer(data=request.data)
