@@ -373,3 +373,9 @@ attachTooltip(main);
 attachClicks(main);
 
 Promise.all([live.start(), loadStepKinds()]).then(() => { paintAll(); document.body.dataset.ready = "1"; });
+
+// The filters apply as soon as one changes (no inline handler: the page's
+// Content-Security-Policy allows no inline script).
+for (const select of document.querySelectorAll("[data-submit-on-change]")) {
+  select.addEventListener("change", () => select.form.submit());
+}

@@ -42,9 +42,11 @@ const overviewEl = document.querySelector(".overview");
 const openLimit = Number(groupsEl.dataset.openLimit);
 
 // Cell sizes (px) of the density control; the card padding follows in rackwise.css.
-const DENSITY = { comfortable: 9, compact: 6, tiny: 4 };
+const DENSITY = { comfortable: 12, compact: 6, tiny: 4 };
 // Below this cell size a card shows its name and grid only (the group header counts).
 const SMALL_CELL = 6;
+// Kiosk grids at least this big label their big jobs (a 4K wall of 8 racks: about 40 px).
+const KIOSK_LABEL_CELL = 16;
 const URL_FIELDS = { site: "", row: "", state: "", tenant: "", q: "", problems: "", sort: "", density: "comfortable" };
 
 const cards = new Map();     // rack id -> article.rack, in the document or in its group's template
@@ -76,7 +78,8 @@ function paint(rackId) {
   const rack = live.racks.get(rackId);
   const el = cards.get(rackId);
   if (!rack || !el) return;
-  drawGrid(el.querySelector(".grid"), rack, { cell, match: currentMatch(rack) });
+  // On a wall (kiosk) with room for it, big jobs carry their id and name.
+  drawGrid(el.querySelector(".grid"), rack, { cell, match: currentMatch(rack), jobLabels: kiosk && cell >= KIOSK_LABEL_CELL });
   el.dataset.painted = rack.version;
   el.dataset.paintedCell = cell;
   dirty.delete(rackId);

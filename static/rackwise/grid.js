@@ -319,7 +319,8 @@ function jobNames(rack, jobAt, { size, step, left, gpn, rows }) {
       runs.set(job, run);
     }
   }
-  const font = Math.max(7, Math.min(12, Math.round(size * 0.46)));
+  // Grows with the cell: 10 px on a rack page, about 17 on a 4K wall.
+  const font = Math.max(7, Math.min(32, Math.round(size * 0.46)));
   const out = [];
   for (const [job, run] of runs) {
     if (run.nodes < BIG_JOB_NODES) continue;

@@ -71,12 +71,14 @@ async function check({ all = false } = {}) {
     if (err.status === 400 && err.data && typeof err.data === "object") {
       const shown = showErrors(err, { all });
       // A refusal about a field the user has not touched (a 40-node required job
-      // is refused on locality) is still the answer: shown here, unless it only
-      // says a field is still empty.
+      // is refused on locality) is still the answer: shown here, unless it is
+      // about a field still empty (not filled in yet, not refused).
+      const empty = (path) => { const input = form.elements.namedItem(path); return !input || input.value === ""; };
       const unmarked = all ? [] : errorPaths(err.data)
         .filter(([path]) => !touched.has(form.querySelector(`[data-field-error~="${CSS.escape(path)}"]`)))
+        .filter(([path]) => path === "non_field_errors" || !empty(path))
         .flatMap(([, texts]) => texts)
-        .filter((text) => !/required/i.test(text));
+        .filter((text) => text !== "This field is required.");
       if (unmarked.length) showAnswer("refused", `would be refused: ${unmarked.join(" ")}`);
       else showAnswer("refused", shown ? "not checked: the API refused the values marked." : "fill in the form to see what would happen.");
     } else {

@@ -161,7 +161,9 @@ def pytest_runtest_makereport(item, call):
 
 @pytest.fixture
 def page(chromium, server, request):
-    context = chromium.new_context(base_url=server.url, viewport={"width": 1400, "height": 1000})
+    # bypass_csp: wait_for_function evaluates its string with eval, which the
+    # policy refuses; tests/browser/test_console_csp.py runs the pages under it.
+    context = chromium.new_context(base_url=server.url, viewport={"width": 1400, "height": 1000}, bypass_csp=True)
     context.set_default_timeout(15000)
     page = context.new_page()
     errors: list[str] = []

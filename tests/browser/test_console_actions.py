@@ -45,10 +45,17 @@ def test_an_operator_approves_a_defrag_plan_and_watches_it_to_the_final_grid(pag
     assert len(painted("after", r2, a.pk)) == 16
     assert "GPU-hours" in card.text_content()
 
+    # While it executes, the card shows where it is now and its target (#28 item 8:
+    # an executing card lost the target grid).
+    card.evaluate("""el => { window.sawTarget = false; new MutationObserver(() => {
+        if (el.dataset.state === 'executing' && el.querySelector('[data-testid=grid-target]')
+            && el.querySelector('[data-testid=grid-now]')) window.sawTarget = true;
+    }).observe(el, { subtree: true, childList: true, attributes: true }); }""")
     card.locator("[data-testid=approve]").click()
     page.wait_for_function(
         f"document.querySelector('[data-action-id=\"{defrag_plan.pk}\"]').dataset.state === 'succeeded'", timeout=30000
     )
+    assert page.evaluate("window.sawTarget")
     assert card.locator("[data-testid=progress]").evaluate("el => el.value") == 1
     # The event carries the state; the step log comes with the re-fetch that follows it.
     page.wait_for_function(

@@ -6,7 +6,15 @@ import pytest
 
 from fleet.services.inventory import create_rack
 from fleet.services.users import ensure_user
-from tests.browser.helpers import grid_cells, hover_cell, log_in_as, open_live, post_api, rack_version
+from tests.browser.helpers import (
+    grid_cells,
+    hover_cell,
+    in_thread,
+    log_in_as,
+    open_live,
+    post_api,
+    rack_version,
+)
 
 pytestmark = pytest.mark.browser
 
@@ -87,3 +95,43 @@ def test_a_job_submitted_through_the_api_appears_on_the_grid_without_a_reload(pa
     assert painted == {(c["node"], c["gpu"]) for c in cells}
     title = hover_cell(page, f"article.rack[data-rack-id='{rack_id}']", cells[0]["node"], cells[0]["gpu"])
     assert "llama-8b" in title and "llm" in title
+
+
+def _eight_racks_with_big_jobs(submitter):
+    from fleet.choices import RackKind
+    from fleet.models import Node
+    from fleet.services.inventory import create_rack
+    from fleet.services.jobs import JobSpec, apply_placement, start_job, submit_job
+
+    for i in range(8):
+        rack = create_rack(None, name=f"wall-{i:02d}", kind=RackKind.NVL72, site="dc1", row="A", position=i)
+        nodes = list(Node.objects.filter(rack=rack).order_by("slot"))[: 8 + i % 4]
+        job = submit_job(submitter, JobSpec(name=f"llama-{i}", num_nodes=len(nodes), gpus_per_node=4, tenant="llm",
+                                            expected_duration_s=10**6))
+        apply_placement(None, job.pk, {n.pk: [0, 1, 2, 3] for n in nodes}, reason="test setup")
+        start_job(None, job.pk)
+
+
+def test_the_racks_are_on_the_first_screen_and_a_wall_reads_from_afar(chromium, server, submitter, operator):
+    """#28 item 8: at 1440x900 the Fleet page showed charts and no rack on the
+    first screen; the kiosk at 4K had no job labels and 14 px totals."""
+    in_thread(_eight_racks_with_big_jobs, submitter)
+    seen = {}
+    for name, (width, height), path in [("laptop", (1440, 900), "/"), ("wall", (3840, 2160), "/?kiosk=1")]:
+        context = chromium.new_context(base_url=server.url, viewport={"width": width, "height": height}, bypass_csp=True)
+        page = context.new_page()
+        page.base_url = server.url
+        log_in_as(page, operator)
+        open_live(page, path)
+        page.wait_for_function("document.querySelectorAll('article.rack[data-painted]').length === 8")
+        seen[name] = page.evaluate("""() => {
+            const racks = [...document.querySelectorAll('article.rack')].map((r) => r.getBoundingClientRect());
+            return { firstBottom: racks[0].bottom, chartTop: document.querySelector('.chart-panel')?.getBoundingClientRect().top ?? null,
+                     totals: parseFloat(getComputedStyle(document.querySelector('.totals')).fontSize),
+                     labels: document.querySelectorAll('.job-label').length };
+        }""")
+        context.close()
+    laptop, wall = seen["laptop"], seen["wall"]
+    assert laptop["firstBottom"] <= 900, laptop  # a whole rack card on the first screen
+    assert laptop["chartTop"] > laptop["firstBottom"], "the charts come after the racks"
+    assert wall["totals"] >= 30 and wall["labels"] == 8, wall

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.browser
 
 @pytest.fixture
 def new_york(chromium, server):
-    context = chromium.new_context(base_url=server.url, timezone_id="America/New_York", locale="en-US")
+    context = chromium.new_context(base_url=server.url, timezone_id="America/New_York", locale="en-US", bypass_csp=True)
     page = context.new_page()
     page.base_url = server.url
     errors: list[str] = []
