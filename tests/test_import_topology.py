@@ -745,3 +745,35 @@ def test_a_busy_node_gone_notready_with_a_long_message_imports_failed(db, submit
     assert state("gb200-r1-n01") == NodeState.FAILED
     job.refresh_from_db()
     assert job.state == JobState.RECOVERING and len(job.state_reason) == 500
+
+
+def test_a_node_list_file_is_read_one_node_at_a_time(tmp_path):
+    """import_topology read the whole file into memory (#28 item 16): a 20 MB
+    list peaked at 47 MB. It is streamed now, with the same result."""
+    import tracemalloc
+
+    from fleet.topology import kubernetes
+
+    k8s_doc = k8s()
+    items = []
+    for copy_no in range(30):
+        for item in k8s_doc["items"][:18]:
+            node = copy.deepcopy(item)
+            node["metadata"]["name"] = f"copy{copy_no:02d}-{node['metadata']['name']}"
+            labels = node["metadata"].setdefault("labels", {})
+            if "nvidia.com/gpu.clique" in labels:
+                labels["nvidia.com/gpu.clique"] = labels["nvidia.com/gpu.clique"].split(".")[0] + f".{copy_no}"
+            node["metadata"].setdefault("annotations", {})["padding"] = "y" * 15000
+            items.append(node)
+    doc = {"kind": "NodeList", "items": items}
+    path = write(tmp_path, doc)
+    size = Path(path).stat().st_size
+    del doc, items
+
+    tracemalloc.start()
+    streamed = kubernetes.parse_items(kubernetes.stream_items(path))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+
+    assert peak < size / 5, f"peak {peak:,} bytes for a {size:,}-byte file"
+    assert streamed == kubernetes.parse_nodes(kubernetes.load_json(path))

@@ -20,8 +20,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
+
+import ijson
 
 from fleet import jsonsafe
 from fleet.topology.model import (
@@ -70,6 +73,61 @@ def load_json(path: str | Path) -> Any:
         raise TopologyError(f"JSON nested too deeply to be a node list ({exc})", str(path)) from None
     except ValueError:  # Python refuses integers of more than 4,300 digits
         raise TopologyError("not valid JSON here: a number with more than 4,300 digits", str(path)) from None
+
+
+NOT_A_NODE_LIST = 'expected a node list (an object with "items"), as `kubectl get nodes -o json` prints'
+_OPEN, _CLOSE = ("start_map", "start_array"), ("end_map", "end_array")
+
+
+def stream_items(path: str | Path) -> Iterator[Any]:
+    """The items of a NodeList file, one at a time (ijson), so that memory holds
+    one node's JSON at a time, not the file (a 20 MB list peaked under 2 MB).
+    A file that is not valid JSON is read again as a whole by :func:`load_json`
+    for its precise message (line and column, byte, depth, number)."""
+    try:
+        with open(path, "rb") as f:
+            yield from _items(ijson.parse(f, use_float=True), str(path))
+    except OSError as exc:
+        raise TopologyError(f"cannot read the file: {exc.strerror}", str(path)) from exc
+    except (ijson.JSONError, UnicodeDecodeError, ValueError, _TooDeep):
+        load_json(path)  # raises the precise TopologyError
+        raise TopologyError("not valid JSON", str(path)) from None
+
+
+class _TooDeep(Exception):
+    pass
+
+
+def _items(events: Iterable[tuple[str, str, Any]], place: str) -> Iterator[Any]:
+    """Each element of the top-level object's "items" array, built from ijson's
+    events (the array itself is never held); the nesting is bounded as load_json's."""
+    depth, builder, found = 0, None, False
+    for prefix, event, value in events:
+        if depth == 0 and event != "start_map":
+            raise TopologyError(NOT_A_NODE_LIST, place)
+        if event in _OPEN:
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                raise _TooDeep
+        elif event in _CLOSE:
+            depth -= 1
+        if prefix == "items":  # only the array's own start and end carry this prefix
+            if event not in ("start_array", "end_array"):
+                raise TopologyError(NOT_A_NODE_LIST, place)
+            found = True
+        elif builder is not None:
+            builder.event(event, value)
+            if depth == 2:  # the item closed
+                yield builder.value
+                builder = None
+        elif prefix == "items.item":
+            if event in _OPEN:
+                builder = ijson.ObjectBuilder()
+                builder.event(event, value)
+            else:
+                yield value  # a scalar item: parse_items refuses it, by its place
+    if not found:
+        raise TopologyError(NOT_A_NODE_LIST, place)
 
 
 def _object(value: Any, place: str) -> dict[str, Any]:
@@ -161,14 +219,25 @@ def parse_nodes(
     error locations (the file name). Every value is type-checked before it is
     read, names against the columns they go to, GPU counts against ``max_gpus``."""
     if not isinstance(doc, dict) or not isinstance(doc.get("items"), list):
-        raise TopologyError(
-            'expected a node list (an object with "items"), as `kubectl get nodes -o json` prints', place
-        )
+        raise TopologyError(NOT_A_NODE_LIST, place)
+    return parse_items(doc["items"], rack_label=rack_label, source=source, place=place, max_gpus=max_gpus)
+
+
+def parse_items(
+    items: Iterable[Any],
+    *,
+    rack_label: str = CLIQUE_LABEL,
+    source: str = "kubernetes",
+    place: str = "",
+    max_gpus: int = DEFAULT_MAX_GPUS,
+) -> Topology:
+    """:func:`parse_nodes` over a NodeList's items, which may come one at a time
+    (:func:`stream_items`)."""
     prefix = f"{place}: " if place else ""
     domains: dict[str, DesiredDomain] = {}
     where_of: dict[str, str] = {}
     skipped: list[tuple[str, str]] = []
-    for i, item in enumerate(doc["items"]):
+    for i, item in enumerate(items):
         where = f"items[{i}]"
         if not isinstance(item, dict):
             raise TopologyError("a node must be an object", _place(prefix, where))

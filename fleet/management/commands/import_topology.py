@@ -94,8 +94,8 @@ class Command(BaseCommand):
         if not path:
             raise CommandError(f"--from {source} needs a FILE")
         if source == "kubernetes":
-            return k8s.parse_nodes(
-                k8s.load_json(path), rack_label=options["rack_label"], place=path, max_gpus=max_gpus
+            return k8s.parse_items(
+                k8s.stream_items(path), rack_label=options["rack_label"], place=path, max_gpus=max_gpus
             )
         conf = slurm.parse_topology_conf(read_text(path), path)
         scontrol = None
