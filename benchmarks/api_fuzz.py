@@ -31,7 +31,7 @@ def main() -> int:
     args = parser.parse_args()
     env = {
         "DEBUG": "0", "SECRET_KEY": "insecure-fuzz-key", "ALLOWED_HOSTS": "127.0.0.1,localhost,testserver",
-        "SECURE_SSL_REDIRECT": "0", "SESSION_COOKIE_SECURE": "0", "CSRF_COOKIE_SECURE": "0",
+        "SECURE_SSL_REDIRECT": "0", "SESSION_COOKIE_SECURE": "0", "CSRF_COOKIE_SECURE": "0", "LOG_LEVEL": "ERROR",
         **os.environ,
         "RACKWISE_FUZZ_EXAMPLES": str(args.examples),
         "RACKWISE_FUZZ_STATEFUL_EXAMPLES": str(args.chains),

@@ -30,6 +30,7 @@ from fleet.services.errors import Conflict
 
 log = logging.getLogger(__name__)
 
+
 class RetriedOnDatabaseErrors(Task):
     """A task that meets a dropped database connection (a PostgreSQL restart or
     failover, a proxy that cut it) is run again shortly, on a fresh connection,

@@ -81,8 +81,9 @@ def recheck_proposals_soon(rack_ids: list[int]) -> None:
 def sync_cluster_in(seconds: float) -> None:
     """Ask the cluster what it did in ``seconds`` (after commit): the simulated
     cluster asks for this when a job it runs is due to end. Requests due in the
-    same second share one message, sent at that second's end, and the task skips a request that a sync
-    begun after it was due has answered (``fleet.tasks.sync_cluster``)."""
+    same second share one message, sent at that second's end, and the task
+    skips a request that a sync begun after it was due has answered
+    (``fleet.tasks.sync_cluster``)."""
     seconds = max(0.0, seconds)
 
     def send() -> None:
