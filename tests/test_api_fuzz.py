@@ -9,7 +9,7 @@ ids their answers carry (POST /api/jobs/ -> GET /api/jobs/{id}/ -> cancel ...) a
 runs chains of them. Each answer must be no 5xx, and its status code, content
 type, headers and body must be the ones the schema documents. The suite runs a
 bounded, derandomised subset (``RACKWISE_FUZZ_EXAMPLES`` per operation and mode,
-20; ``RACKWISE_FUZZ_STATEFUL_EXAMPLES`` chains, 10); ``benchmarks/api_fuzz.py``
+20; ``RACKWISE_FUZZ_STATEFUL_EXAMPLES`` chains, 25); ``benchmarks/api_fuzz.py``
 runs 200 of each and prints the counts.
 
 Left out, with the reason:
@@ -46,7 +46,7 @@ from fleet.services.defrag import plan_defrag
 from fleet.services.users import ensure_user
 
 EXAMPLES = int(os.environ.get("RACKWISE_FUZZ_EXAMPLES", "20"))
-STATEFUL_EXAMPLES = int(os.environ.get("RACKWISE_FUZZ_STATEFUL_EXAMPLES", "10"))
+STATEFUL_EXAMPLES = int(os.environ.get("RACKWISE_FUZZ_STATEFUL_EXAMPLES", "25"))
 CHECKS = [
     not_a_server_error,
     status_code_conformance,

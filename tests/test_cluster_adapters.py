@@ -355,18 +355,19 @@ def test_the_last_step_and_the_action_s_success_commit_together(fleet, submitter
 
 def test_the_execute_action_task_sends_itself_again_with_the_backoff_as_countdown(fleet, monkeypatch):
     from fleet import tasks
+    from fleet.services import dispatch
 
     node = fleet[0].nodes.first()
     action = action_services.propose(kind=ActionKind.DRAIN, title="x", steps=[st.Drain(node=node.pk)], jobs=[])
     Action.objects.filter(pk=action.pk).update(state=ActionState.APPROVED)
     monkeypatch.setattr("fleet.services.actions.get_adapter", lambda: FlakyAdapter(down=1))
     sent = []
-    monkeypatch.setattr(tasks.execute_action, "apply_async", lambda args, countdown: sent.append((args, countdown)))
+    monkeypatch.setattr(dispatch, "_send", lambda name, args, countdown=None: sent.append((name, args, countdown)))
 
     message = tasks.execute_action(action.pk)
 
     assert message == "cluster unavailable, retrying in 2 s"
-    assert sent == [((action.pk,), 2)]
+    assert sent == [("fleet.tasks.execute_action", (action.pk,), 2)]
     node.refresh_from_db()
     assert node.state == "healthy", "the cluster did not drain it, so Rackwise did not either"
 

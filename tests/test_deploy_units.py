@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet.management.commands.check_workers import expected_queues
+from fleet.prometheus import celery_queues
 
 ROOT = Path(__file__).resolve().parent.parent
 UNITS = ROOT / "deploy" / "systemd"
@@ -31,6 +31,6 @@ def test_the_units_verify(tmp_path):
 
 def test_the_worker_units_serve_every_queue():
     example = (UNITS / "rackwise-worker@.service").read_text()  # its enable line names one unit per queue
-    for queue in expected_queues():
+    for queue in celery_queues():
         assert f"rackwise-worker@{queue}" in example, f"the units start no worker for queue {queue}"
     assert "CONCURRENCY=1" in (UNITS / "rackwise-worker@scheduler.service.d" / "concurrency.conf").read_text()

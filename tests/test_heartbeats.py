@@ -65,7 +65,7 @@ def token(node) -> str:
 def sent(monkeypatch) -> list[tuple[str, tuple]]:
     """Tasks the services enqueued (captured instead of going to the broker)."""
     calls: list[tuple[str, tuple]] = []
-    monkeypatch.setattr(dispatch, "_send", lambda name, args: calls.append((name, args)))
+    monkeypatch.setattr(dispatch, "_send", lambda name, args, countdown=None: calls.append((name, args)))
     return calls
 
 

@@ -145,10 +145,12 @@ def test_queue_depth_counts_the_messages_waiting_on_the_broker(fleet):
     for _ in range(3):
         celery_app.send_task("fleet.tasks.schedule_pending")  # no worker runs: they wait
     celery_app.send_task("fleet.tasks.reconcile")
+    celery_app.send_task("fleet.tasks.sample_fleet")
 
     samples = scrape()
 
     assert one(samples, "rackwise_task_queue_depth", queue="scheduler") == 3  # its route
+    assert one(samples, "rackwise_task_queue_depth", queue="control") == 1  # reconcile's own queue
     assert one(samples, "rackwise_task_queue_depth", queue="celery") == 1
     assert one(samples, "rackwise_broker_up") == 1
 

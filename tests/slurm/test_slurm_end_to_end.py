@@ -171,7 +171,8 @@ def test_a_node_down_under_an_8_node_job_is_swapped_for_a_spare_in_its_rack(slur
 def _drain_rack(client, rack: str, undo: bool = False) -> None:
     for node in Node.objects.filter(rack__name=rack):
         verb = "undrain" if undo else "drain"
-        response = client.post(f"/api/nodes/{node.pk}/{verb}/", {"reason": "test: steer placement"}, format="json")
+        response = client.post(f"/api/nodes/{node.pk}/{verb}/", {"reason": "test: steer placement", "confirm": True},
+                               format="json")
         assert response.status_code == 200, response.content
 
 

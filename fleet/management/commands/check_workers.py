@@ -4,15 +4,10 @@ a worker that answers. Exits 1 with one line naming the queues nobody serves
 
 from __future__ import annotations
 
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from fleet.prometheus import celery_queues
 from rackwise.celery import app
-
-
-def expected_queues() -> list[str]:
-    routed = {route["queue"] for route in settings.CELERY_TASK_ROUTES.values()}
-    return ["celery", *sorted(routed)]
 
 
 class Command(BaseCommand):
@@ -30,9 +25,9 @@ class Command(BaseCommand):
         for worker, queues in answers.items():
             for queue in queues:
                 served.setdefault(queue["name"], []).append(worker)
-        for queue in expected_queues():
+        for queue in celery_queues():
             self.stdout.write(f"{queue}: {', '.join(sorted(served.get(queue, []))) or 'NO WORKER'}")
-        missing = [q for q in expected_queues() if q not in served]
+        missing = [q for q in celery_queues() if q not in served]
         if missing:
             raise CommandError(
                 f"no worker answers for queue(s) {', '.join(missing)}; start one with: "
