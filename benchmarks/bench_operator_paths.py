@@ -65,7 +65,7 @@ def main() -> None:
     calls = {
         "check a plan (approve, recheck)": lambda: actions.check_plan(action),
         "plan a recovery": lambda: recovery.recovery_proposal(job),
-        "plan a defrag (operator's request)": lambda: defrag_services.plan_defrag(operator, free_racks=1),
+        "plan a defrag (operator's request)": lambda: defrag_services.plan_defrag(operator, defrag_services.DefragGoal(free_racks=1)),
         "fragmentation report": defrag_services.fragmentation_report,
     }
 

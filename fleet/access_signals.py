@@ -44,7 +44,7 @@ def _user_saved_or_deleted(sender, instance, update_fields=None, **kwargs) -> No
 
 
 def connect() -> None:
-    from fleet.models import Tenant
+    from fleet.models import Tenant  # connected from AppConfig.ready(): models load after this module
 
     User = get_user_model()
     user_logged_out.connect(_logged_out, dispatch_uid="rackwise-sockets-logout")

@@ -36,6 +36,9 @@ from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.forms import AuthenticationForm
 from django.core.cache import cache
 
+from fleet.choices import Role
+from fleet.permissions import role_of
+
 log = logging.getLogger(__name__)
 
 
@@ -190,8 +193,6 @@ class OperatorPermissionsBackend:
         return None
 
     def _is_operator(self, user) -> bool:
-        from fleet.choices import Role
-        from fleet.permissions import role_of
 
         return bool(user.is_active and user.is_staff and role_of(user) == Role.OPERATOR)
 

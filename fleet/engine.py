@@ -44,13 +44,7 @@ def engine_health(state: str, held_for: int | None = None) -> str:
 def job_request(job: Job) -> pm.JobRequest:
     return pm.JobRequest(
         id=str(job.pk),
-        num_gpus=job.num_gpus,
-        num_nodes=job.num_nodes,
-        gpus_per_node=job.gpus_per_node,
-        segment_nodes=job.segment_nodes,
-        locality=job.locality,
-        priority=job.priority,
-        preemptible=job.preemptible,
+        **{name: getattr(job, name) for name in (*Job.SHAPE, *Job.PLACEMENT_TERMS)},
         checkpoint_minutes=job.checkpoint_interval_s / 60.0,
         submit_time=job.submitted_at.timestamp(),
         expected_duration=float(job.expected_duration_s) if job.expected_duration_s else None,

@@ -31,6 +31,7 @@ from channels.layers import get_channel_layer
 from django.db import transaction
 
 from fleet import palette, read_cache, redact
+from fleet.models import GPU, Action, Allocation, Job, Node, NodeHold, Rack
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,6 @@ def rack_state(rack_ids: Iterable[int]) -> list[dict]:
 
     Reads plain rows (no model instances): this runs on every rack change and
     for the console's snapshot of the whole fleet."""
-    from fleet.models import GPU, Allocation, Job, Node, NodeHold, Rack
 
     ids = sorted(set(rack_ids))
     holder = dict(
@@ -199,7 +199,6 @@ def jobs_changed(job_ids: Iterable[int]) -> None:
     _changed()
 
     def publish() -> None:
-        from fleet.models import Job
 
         _send({"type": "job", "job": job_state(job)} for job in Job.objects.select_related("tenant").filter(pk__in=ids))
 
@@ -228,7 +227,6 @@ def actions_changed(action_ids: Iterable[int]) -> None:
     _changed()
 
     def publish() -> None:
-        from fleet.models import Action
 
         _send(
             {"type": "action", "action": action_state(action)}

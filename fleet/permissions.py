@@ -9,6 +9,7 @@ from django.db.models import Q, QuerySet
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 
 from fleet.choices import Role
+from fleet.models import Action, Job, Tenant
 
 _RANK = {Role.VIEWER: 1, Role.SUBMITTER: 2, Role.OPERATOR: 3}
 
@@ -52,7 +53,6 @@ def visible_tenant_names(user) -> list[str]:
     """The tenants a user's job filters offer: one entry per tenant that has a
     job the user may see, in name order (a query over jobs would repeat a
     tenant per job, since Job's default ordering enters the DISTINCT)."""
-    from fleet.models import Job, Tenant
 
     job_tenants = visible_jobs(user, Job.objects.all()).order_by().values("tenant_id")
     return list(Tenant.objects.filter(pk__in=job_tenants).order_by("name").values_list("name", flat=True))
@@ -72,7 +72,6 @@ def visible_actions(user, queryset: QuerySet) -> QuerySet:
         return queryset
     if role_of(user) is None:
         return queryset.none()
-    from fleet.models import Action
 
     mine = Action.objects.filter(Q(jobs__isnull=True) | Q(jobs__tenant__members=user)).values("pk")
     return queryset.filter(pk__in=mine)
@@ -83,7 +82,6 @@ def visible_audit_events(user, queryset: QuerySet) -> QuerySet:
     actions and its tenants' jobs' records."""
     if sees_all_tenants(user):
         return queryset
-    from fleet.models import Job
 
     job_ids = [str(pk) for pk in visible_jobs(user, Job.objects.all()).values_list("id", flat=True)]
     return queryset.filter(Q(actor=user) | Q(object_type="job", object_id__in=job_ids))

@@ -30,7 +30,10 @@ DEFAULT_SCHEDULES: dict[str, tuple[str, int]] = {
 
 
 def ensure_periodic_tasks(**_kwargs) -> None:
-    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+    from django_celery_beat.models import (  # a post_migrate hook: apps loaded by then
+        IntervalSchedule,
+        PeriodicTask,
+    )
 
     for name, (task, seconds) in DEFAULT_SCHEDULES.items():
         if PeriodicTask.objects.filter(name=name).exists():

@@ -20,13 +20,26 @@ from django.utils import timezone
 from fleet import locks
 from fleet.choices import ActionState, JobState
 from fleet.models import Action, Job
-from fleet.services import action_lifecycle, audit, cluster_sync, dispatch, scheduling
+from fleet.services import (
+    action_lifecycle,
+    audit,
+    cluster_sync,
+    dispatch,
+    health,
+    job_lifecycle,
+    node_lifecycle,
+    proposals,
+    read_models,
+    scheduling,
+)
 from fleet.services import actions as action_services
 from fleet.services import defrag as defrag_services
 from fleet.services import jobs as job_services
-from fleet.services import nodes as node_services
 from fleet.services import recovery as recovery_services
+from fleet.services.demo import tick
 from fleet.services.errors import Conflict
+from fleet.services.metrics import record_sample
+from fleet.services.webhooks import SWEEP_NUDGE_S, attempt_delivery, due_deliveries
 
 log = logging.getLogger(__name__)
 
@@ -101,30 +114,16 @@ def recover_job(job_id: int) -> str:
 def recheck_proposals(rack_ids: list[int] | None = None) -> str:
     """Re-decide proposals the fleet made obsolete: those waiting on ``rack_ids``
     (a node there changed) and any not checked for RACKWISE_PROPOSAL_RECHECK_S."""
-    from fleet.services import proposals
-
     with locks.decisions() as lease:
         result = proposals.recheck_proposals(rack_ids=rack_ids, checkpoint=lease.checkpoint)
     return f"checked {result.checked}, expired {result.expired}, proposed {result.proposed}"
 
 
 @shared_task(name="fleet.tasks.plan_defrag", **TASK_OPTIONS)
-def plan_defrag(
-    free_racks: int | None = None,
-    room_for_nodes: int | None = None,
-    gpus_per_node: int | None = None,
-    budget_gpu_hours: float | None = None,
-    max_moves: int | None = None,
-) -> str:
+def plan_defrag(**goal) -> str:
+    """Plan a defrag for ``goal`` (the fields of ``DefragGoal``; none: room for the pending gangs)."""
     with locks.decisions():
-        outcome = defrag_services.plan_defrag(
-            None,
-            free_racks=free_racks,
-            room_for_nodes=room_for_nodes,
-            gpus_per_node=gpus_per_node,
-            budget_gpu_hours=budget_gpu_hours,
-            max_moves=max_moves,
-        )
+        outcome = defrag_services.plan_defrag(None, defrag_services.DefragGoal(**goal))
     return f"action #{outcome.action.pk}" if outcome.action else outcome.reason
 
 
@@ -200,9 +199,7 @@ def sync_cluster(asked_at: float | None = None) -> dict:
 
 @shared_task(name="fleet.tasks.detect_failures", **TASK_OPTIONS)
 def detect_failures() -> str:
-    from fleet.services.health import detect_failures as detect
-
-    return str(detect())
+    return str(health.detect_failures())
 
 
 @shared_task(name="fleet.tasks.reconcile", **TASK_OPTIONS)
@@ -230,7 +227,7 @@ def reconcile_once(now=None) -> dict:
 
     busy = action_services.open_action_job_ids()
     # 2. Allocations left behind by jobs that no longer hold GPUs.
-    done["released"] = job_services.release_leaked_allocations()
+    done["released"] = job_lifecycle.release_leaked_allocations()
 
     # 3. Jobs stuck between steps with no action to carry them on.
     for job in Job.objects.filter(state=JobState.PLACED, placed_at__lte=now - stall).exclude(pk__in=busy):
@@ -243,9 +240,9 @@ def reconcile_once(now=None) -> dict:
         if dispatch.send_once("fleet.tasks.recover_job", job_id):
             done["recovering"].append(job_id)
 
-    # 4. Draining nodes left empty by a release that could not take their lock,
+    # 4. Draining nodes left empty by a release whose settling could not take their lock,
     #    and holds left by an action that ended outside the lifecycle (drift).
-    done["drained"] = node_services.settle_drained_nodes()
+    done["drained"] = node_lifecycle.settle_drained_nodes()
     done["holds_released"] = action_lifecycle.release_stale_holds()
 
     # 5. And a scheduling pass if anything waits. (Jobs that ended in the
@@ -267,8 +264,6 @@ def deliver_webhooks(delivery_ids: list[int]) -> str:
 @shared_task(name="fleet.tasks.deliver_webhook", **TASK_OPTIONS)
 def deliver_webhook(delivery_id: int) -> str:
     """One attempt at one webhook delivery; a failure schedules the next."""
-    from fleet.services.webhooks import attempt_delivery
-
     outcome = attempt_delivery(delivery_id)
     if outcome.retry_in is not None:
         deliver_webhook.apply_async((delivery_id,), countdown=outcome.retry_in)
@@ -279,8 +274,6 @@ def deliver_webhook(delivery_id: int) -> str:
 def sweep_webhooks() -> str:
     """Re-enqueue webhook deliveries whose attempt is overdue (a lost message,
     a killed worker); the claim makes a duplicate harmless."""
-    from fleet.services.webhooks import SWEEP_NUDGE_S, due_deliveries
-
     r = locks.client()
     due = due_deliveries()
     nudged = 0
@@ -297,24 +290,18 @@ def sweep_webhooks() -> str:
 def demo_tick() -> str:
     if not settings.RACKWISE_DEMO:
         return "demo mode is off"
-    from fleet.services.demo import tick
-
     return tick()
 
 
 @shared_task(name="fleet.tasks.refresh_read_models", **TASK_OPTIONS)
 def refresh_read_models() -> str:
     """Recompute the shared read models after a change (fleet.read_cache asks)."""
-    from fleet.services import read_models
-
     return f"read models at generation {read_models.refresh()}"
 
 
 @shared_task(name="fleet.tasks.sample_fleet", **TASK_OPTIONS)
 def sample_fleet() -> str:
     """One point of the console's utilization and fragmentation chart."""
-    from fleet.services.metrics import record_sample
-
     sample = record_sample()
     return f"sampled: {sample}"
 

@@ -20,6 +20,7 @@ defaults apply.
 from __future__ import annotations
 
 import argparse
+import csv
 import math
 import random
 import sys
@@ -184,7 +185,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = generate(args.jobs, load, racks=args.racks, nodes_per_rack=args.nodes_per_rack,
                     gpus_per_node=args.gpus_per_node, seed=args.seed, preset=pre)
     if args.out == "-":
-        import csv
 
         writer = csv.DictWriter(sys.stdout, fieldnames=list(COLUMNS))
         writer.writeheader()

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from placement.model import FAILED, REQUIRED, Allocation, Fleet
+from placement.model import FAILED, REQUIRED, Allocation, Fleet, JobRequest
 from placement.plans import PlacementPlan, RecoveryPlan
 from placement.policies.common import min_racks
 
@@ -51,7 +51,6 @@ def validate(
     policies, which cannot know them).
     """
     if isinstance(allocations, PlacementPlan):
-        from placement.model import JobRequest
 
         if not isinstance(job, JobRequest):
             raise TypeError("validating a PlacementPlan needs job=JobRequest")
@@ -111,7 +110,7 @@ def validate_recovery(fleet: Fleet, plan: RecoveryPlan) -> list[Violation]:
     """Check the recovered job's allocation as the plan would leave it (its victims
     are released; no other job changes). Other jobs may still sit on failed nodes,
     awaiting their own recovery: they are not this plan's violations."""
-    from placement.recover import apply_recovery
+    from placement.recover import apply_recovery  # recover imports place, which validates with this module
 
     with fleet.trial():
         alloc = apply_recovery(fleet, plan)

@@ -165,10 +165,13 @@ class InstantAdapter:
 
     name = "instant"
 
-    def perform(self, action, index, step):
+    def perform(self, action, index, step, report=None):
         from fleet.cluster.base import DONE, Outcome
 
         return Outcome(DONE)
+
+    def reports_fleet(self) -> bool:
+        return False
 
     def after_step(self, action, index, step) -> None:
         return None

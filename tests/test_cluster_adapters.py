@@ -206,7 +206,7 @@ def test_a_job_cancelled_in_the_cluster_is_cancelled_without_telling_the_cluster
     fleet, submitter, monkeypatch, django_capture_on_commit_callbacks
 ):
     recorder = RecordingAdapter()
-    monkeypatch.setattr("fleet.cluster.base.get_adapter", lambda: recorder)
+    monkeypatch.setattr("fleet.services.job_lifecycle.get_adapter", lambda: recorder)
     job = _running_job(submitter, list(fleet[0].nodes.order_by("slot")[:1]))
 
     with django_capture_on_commit_callbacks(execute=True):
@@ -249,7 +249,7 @@ def test_a_cancelled_job_is_ended_in_the_cluster_after_commit_best_effort(
     fleet, submitter, monkeypatch, django_capture_on_commit_callbacks, fail
 ):
     recorder = RecordingAdapter(fail=fail)
-    monkeypatch.setattr("fleet.cluster.base.get_adapter", lambda: recorder)
+    monkeypatch.setattr("fleet.services.job_lifecycle.get_adapter", lambda: recorder)
     job = _running_job(submitter, list(fleet[0].nodes.order_by("slot")[:1]))
 
     with django_capture_on_commit_callbacks(execute=True):
@@ -271,7 +271,7 @@ class FlakyAdapter(InstantAdapter):
         self.down = down
         self.performed: list[str] = []
 
-    def perform(self, action, index, step):
+    def perform(self, action, index, step, report=None):
         if self.down > 0:
             self.down -= 1
             raise ClusterUnavailable("connection refused (slurmctld)")
@@ -405,7 +405,7 @@ class MirrorAdapter(InstantAdapter):
 def test_a_node_change_the_cluster_cannot_take_is_a_503_and_changes_nothing(
     fleet, operator_client, monkeypatch, action
 ):
-    monkeypatch.setattr("fleet.services.nodes.get_adapter", lambda: DownAdapter())
+    monkeypatch.setattr("fleet.services.node_lifecycle.get_adapter", lambda: DownAdapter())
     node = fleet[0].nodes.get(slot=2)
 
     response = operator_client.post(f"/api/nodes/{node.pk}/{action}/", {"reason": "x"}, format="json")
@@ -420,7 +420,7 @@ def test_a_node_change_the_cluster_cannot_take_is_a_503_and_changes_nothing(
 
 def test_node_changes_are_mirrored_to_the_cluster(fleet, operator, monkeypatch):
     mirror = MirrorAdapter()
-    monkeypatch.setattr("fleet.services.nodes.get_adapter", lambda: mirror)
+    monkeypatch.setattr("fleet.services.node_lifecycle.get_adapter", lambda: mirror)
     node = fleet[0].nodes.get(slot=2)
 
     node_services.drain_node(operator, node.pk, "firmware")
@@ -486,7 +486,7 @@ class EndedAdapter(InstantAdapter):
     """A cluster in which every job Rackwise asks about has failed, and which
     refuses to start a job again (as the Slurm adapter refuses to resubmit)."""
 
-    def perform(self, action, index, step):
+    def perform(self, action, index, step, report=None):
         raise StepFailed(f"job #{step.job} already ended in the cluster")
 
     def job_states(self, jobs):

@@ -37,7 +37,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def plan(fragmented, operator) -> Action:
-    action = defrag_services.plan_defrag(operator, room_for_nodes=16).action
+    action = defrag_services.plan_defrag(operator, defrag_services.DefragGoal(room_for_nodes=16)).action
     assert action is not None and action.state == ActionState.PROPOSED
     return action
 

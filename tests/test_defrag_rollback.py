@@ -55,10 +55,10 @@ class FailAt(InstantAdapter):
     def __init__(self, index: int) -> None:
         self.index = index
 
-    def perform(self, action, index, step):
+    def perform(self, action, index, step, report=None):
         if index == self.index:
             raise StepFailed(f"the cluster refused {step.op} (step {index + 1})")
-        return super().perform(action, index, step)
+        return super().perform(action, index, step, report)
 
 
 def _move_costs(plan: Action) -> dict[int, float]:

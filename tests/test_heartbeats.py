@@ -428,6 +428,6 @@ def test_a_heartbeat_after_the_suspect_scan_wins_over_a_stale_decision(node, t0)
     # The node is selected as silent, but speaks before the compare-and-set runs.
     heard_at(node, t0 + timedelta(seconds=100))
 
-    assert not health._mark_suspect(node.pk, "", t0 + timedelta(seconds=40), t0 + timedelta(seconds=100))
+    assert not health._mark_suspect(node.pk, t0 + timedelta(seconds=40), t0 + timedelta(seconds=100))
     node.refresh_from_db()
     assert node.state == NodeState.HEALTHY

@@ -73,3 +73,56 @@ def test_the_adapters_import_no_service_but_errors_and_dispatch():
         services = {n for n in _imports_of(path) if n.startswith("fleet.services.")}
         services = {n for n in services if n.count(".") == 2}  # the modules, not the names from them
         assert services <= {"fleet.services.errors", "fleet.services.dispatch"}, (path.name, services)
+
+
+# --- the layers, counted by scripts/import_graph.py ------------------------------------
+
+
+def _import_graph():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("import_graph", ROOT / "scripts" / "import_graph.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_no_import_cycle_and_no_import_up_a_floor():
+    graph_tool = _import_graph()
+    graph = graph_tool.imports(graph_tool.modules())
+
+    assert graph_tool.cycles(graph) == []
+    assert graph_tool.up_floor(graph) == []
+
+
+def test_the_counter_finds_a_cycle_and_an_import_up_a_floor():
+    graph_tool = _import_graph()
+    graph = {"fleet.models": {"fleet.services.jobs"}, "fleet.services.jobs": {"fleet.models"}, "placement": set()}
+
+    assert graph_tool.cycles(graph) == [["fleet.models", "fleet.services.jobs"]]
+    assert graph_tool.up_floor(graph) == [("fleet.models", "fleet.services.jobs")]
+
+
+def test_the_placement_engine_imports_neither_django_nor_fleet():
+    for path in sorted(ROOT.joinpath("placement").rglob("*.py")):
+        outside = [n for n in _imports_of(path) if n.split(".")[0] in ("django", "fleet", "rackwise", "rest_framework")]
+        assert outside == [], (path.relative_to(ROOT).as_posix(), outside)
+
+
+WRITES = {"save", "delete", "update", "create", "bulk_create", "bulk_update", "get_or_create", "update_or_create"}
+
+
+def test_the_adapters_write_no_rows():
+    """They act on the outside world; what they learn goes back through the
+    services (a step's outcome, its progress through a callback)."""
+    for path in sorted(ROOT.joinpath("fleet", "cluster").glob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        writes = [
+            f"{path.name}:{node.lineno}: {ast.unparse(node.func)}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in WRITES
+            and "objects" in ast.unparse(node.func.value)
+        ]
+        assert writes == []

@@ -4,7 +4,8 @@ Node services lock a node and then the jobs on it (failing a node interrupts its
 jobs). A job's release must therefore never wait for a node row: when a job on a
 draining node finishes while another transaction holds that node (a heartbeat,
 a failure), the release skips the node instead of closing a deadlock cycle, and
-reconcile settles it afterwards."""
+reconcile settles it afterwards. (The settling is the node lifecycle's, in a transaction
+of its own once the job's commits.)"""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from django.db import connection, transaction
 from fleet.choices import NodeState
 from fleet.models import Node
 from fleet.services import jobs as job_services
+from fleet.services import node_lifecycle
 from fleet.services import nodes as node_services
 from fleet.tasks import reconcile_once
 
@@ -73,4 +75,4 @@ def test_a_job_finishing_on_a_free_draining_node_drains_it_at_once(fleet, submit
 
     node.refresh_from_db()
     assert node.state == NodeState.DRAINED
-    assert node_services.settle_drained_nodes() == []
+    assert node_lifecycle.settle_drained_nodes() == []

@@ -81,7 +81,7 @@ def test_a_move_back_into_service_needs_no_reason(node, operator, operator_clien
     assert response.json()["state"] == "healthy"
 
 
-def test_draining_a_busy_node_waits_for_its_job_then_drains(node, submitter, operator_client):
+def test_draining_a_busy_node_waits_for_its_job_then_drains(node, submitter, operator_client, django_capture_on_commit_callbacks):
     job = placed_job(submitter, [node])
 
     response = operator_client.post(url(node, "drain"), {"reason": "swap PSU", "confirm": True}, format="json")
@@ -97,14 +97,15 @@ def test_draining_a_busy_node_waits_for_its_job_then_drains(node, submitter, ope
 
     job_services.start_job(None, job.pk)
     version = rack_version(node)
-    job_services.finish_job(None, job.pk, succeeded=True)
+    with django_capture_on_commit_callbacks(execute=True):  # the node settles once the job's end commits
+        job_services.finish_job(None, job.pk, succeeded=True)
 
     node.refresh_from_db()
     assert node.state == "drained"
     assert rack_version(node) > version
 
 
-def test_a_draining_node_stays_draining_while_another_job_is_still_on_it(fleet, submitter, operator_client):
+def test_a_draining_node_stays_draining_while_another_job_is_still_on_it(fleet, submitter, operator_client, django_capture_on_commit_callbacks):
     node = fleet[0].nodes.get(slot=0)
     first = job_services.submit_job(submitter, job_services.JobSpec(name="a", num_gpus=2))
     second = job_services.submit_job(submitter, job_services.JobSpec(name="b", num_gpus=2))
@@ -116,7 +117,8 @@ def test_a_draining_node_stays_draining_while_another_job_is_still_on_it(fleet, 
     node.refresh_from_db()
     assert node.state == "draining"
 
-    job_services.cancel_job(None, second.pk)
+    with django_capture_on_commit_callbacks(execute=True):
+        job_services.cancel_job(None, second.pk)
     node.refresh_from_db()
     assert node.state == "drained"
 

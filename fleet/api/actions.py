@@ -101,7 +101,7 @@ class ReplannedSerializer(serializers.Serializer):
 
 class DefragRequestSerializer(serializers.Serializer):
     """A defrag request. The counts are bounded here by the columns' range and, in
-    ``defrag.check_request``, by what the fleet has (a 400 says what fits)."""
+    ``DefragGoal.check``, by what the fleet has (a 400 says what fits)."""
 
     free_racks = serializers.IntegerField(
         required=False, min_value=1, max_value=MAX_INT32,
@@ -222,7 +222,7 @@ class ActionViewSet(viewsets.ReadOnlyModelViewSet):
         form.is_valid(raise_exception=True)
         try:
             with decisions(wait=30):
-                outcome = defrag_services.plan_defrag(request.user, **form.validated_data)
+                outcome = defrag_services.plan_defrag(request.user, defrag_services.DefragGoal(**form.validated_data))
         except Busy:
             return Response({"detail": "another decision is in progress; try again in a moment"}, status=status.HTTP_409_CONFLICT)
         if outcome.action is None:

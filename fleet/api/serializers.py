@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import math
+import re
 
+from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -57,7 +59,6 @@ class SlurmSpecSerializer(serializers.Serializer):
     )
 
     def validate_env(self, env: dict) -> dict:
-        import re
 
         if len(env) > MAX_ENV_VARS:
             raise serializers.ValidationError(f"at most {MAX_ENV_VARS} variables")
@@ -112,7 +113,6 @@ class JobSubmitSerializer(serializers.Serializer):
     )
 
     def validate(self, attrs: dict) -> dict:
-        from django.conf import settings
 
         if getattr(settings, "RACKWISE_CLUSTER", "simulated") == "slurm" and "slurm" not in attrs:
             raise serializers.ValidationError(

@@ -16,6 +16,7 @@ Errors:
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -83,12 +84,23 @@ class JobReport:
     extra: dict = field(default_factory=dict)
 
 
+# An adapter's report of how far into a step it is (0 to 1).
+Progress = Callable[[float], None]
+
+
 class ClusterAdapter(Protocol):
     name: str
 
-    def perform(self, action: Action, index: int, step: Step) -> Outcome:
+    def perform(self, action: Action, index: int, step: Step, report: Progress | None = None) -> Outcome:
         """Do the step in the cluster: Outcome(DONE), or Outcome(WAITING) (call
-        again later). Raise StepFailed or ClusterUnavailable."""
+        again later). Raise StepFailed or ClusterUnavailable. ``report(done)``
+        says how far into the step it is (0 to 1): the service records it and
+        shows it, since adapters write no rows."""
+
+    def reports_fleet(self) -> bool:
+        """Whether this cluster reports its nodes' states, the jobs held for
+        Rackwise to adopt and its topology: then its own sync
+        (``fleet.services.slurm_sync``) runs with every cluster sync."""
 
     def after_step(self, action: Action, index: int, step: Step) -> None:
         """Called once the step's database change has committed."""
@@ -109,21 +121,3 @@ class ClusterAdapter(Protocol):
     def job_states(self, jobs: list[Job]) -> dict[int, JobReport]:
         """What the cluster says of these Rackwise jobs, by Rackwise job id
         (a job the cluster does not know is absent)."""
-
-
-def get_adapter() -> ClusterAdapter:
-    """The adapter chosen by ``RACKWISE_CLUSTER``."""
-    from django.conf import settings
-
-    kind = settings.RACKWISE_CLUSTER
-    if kind == "webhook":
-        from fleet.cluster.webhook import WebhookAdapter
-
-        return WebhookAdapter.from_settings()
-    if kind == "slurm":
-        from fleet.cluster.slurm import SlurmAdapter
-
-        return SlurmAdapter.from_settings()
-    from fleet.cluster.simulated import SimulatedAdapter
-
-    return SimulatedAdapter.from_settings()

@@ -23,7 +23,6 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from fleet import events
 from fleet.choices import JobState
 from fleet.cluster.base import (
     DONE,
@@ -33,6 +32,7 @@ from fleet.cluster.base import (
     JobReport,
     NodeReport,
     Outcome,
+    Progress,
     StepFailed,
 )
 from fleet.cluster.steps import Allocate, Restart, Start, Step
@@ -77,18 +77,14 @@ class SimulatedAdapter:
     def from_settings(cls) -> SimulatedAdapter:
         return cls(settings.RACKWISE_SIM_STEP_SECONDS, settings.RACKWISE_SIM_FAILURE_RATE, settings.RACKWISE_SIM_TIME_SCALE)
 
-    def perform(self, action: Action, index: int, step: Step) -> Outcome:
+    def perform(self, action: Action, index: int, step: Step, report: Progress | None = None) -> Outcome:
         duration = SIM_DURATIONS.get(step.op, 0.5) * self.step_seconds
-        total = max(1, len(action.steps))
         deadline = time.monotonic() + duration
         # Report progress within the step a few times a second, for the console.
         while (left := deadline - time.monotonic()) > 0:
             time.sleep(min(0.25, left))
-            done = 1 - max(0.0, deadline - time.monotonic()) / duration
-            Action.objects.filter(pk=action.pk, step_index=index).update(
-                progress=(index + done) / total, step_started_at=timezone.now()
-            )
-            events.actions_changed([action.pk])
+            if report is not None:
+                report(1 - max(0.0, deadline - time.monotonic()) / duration)
         if index in self.fail_at:
             raise StepFailed(f"simulated failure injected in {step.op} (step {index + 1})")
         if self.failure_rate and self.rng.random() < self.failure_rate:
@@ -97,6 +93,9 @@ class SimulatedAdapter:
             # The simulated cluster names its jobs too, as a real one does.
             return Outcome(DONE, external_id=f"sim-{step.job}")
         return Outcome(DONE)
+
+    def reports_fleet(self) -> bool:
+        return False  # its nodes are Rackwise's own; jobs end by their expected duration
 
     def after_step(self, action: Action, index: int, step: Step) -> None:
         if not isinstance(step, Start | Restart):

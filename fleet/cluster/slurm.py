@@ -37,6 +37,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from django.conf import settings
+
 from fleet.cluster import steps as st
 from fleet.cluster.base import (
     DONE,
@@ -48,6 +50,7 @@ from fleet.cluster.base import (
     JobReport,
     NodeReport,
     Outcome,
+    Progress,
     StepFailed,
 )
 from fleet.cluster.slurm_cli import (
@@ -63,9 +66,11 @@ from fleet.cluster.slurm_cli import (
     number,
     parse_show_topology,
 )
+from fleet.models import Allocation, Job, Node
+from fleet.topology import slurm as slurm_topology
 
 if TYPE_CHECKING:
-    from fleet.models import Action, Job
+    from fleet.models import Action
     from fleet.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -100,7 +105,6 @@ class SlurmAdapter:
 
     @classmethod
     def from_settings(cls) -> SlurmAdapter:
-        from django.conf import settings
 
         jobs_dir = settings.RACKWISE_SLURM_JOBS_DIR
         return cls(
@@ -115,7 +119,7 @@ class SlurmAdapter:
 
     # --- the protocol -----------------------------------------------------------
 
-    def perform(self, action: Action | None, index: int, step: st.Step) -> Outcome:
+    def perform(self, action: Action | None, index: int, step: st.Step, report: Progress | None = None) -> Outcome:
         if isinstance(step, dict):  # a stored step (older callers)
             step = st.Step.from_dict(step)
         self.cli.ping()
@@ -136,6 +140,9 @@ class SlurmAdapter:
             st.Swap: self._swap,
         }[type(step)]
         return handler(job, step)
+
+    def reports_fleet(self) -> bool:
+        return True  # scontrol reports nodes, held jobs and blocks
 
     def after_step(self, action: Action | None, index: int, step: st.Step) -> None:
         return None
@@ -208,7 +215,6 @@ class SlurmAdapter:
     def topology(self, *, max_gpus: int = 8) -> Topology:
         """Blocks (``scontrol show topology``) as racks and nodes with their GPUs
         and states (``scontrol show nodes --json``), as a Topology to import."""
-        from fleet.topology import slurm as slurm_topology
 
         self.cli.ping()
         blocks = parse_show_topology(self.cli.topology())
@@ -380,8 +386,6 @@ class SlurmAdapter:
 
     def _intended(self, job: Job) -> list[str]:
         """Where Rackwise has the job: the hosts of its active allocations."""
-        from fleet.models import Allocation
-
         return sorted(
             set(Allocation.objects.filter(job=job, released_at__isnull=True).values_list("gpu__node__hostname", flat=True))
         )
@@ -506,8 +510,6 @@ def _after_revocation(job: SlurmJob) -> None:
 
 
 def _job(pk: int | None) -> Job:
-    from fleet.models import Job
-
     job = Job.objects.filter(pk=pk).first()
     if job is None:
         raise StepFailed(f"job #{pk} no longer exists")
@@ -515,8 +517,6 @@ def _job(pk: int | None) -> Job:
 
 
 def _hostname_of(node_id: int) -> str:
-    from fleet.models import Node
-
     name = Node.objects.filter(pk=node_id).values_list("hostname", flat=True).first()
     if name is None:
         raise StepFailed(f"node {node_id} no longer exists")
@@ -524,14 +524,10 @@ def _hostname_of(node_id: int) -> str:
 
 
 def _hostnames_of(node_ids: list[int]) -> list[str]:
-    from fleet.models import Node
-
     return sorted(Node.objects.filter(pk__in=node_ids).values_list("hostname", flat=True))
 
 
 def _one_rack(hosts: list[str]) -> bool:
-    from fleet.models import Node
-
     return Node.objects.filter(hostname__in=hosts).values("rack_id").distinct().count() <= 1
 
 

@@ -9,6 +9,7 @@ database live in :mod:`fleet.services.steps`; the cluster side is the adapter's.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -25,6 +26,8 @@ class Step:
     # allocate | swap | release | drain | undrain | none.
     label: ClassVar[str] = ""
     effect: ClassVar[str] = "none"
+    # The fields a stored step must carry (the others have defaults).
+    required: ClassVar[tuple[str, ...]] = ("job",)
     # Every step names either a job or a node.
     job: int | None = None
 
@@ -48,10 +51,34 @@ class Step:
 
     @classmethod
     def _from(cls, data: dict[str, Any]) -> Step:
+        """Read each field of ``cls`` by its type (:data:`_READERS`); StepError
+        if a required one is missing or any is not of its type."""
         try:
-            return cls(job=int(data["job"]))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise StepError(f"{cls.op} step needs an integer job: {data!r}") from exc
+            values = {}
+            for f in fields(cls):
+                if data.get(f.name) is not None:
+                    values[f.name] = _READERS[str(f.type)](data[f.name])
+                elif f.name in cls.required:
+                    raise KeyError(f.name)
+            return cls(**values)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise StepError(
+                f"a {cls.op} step needs {' and '.join(cls.required)}, and every field of its type: {data!r}"
+            ) from exc
+
+
+# How a field is read from its stored (JSON) form, by its annotation.
+_READERS: dict[str, Callable[[Any], Any]] = {
+    "int": int,
+    "int | None": int,
+    "str": str,
+    "dict[int, list[int]]": lambda v: {int(k): [int(i) for i in g] for k, g in v.items()},
+    "dict[int, int]": lambda v: {int(k): int(n) for k, n in v.items()},
+    "dict[str, str]": lambda v: {str(k): str(n) for k, n in v.items()},
+    "list[str]": lambda v: [str(x) for x in v],
+    "list[list[int]] | None": lambda v: [list(segment) for segment in v],
+    "list[dict] | None": list,
+}
 
 
 @dataclass(frozen=True)
@@ -61,6 +88,7 @@ class Allocate(Step):
     op: ClassVar[str] = "allocate"
     label: ClassVar[str] = "Allocate"
     effect: ClassVar[str] = "allocate"
+    required: ClassVar[tuple[str, ...]] = ("job", "nodes")
     nodes: dict[int, list[int]] = field(default_factory=dict)
     segments: list[list[int]] | None = None
     hostnames: list[str] = field(default_factory=list)
@@ -71,20 +99,6 @@ class Allocate(Step):
         data = super().to_dict()
         data["nodes"] = {int(k): list(v) for k, v in self.nodes.items()}
         return data
-
-    @classmethod
-    def _from(cls, data):
-        try:
-            return cls(
-                job=int(data["job"]),
-                nodes={int(k): list(v) for k, v in data["nodes"].items()},
-                segments=data.get("segments"),
-                hostnames=list(data.get("hostnames") or []),
-                reason=data.get("reason") or "",
-                choices=data.get("choices"),
-            )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise StepError(f"allocate step needs job and nodes: {data!r}") from exc
 
     def describe(self) -> str:
         return f"allocate job #{self.job} on {', '.join(self.hostnames) or 'its nodes'}"
@@ -141,11 +155,6 @@ class Requeue(Step):
     effect: ClassVar[str] = "release"
     reason: str = ""
 
-    @classmethod
-    def _from(cls, data):
-        job = super()._from(data).job
-        return cls(job=job, reason=data.get("reason") or "")
-
 
 @dataclass(frozen=True)
 class Swap(Step):
@@ -155,6 +164,7 @@ class Swap(Step):
     op: ClassVar[str] = "swap"
     label: ClassVar[str] = "Swap nodes"
     effect: ClassVar[str] = "swap"
+    required: ClassVar[tuple[str, ...]] = ("job", "swaps")
     swaps: dict[int, int] = field(default_factory=dict)
     hostname_swaps: dict[str, str] = field(default_factory=dict)
 
@@ -163,17 +173,6 @@ class Swap(Step):
         data["swaps"] = {int(k): int(v) for k, v in self.swaps.items()}
         return data
 
-    @classmethod
-    def _from(cls, data):
-        try:
-            return cls(
-                job=int(data["job"]),
-                swaps={int(k): int(v) for k, v in data["swaps"].items()},
-                hostname_swaps=dict(data.get("hostname_swaps") or {}),
-            )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise StepError(f"swap step needs job and swaps: {data!r}") from exc
-
     def describe(self) -> str:
         pairs = self.hostname_swaps or self.swaps
         return f"swap job #{self.job}: " + ", ".join(f"{a} -> {b}" for a, b in pairs.items())
@@ -181,18 +180,10 @@ class Swap(Step):
 
 @dataclass(frozen=True)
 class _NodeStep(Step):
+    required: ClassVar[tuple[str, ...]] = ("node",)
     node: int = 0
     hostname: str = ""
     reason: str = ""
-
-    @classmethod
-    def _from(cls, data):
-        try:
-            return cls(
-                node=int(data["node"]), hostname=data.get("hostname") or "", reason=data.get("reason") or ""
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise StepError(f"{cls.op} step needs an integer node: {data!r}") from exc
 
     def describe(self) -> str:
         return f"{self.op} node {self.hostname or self.node}"

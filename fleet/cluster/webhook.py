@@ -29,7 +29,16 @@ from django.conf import settings
 from django.utils import timezone
 
 from fleet import signing
-from fleet.cluster.base import DONE, WAITING, ClusterUnavailable, JobReport, NodeReport, Outcome, StepFailed
+from fleet.cluster.base import (
+    DONE,
+    WAITING,
+    ClusterUnavailable,
+    JobReport,
+    NodeReport,
+    Outcome,
+    Progress,
+    StepFailed,
+)
 from fleet.cluster.steps import Step
 from fleet.models import Action, Job
 
@@ -46,7 +55,7 @@ class WebhookAdapter:
     def from_settings(cls) -> WebhookAdapter:
         return cls(settings.RACKWISE_WEBHOOK_URL, settings.RACKWISE_WEBHOOK_SECRET, settings.RACKWISE_WEBHOOK_TIMEOUT_S)
 
-    def perform(self, action: Action, index: int, step: Step) -> Outcome:
+    def perform(self, action: Action, index: int, step: Step, report: Progress | None = None) -> Outcome:
         result = (action.callbacks or {}).get(str(index))
         if result is not None:
             if result.get("status") == "succeeded":
@@ -75,8 +84,12 @@ class WebhookAdapter:
             raise ClusterUnavailable(f"webhook answered HTTP {answer.status}")
         if not 200 <= answer.status < 300:
             raise StepFailed(f"webhook answered HTTP {answer.status}")
-        Action.objects.filter(pk=action.pk, step_index=index).update(step_started_at=timezone.now())
+        if report is not None:
+            report(0.0)  # the step has begun: its callback is due within the timeout
         return Outcome(WAITING)
+
+    def reports_fleet(self) -> bool:
+        return False  # the webhook protocol carries steps only
 
     def after_step(self, action: Action, index: int, step: Step) -> None:
         return None

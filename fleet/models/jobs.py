@@ -27,6 +27,12 @@ class Job(models.Model):
     """A request for GPUs. The shape is stored normalised: ``num_gpus`` always, and
     for multi-node gangs ``num_nodes`` x ``gpus_per_node`` as well."""
 
+    # The job's shape (normalised at submission) and how it may be placed: the
+    # fields a submission sets from the request and the engine reads, by the
+    # same names (``JobSpec``, ``placement.model.JobRequest``).
+    SHAPE = ("num_gpus", "num_nodes", "gpus_per_node", "segment_nodes")
+    PLACEMENT_TERMS = ("locality", "priority", "preemptible")
+
     name = models.CharField(max_length=200)
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs"

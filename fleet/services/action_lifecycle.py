@@ -209,6 +209,20 @@ def transition(
     return action
 
 
+def step_progress(action: Action, index: int, done: float) -> None:
+    """The cluster adapter's report from inside step ``index`` of an executing
+    action: ``done`` of it (0 to 1). Not a move: the progress bar and when the
+    step was last heard of (a webhook step's timeout counts from it), with the
+    live event; nothing if the action moved past that step meanwhile."""
+    total = max(1, len(action.steps))
+    done = min(1.0, max(0.0, done))
+    changed = Action.objects.filter(pk=action.pk, state=S.EXECUTING, step_index=index).update(
+        progress=(index + done) / total, step_started_at=timezone.now()
+    )
+    if changed:
+        events.actions_changed([action.pk])
+
+
 def _then(actor, action: Action, *, replan: bool) -> None:
     state = action.state
     if state == S.APPROVED:
@@ -376,5 +390,7 @@ def stop_costs(action: Action) -> list[tuple[int, float]]:
 
 def lost_so_far(action: Action) -> float:
     """The GPU-hours the steps done so far cost: every job stopped lost its work
-    since its last checkpoint and pays a restart, wherever it runs again."""
-    return sum(cost for index, cost in stop_costs(action) if index < action.step_index)
+    since its last checkpoint and pays a restart, wherever it runs again. A
+    step skipped (its job had ended) stopped nothing."""
+    skipped = {entry.get("step") for entry in action.log if entry.get("status") == "skipped"}
+    return sum(cost for index, cost in stop_costs(action) if index < action.step_index and index not in skipped)

@@ -24,8 +24,9 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from fleet import engine, events
-from fleet.choices import OPEN_ACTION_STATES, ActionKind, ActionState, ApprovalMode, Role
-from fleet.cluster.base import WAITING, ClusterAdapter, ClusterUnavailable, StepFailed, get_adapter
+from fleet.choices import FINISHED_JOB_STATES, OPEN_ACTION_STATES, ActionKind, ActionState, ApprovalMode, Role
+from fleet.cluster.base import WAITING, ClusterAdapter, ClusterUnavailable, StepFailed
+from fleet.cluster.registry import get_adapter
 from fleet.cluster.steps import Step, StepError
 from fleet.models import Action, ApprovalPolicy, Job, Rack
 from fleet.permissions import has_role
@@ -306,6 +307,9 @@ class StepResult:
     retry_in: float | None = None
 
 
+DONE_ELSEWHERE = "step done elsewhere"
+
+
 def _log_entry(index: int, step: Step, status: str, message: str = "") -> dict:
     return {
         "at": timezone.now().isoformat(),
@@ -412,8 +416,11 @@ def execute_next_step(action_id: int, adapter: ClusterAdapter | None = None, *, 
         op = steps[index].get("op", "?") if isinstance(steps[index], dict) else "?"
         _fail(action.pk, index, op, str(exc), adapter)
         return StepResult(False, "failed")
+    ended = _ended_meanwhile(action, step)
+    if ended is not None:
+        return _commit_step(action.pk, index, steps, step, skipped=ended)
     try:
-        outcome = adapter.perform(action, index, step)
+        outcome = adapter.perform(action, index, step, lambda done: lifecycle.step_progress(action, index, done))
     except StepFailed as exc:
         _fail(action.pk, index, step.op, str(exc), adapter)
         if step.job is not None:
@@ -426,29 +433,64 @@ def execute_next_step(action_id: int, adapter: ClusterAdapter | None = None, *, 
     if outcome.status == WAITING:
         return StepResult(False, outcome.message or "waiting for the cluster")
     try:
-        with transaction.atomic():
-            locked = Action.objects.select_for_update().get(pk=action.pk)
-            if locked.state != ActionState.EXECUTING or locked.step_index != index:
-                return StepResult(False, "step done elsewhere")
-            step_rules.apply(None, locked, step)
-            if outcome.external_id and step.job is not None:
-                job_services.set_external_id(step.job, outcome.external_id)
-            locked.step_index = index + 1
-            locked.progress = (index + 1) / len(steps)
-            locked.step_started_at = None
-            locked.log = [*locked.log, _log_entry(index, step, "done")]
-            locked.save(update_fields=["step_index", "progress", "step_started_at", "log", "updated_at"])
-            audit.record(None, "action.step", locked, after={"step": index, "op": step.op}, message=step.describe())
-            events.actions_changed([locked.pk])
-            last = index + 1 >= len(steps)
-            if last:
-                # In the same transaction: nobody sees the job started by an
-                # action still executing.
-                _finish(action.pk)
+        result = _commit_step(action.pk, index, steps, step, external_id=outcome.external_id)
     except ServiceError as exc:
+        ended = _ended_meanwhile(action, step)  # it ended while the cluster did its part
+        if ended is not None:
+            return _commit_step(action.pk, index, steps, step, skipped=ended)
         _fail(action.pk, index, step.op, str(exc), adapter)
         return StepResult(False, "failed")
-    adapter.after_step(action, index, step)
+    if result.message != DONE_ELSEWHERE:
+        adapter.after_step(action, index, step)
+    return result
+
+
+# Plans that stop or move jobs to make room: a job that ends by itself while
+# the plan runs has made its room, and its remaining steps are skipped (the
+# soak saw a defrag plan fail, after moving one job, on the stop of a job that
+# had just completed).
+MOOT_WHEN_ENDED = (ActionKind.DEFRAG, ActionKind.MIGRATION, ActionKind.PREEMPTION)
+
+
+def _ended_meanwhile(action: Action, step: Step) -> str | None:
+    """Why ``step`` of ``action`` has nothing left to do (its job ended), or None."""
+    if action.kind not in MOOT_WHEN_ENDED or step.job is None:
+        return None
+    state = Job.objects.filter(pk=step.job).values_list("state", flat=True).first()
+    if state not in FINISHED_JOB_STATES:
+        return None
+    return f"skipped: job #{step.job} ended ({state}) before this step; the room it held is free"
+
+
+def _commit_step(
+    action_id: int, index: int, steps: list, step: Step, *, external_id: str | None = None, skipped: str | None = None
+) -> StepResult:
+    """Under the action's row lock: apply the step's database change (not for a
+    ``skipped`` one, whose log entry says why), store the job's id in the
+    cluster if the step gave one, count the step, and finish the action after
+    its last, in one transaction. ServiceError if the change is refused."""
+    with transaction.atomic():
+        locked = Action.objects.select_for_update().get(pk=action_id)
+        if locked.state != ActionState.EXECUTING or locked.step_index != index:
+            return StepResult(False, DONE_ELSEWHERE)
+        if skipped is None:
+            step_rules.apply(None, locked, step)
+            if external_id and step.job is not None:
+                job_services.set_external_id(step.job, external_id)
+        locked.step_index = index + 1
+        locked.progress = (index + 1) / len(steps)
+        locked.step_started_at = None
+        entry = _log_entry(index, step, "skipped" if skipped else "done", skipped or "")
+        locked.log = [*locked.log, entry]
+        locked.save(update_fields=["step_index", "progress", "step_started_at", "log", "updated_at"])
+        audit.record(None, "action.step", locked, after={"step": index, "op": step.op, "status": entry["status"]},
+                     message=entry["message"])
+        events.actions_changed([locked.pk])
+        last = index + 1 >= len(steps)
+        if last:
+            # In the same transaction: nobody sees the job started by an
+            # action still executing.
+            _finish(action_id)
     return StepResult(False, "succeeded") if last else StepResult(True)
 
 
@@ -460,7 +502,7 @@ def _put_off(action_id: int, index: int, step: Step, error: str) -> StepResult:
     with transaction.atomic():
         action = Action.objects.select_for_update().filter(pk=action_id).first()
         if action is None or action.state != ActionState.EXECUTING or action.step_index != index:
-            return StepResult(False, "step done elsewhere")
+            return StepResult(False, DONE_ELSEWHERE)
         retries = retries_so_far(action, index) + 1
         delay = retry_delay(retries)
         entry = _log_entry(index, step, RETRYING, f"cluster unavailable, retrying in {delay} s: {error}"[:1000])

@@ -19,9 +19,10 @@ from fleet.cluster.base import (
     ClusterAdapter,
     ClusterUnavailable,
     JobReport,
-    get_adapter,
 )
+from fleet.cluster.registry import get_adapter
 from fleet.models import Job
+from fleet.services import job_lifecycle, slurm_sync
 from fleet.services import jobs as job_services
 from fleet.services.errors import Conflict
 
@@ -40,14 +41,14 @@ def apply_job_report(job_id: int, report: JobReport, *, attempt: int | None = No
     3. Completed or failed: :func:`fleet.services.jobs.finish_job`, with the
        cluster's end time; cancelled: the cancel path, without telling the
        cluster again. A job whose end the cluster may no longer report
-       (:func:`fleet.services.jobs.cluster_may_end`) is left as it is.
+       (:func:`fleet.services.job_lifecycle.cluster_may_end`) is left as it is.
     """
     if report.state not in JOB_ENDED:
         return "running"
     job = Job.objects.filter(pk=job_id).only("state", "external_id").first()
     if job is None:
         return "gone"
-    if not job_services.cluster_may_end(job):
+    if not job_lifecycle.cluster_may_end(job):
         return f"already {job.state}"
     why = report.reason or f"{report.state} in the cluster"
     try:
@@ -73,7 +74,7 @@ def sync_jobs(adapter: ClusterAdapter | None = None, job_ids: list[int] | None =
     cluster could not be reached (nothing changes; the next sync tries again).
     ``job_ids``: only these jobs."""
     adapter = adapter or get_adapter()
-    jobs = Job.objects.filter(job_services.CLUSTER_MAY_END).order_by("pk")
+    jobs = Job.objects.filter(job_lifecycle.CLUSTER_MAY_END).order_by("pk")
     jobs = list(jobs if job_ids is None else jobs.filter(pk__in=job_ids))
     result: dict = {"asked": len(jobs), "completed": [], "failed": [], "cancelled": [], "stale": []}
     if not jobs:
@@ -98,11 +99,9 @@ def sync(adapter: ClusterAdapter | None = None) -> dict:
     reports them, of nodes and of jobs to adopt). Returns one entry per part."""
     adapter = adapter or get_adapter()
     out: dict = {}
-    if getattr(adapter, "name", "") == "slurm":
+    if adapter.reports_fleet():
         # Topology, node states, adoption and reconcile first, so the jobs'
         # reports meet nodes as Slurm has them now.
-        from fleet.services import slurm_sync
-
         out["slurm"] = slurm_sync.sync(adapter)
     out["jobs"] = sync_jobs(adapter)
     return out

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from datetime import timedelta
 
 from django.conf import settings
@@ -50,54 +50,69 @@ def fragmentation_report() -> FragmentationReport:
     return report
 
 
-def check_request(
-    *,
-    free_racks: int | None = None,
-    room_for_nodes: int | None = None,
-    gpus_per_node: int | None = None,
-    budget_gpu_hours: float | None = None,
-    max_moves: int | None = None,
-) -> None:
-    """Refuse (InvalidInput, saying what fits) a defrag request the fleet cannot
-    mean: more whole racks than exist, room for more nodes than racks of that
-    node size hold, a node size no rack has, a budget that is not a sane number.
+@dataclass(frozen=True)
+class DefragGoal:
+    """What a defrag plan is asked for (all optional; none: room for the
+    pending gangs): whole free racks, or room for a number of nodes (of a
+    node size), within a GPU-hour budget and a number of moves. The API's
+    request, the task's arguments and a plan's stored ``request`` are this."""
 
-    Checked before anything is written (an open plan is not expired for a bad
-    request) and before the planner runs: its goals are sized by these numbers,
-    and ``free_racks`` of 2^56 once grew the web process to 22 GB."""
-    if free_racks is not None and room_for_nodes is not None:
-        raise InvalidInput("give either free_racks or room_for_nodes, not both")
-    errors: dict[str, list[str]] = {}
-    for name, value in (("free_racks", free_racks), ("room_for_nodes", room_for_nodes), ("max_moves", max_moves)):
-        if value is not None and value < 1:
-            errors[name] = [f"must be at least 1, got {value}"]
-    if max_moves is not None and max_moves > settings.RACKWISE_DEFRAG_MAX_MOVES_LIMIT:
-        errors["max_moves"] = [f"at most {settings.RACKWISE_DEFRAG_MAX_MOVES_LIMIT} moves per plan, got {max_moves}"]
-    if budget_gpu_hours is not None and not (0 < budget_gpu_hours <= settings.RACKWISE_DEFRAG_MAX_BUDGET_GPU_HOURS):
-        errors["budget_gpu_hours"] = [
-            f"must be above 0 and at most {settings.RACKWISE_DEFRAG_MAX_BUDGET_GPU_HOURS:g}, got {budget_gpu_hours}"
-        ]
-    if gpus_per_node is not None and room_for_nodes is None:
-        errors["gpus_per_node"] = ["goes with room_for_nodes (the node size of the room to make)"]
-    if errors:
-        raise InvalidInput(errors)
-    if free_racks is not None:
-        racks = Rack.objects.count()
-        if free_racks > racks:
-            raise InvalidInput({"free_racks": [f"the fleet has {racks} rack(s); ask for at most {racks}"]})
-    if room_for_nodes is not None:
-        nodes_by_size = dict(
-            Rack.objects.values("gpus_per_node").annotate(n=Count("nodes")).filter(n__gt=0).values_list("gpus_per_node", "n")
-        )
-        if gpus_per_node is not None and gpus_per_node not in nodes_by_size:
-            sizes = ", ".join(str(g) for g in sorted(nodes_by_size)) or "none"
-            raise InvalidInput({"gpus_per_node": [f"no rack has {gpus_per_node}-GPU nodes; the fleet's node sizes: {sizes}"]})
-        size = gpus_per_node if gpus_per_node is not None else max(nodes_by_size, default=0)
-        fits = nodes_by_size.get(size, 0)
-        if room_for_nodes > fits:
-            raise InvalidInput(
-                {"room_for_nodes": [f"the fleet has {fits} node(s) of {size} GPUs; ask for at most {fits}"]}
+    free_racks: int | None = None
+    room_for_nodes: int | None = None
+    gpus_per_node: int | None = None
+    budget_gpu_hours: float | None = None
+    max_moves: int | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict) -> DefragGoal:
+        return cls(**{f.name: data.get(f.name) for f in fields(cls)})
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def check(self) -> None:
+        """Refuse (InvalidInput, saying what fits) a goal the fleet cannot
+        mean: more whole racks than exist, room for more nodes than racks of
+        that node size hold, a node size no rack has, a budget that is not a
+        sane number.
+
+        Checked before anything is written (an open plan is not expired for a
+        bad request) and before the planner runs: its goals are sized by these
+        numbers, and ``free_racks`` of 2^56 once grew the web process to 22 GB."""
+        if self.free_racks is not None and self.room_for_nodes is not None:
+            raise InvalidInput("give either free_racks or room_for_nodes, not both")
+        errors: dict[str, list[str]] = {}
+        for name in ("free_racks", "room_for_nodes", "max_moves"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                errors[name] = [f"must be at least 1, got {value}"]
+        if self.max_moves is not None and self.max_moves > settings.RACKWISE_DEFRAG_MAX_MOVES_LIMIT:
+            errors["max_moves"] = [f"at most {settings.RACKWISE_DEFRAG_MAX_MOVES_LIMIT} moves per plan, got {self.max_moves}"]
+        if self.budget_gpu_hours is not None and not (0 < self.budget_gpu_hours <= settings.RACKWISE_DEFRAG_MAX_BUDGET_GPU_HOURS):
+            errors["budget_gpu_hours"] = [
+                f"must be above 0 and at most {settings.RACKWISE_DEFRAG_MAX_BUDGET_GPU_HOURS:g}, got {self.budget_gpu_hours}"
+            ]
+        if self.gpus_per_node is not None and self.room_for_nodes is None:
+            errors["gpus_per_node"] = ["goes with room_for_nodes (the node size of the room to make)"]
+        if errors:
+            raise InvalidInput(errors)
+        if self.free_racks is not None:
+            racks = Rack.objects.count()
+            if self.free_racks > racks:
+                raise InvalidInput({"free_racks": [f"the fleet has {racks} rack(s); ask for at most {racks}"]})
+        if self.room_for_nodes is not None:
+            nodes_by_size = dict(
+                Rack.objects.values("gpus_per_node").annotate(n=Count("nodes")).filter(n__gt=0).values_list("gpus_per_node", "n")
             )
+            if self.gpus_per_node is not None and self.gpus_per_node not in nodes_by_size:
+                sizes = ", ".join(str(g) for g in sorted(nodes_by_size)) or "none"
+                raise InvalidInput({"gpus_per_node": [f"no rack has {self.gpus_per_node}-GPU nodes; the fleet's node sizes: {sizes}"]})
+            size = self.gpus_per_node if self.gpus_per_node is not None else max(nodes_by_size, default=0)
+            fits = nodes_by_size.get(size, 0)
+            if self.room_for_nodes > fits:
+                raise InvalidInput(
+                    {"room_for_nodes": [f"the fleet has {fits} node(s) of {size} GPUs; ask for at most {fits}"]}
+                )
 
 
 @dataclass
@@ -107,15 +122,7 @@ class DefragOutcome:
     plan: dict
 
 
-def plan_defrag(
-    actor=None,
-    *,
-    free_racks: int | None = None,
-    room_for_nodes: int | None = None,
-    gpus_per_node: int | None = None,
-    budget_gpu_hours: float | None = None,
-    max_moves: int | None = None,
-) -> DefragOutcome:
+def plan_defrag(actor=None, goal: DefragGoal | None = None) -> DefragOutcome:
     """Plan the cheapest moves of preemptible jobs that make the target (or the
     pending gangs) placeable, and propose them as one action.
 
@@ -123,20 +130,8 @@ def plan_defrag(
     fleet has moved away from is made again with its own request
     (:func:`replan`). An operator's explicit request replaces a proposed or
     approved plan."""
-    check_request(
-        free_racks=free_racks,
-        room_for_nodes=room_for_nodes,
-        gpus_per_node=gpus_per_node,
-        budget_gpu_hours=budget_gpu_hours,
-        max_moves=max_moves,
-    )
-    request = {
-        "free_racks": free_racks,
-        "room_for_nodes": room_for_nodes,
-        "gpus_per_node": gpus_per_node,
-        "budget_gpu_hours": budget_gpu_hours,
-        "max_moves": max_moves,
-    }
+    goal = goal or DefragGoal()
+    goal.check()
 
     with transaction.atomic():
         for open_plan in Action.objects.select_for_update().filter(
@@ -161,20 +156,18 @@ def plan_defrag(
                 replan=False,
             )
 
-    proposal, reason, plan_dict = _make_plan(request)
+    proposal, reason, plan_dict = _make_plan(goal)
     if proposal is None:
         return DefragOutcome(None, reason, plan_dict)
     action = action_services.propose_many([proposal], actor=actor)[0]
     return DefragOutcome(action, reason, plan_dict)
 
 
-def _make_plan(request: dict, *, mine: int | None = None) -> tuple[action_services.Proposal | None, str, dict]:
-    """Plan for ``request`` (the arguments of :func:`plan_defrag`) on the fleet as
+def _make_plan(goal: DefragGoal, *, mine: int | None = None) -> tuple[action_services.Proposal | None, str, dict]:
+    """Plan for ``goal`` on the fleet as
     it is now, the nodes held for action ``mine`` seen as free (it is being
     re-planned: they are its to give up). Returns the proposal (None: nothing to
     move), the planner's reason and its plan as a dict."""
-    free_racks, room_for_nodes = request.get("free_racks"), request.get("room_for_nodes")
-    budget_gpu_hours, max_moves = request.get("budget_gpu_hours"), request.get("max_moves")
     pending = [engine.job_request(j) for j in Job.objects.select_related("tenant").filter(state=JobState.PENDING)]
     shapes = _typical_shapes(pending)
     # The in-memory fleet brought up to date (a full load is 0.7 s at 1,000 racks);
@@ -183,17 +176,18 @@ def _make_plan(request: dict, *, mine: int | None = None) -> tuple[action_servic
         if mine is not None:
             snap.unhold(mine)
         target = None
-        if free_racks is not None:
-            target = FreeRacks(free_racks)
-        elif room_for_nodes is not None:
-            gpn = request.get("gpus_per_node") or max(snap.fleet.shapes(), default=4)
-            target = RoomFor(room_for_nodes, gpn)
+        if goal.free_racks is not None:
+            target = FreeRacks(goal.free_racks)
+        elif goal.room_for_nodes is not None:
+            target = RoomFor(goal.room_for_nodes, goal.gpus_per_node or max(snap.fleet.shapes(), default=4))
         plan = defragment(
             snap.fleet,
             pending,
             target,
-            budget_gpu_hours=budget_gpu_hours if budget_gpu_hours is not None else settings.RACKWISE_DEFRAG_BUDGET_GPU_HOURS,
-            max_moves=max_moves or settings.RACKWISE_DEFRAG_MAX_MOVES,
+            budget_gpu_hours=(
+                goal.budget_gpu_hours if goal.budget_gpu_hours is not None else settings.RACKWISE_DEFRAG_BUDGET_GPU_HOURS
+            ),
+            max_moves=goal.max_moves or settings.RACKWISE_DEFRAG_MAX_MOVES,
             shapes=shapes,
         )
         steps: list[Step] = []
@@ -234,7 +228,7 @@ def _make_plan(request: dict, *, mine: int | None = None) -> tuple[action_servic
         engine_plan=plan_dict,
         cost_gpu_hours=plan.cost_gpu_hours,
         benefit=benefit,
-        request=request,
+        request=goal.as_dict(),
     )
     return proposal, plan.reason, plan_dict
 
@@ -257,8 +251,8 @@ def replan(actor, action: Action, problems: list[str], *, keep_approval: bool = 
     Returns the new plan, or None: nothing to move any more, and ``action``
     expired saying why."""
     why = "; ".join(problems) or "superseded"
-    request = action.plan.get("request") or {}
-    proposal, reason, _ = _make_plan(request, mine=action.pk)
+    goal = DefragGoal.from_dict(action.plan.get("request") or {})
+    proposal, reason, _ = _make_plan(goal, mine=action.pk)
     with transaction.atomic():
         locked = Action.objects.select_for_update().get(pk=action.pk)
         if locked.state not in (ActionState.PROPOSED, ActionState.APPROVED, ActionState.EXECUTING) or (

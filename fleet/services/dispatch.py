@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 
 def _send(name: str, args: tuple, countdown: float | None = None) -> None:
-    from rackwise.celery import app
+    from rackwise.celery import app  # the Celery app loads the task modules, which import services
 
     try:
         app.send_task(name, args=args, countdown=countdown)

@@ -31,8 +31,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from fleet.choices import OPEN_ACTION_STATES, ActionKind, GpuHealth, NodeState
-from fleet.models import GPU, AgentToken, Node
-from fleet.services import audit
+from fleet.cluster.steps import Drain
+from fleet.models import GPU, Action, AgentToken, Node
+from fleet.services import audit, node_lifecycle
+from fleet.services.actions import propose
 from fleet.services.errors import ClusterDown, InvalidInput
 from fleet.services.nodes import mark_node_failed, return_node_to_service
 from fleet.services.racks import bump_versions
@@ -398,10 +400,6 @@ def _resume_after_refused_report(node_id: int, refused: InvalidInput) -> None:
 def _propose_drain(node: Node, degraded: list[dict[str, Any]]) -> None:
     """A GPU that degrades without failing is a warning: propose draining the node
     (its jobs finish, no new work lands), once, for an operator to decide."""
-    from fleet.cluster.steps import Drain
-    from fleet.models import Action
-    from fleet.services.actions import propose
-
     if Action.objects.filter(kind=ActionKind.DRAIN, state__in=OPEN_ACTION_STATES, plan__steps__0__node=node.pk).exists():
         return
     why = "; ".join(f"GPU {c['index']}: {c['last_error'] or 'degraded'}" for c in degraded)
@@ -417,27 +415,15 @@ def _propose_drain(node: Node, degraded: list[dict[str, Any]]) -> None:
 # --- silence --------------------------------------------------------------------------
 
 
-def _mark_suspect(node_id: int, reason_before: str, cutoff: datetime, now: datetime) -> bool:
-    """healthy -> suspect by compare-and-set, in its own transaction. False if the
-    node changed state or sent a heartbeat since it was selected."""
-    with transaction.atomic():
-        reason = f"no heartbeat for over {settings.RACKWISE_HEARTBEAT_SUSPECT_S}s"
-        claimed = Node.objects.filter(
-            id=node_id, state=NodeState.HEALTHY, last_heartbeat_at__lt=cutoff
-        ).update(state=NodeState.SUSPECT, state_reason=reason, state_changed_at=now)
-        if claimed != 1:
-            return False
-        node = Node.objects.get(pk=node_id)
-        audit.record(
-            None,
-            "node.suspect",
-            node,
-            before={"state": NodeState.HEALTHY, "state_reason": reason_before},
-            after={"state": node.state, "state_reason": reason},
-            message=reason,
-        )
-        bump_versions([node.rack_id])
-    return True
+def _mark_suspect(node_id: int, cutoff: datetime, now: datetime) -> bool:
+    """healthy -> suspect, if the node is still healthy and still silent once
+    locked. False if it changed state or sent a heartbeat since it was selected."""
+    reason = f"no heartbeat for over {settings.RACKWISE_HEARTBEAT_SUSPECT_S}s"
+    node = node_lifecycle.transition(
+        None, node_id, "suspect", reason=reason, where={"state": NodeState.HEALTHY, "last_heartbeat_at__lt": cutoff},
+        now=now,
+    )
+    return node is not None
 
 
 def _fail_silent(node_id: int, cutoff: datetime, suspect_since: datetime) -> bool:
@@ -495,9 +481,9 @@ def detect_failures(now: datetime | None = None) -> dict[str, int]:
     )
     suspect_cutoff = now - timedelta(seconds=suspect_s)
     suspect = sum(
-        _mark_suspect(node_id, reason_before, suspect_cutoff, now)
-        for node_id, reason_before in Node.objects.filter(
-            state=NodeState.HEALTHY, last_heartbeat_at__lt=suspect_cutoff
-        ).values_list("id", "state_reason")
+        _mark_suspect(node_id, suspect_cutoff, now)
+        for node_id in Node.objects.filter(state=NodeState.HEALTHY, last_heartbeat_at__lt=suspect_cutoff).values_list(
+            "id", flat=True
+        )
     )
     return {"suspect": suspect, "failed": failed}

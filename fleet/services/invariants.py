@@ -13,6 +13,7 @@ from django.db.models import Count
 from fleet import engine
 from fleet.choices import HOLDING_JOB_STATES, JobState
 from fleet.models import Allocation, Job
+from fleet.services.actions import open_action_job_ids
 from placement import model as pm
 from placement.place import place, schedule
 from placement.validate import validate
@@ -106,8 +107,6 @@ def waiting_jobs(policy: str | None = None) -> list[Waiting]:
     """Every pending job that no open action holds, with whether the fleet has
     room for it now: by counts, by the engine alone, and by the scheduler's own
     pass (look-ahead and reservations included), all on one snapshot."""
-    from fleet.services.actions import open_action_job_ids
-
     policy = policy or engine.policy()
     now = time.time()
     busy = open_action_job_ids()

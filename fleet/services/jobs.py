@@ -1,5 +1,7 @@
-"""Job lifecycle: submit, place, start, finish, cancel. Each function is one
-transaction that writes its audit record."""
+"""Jobs: submit, place, start, swap, requeue, finish, cancel. Each function is
+one transaction; every change of a job's state is a move of the job lifecycle
+(``job_lifecycle``: the check, audit, event and rack versions), and these add
+the move's own writes (allocations, the placement)."""
 
 from __future__ import annotations
 
@@ -11,13 +13,10 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from fleet import events
 from fleet.choices import (
-    FINISHED_JOB_STATES,
-    HOLDING_JOB_STATES,
     JobState,
     Locality,
     NodeState,
@@ -25,12 +24,10 @@ from fleet.choices import (
 )
 from fleet.models import GPU, Allocation, Job, Node, Tenant
 from fleet.permissions import role_of
-from fleet.services import audit, dispatch, webhooks
+from fleet.services import audit, dispatch, job_lifecycle, webhooks
 from fleet.services.capacity import fleet_capacity, normalise_shape
 from fleet.services.errors import Conflict, InvalidInput, NotAllowed
-from fleet.services.nodes import idle_draining_nodes
-from fleet.services.racks import bump_versions, racks_held_by
-from fleet.text import clip
+from fleet.services.racks import bump_versions
 
 log = logging.getLogger(__name__)
 
@@ -76,10 +73,6 @@ def _replay(tenant: Tenant, key: str, digest: str) -> Job | None:
             f"request (job #{job.pk}); use a new key for a new job"
         )
     return job
-
-
-def job_snapshot(job: Job) -> dict[str, object]:
-    return {"state": job.state, "state_reason": job.state_reason}
 
 
 def resolve_tenant(actor, tenant_name: str | None) -> Tenant:
@@ -158,13 +151,8 @@ def unsaved_job(actor, spec: JobSpec, tenant: Tenant, shape, **extra) -> Job:
         name=spec.name,
         owner=actor,
         tenant=tenant,
-        num_gpus=shape.num_gpus,
-        num_nodes=shape.num_nodes,
-        gpus_per_node=shape.gpus_per_node,
-        segment_nodes=shape.segment_nodes,
-        locality=spec.locality,
-        priority=spec.priority,
-        preemptible=spec.preemptible,
+        **{name: getattr(shape, name) for name in Job.SHAPE},
+        **{name: getattr(spec, name) for name in Job.PLACEMENT_TERMS},
         checkpoint_interval_s=spec.checkpoint_interval_s,
         expected_duration_s=spec.expected_duration_s,
         cluster_spec={"slurm": dict(spec.slurm)} if spec.slurm else {},
@@ -176,47 +164,10 @@ def _create(actor, spec: JobSpec, tenant: Tenant, shape, key: str | None, digest
     with transaction.atomic():
         job = unsaved_job(actor, spec, tenant, shape, idempotency_key=key, request_digest=digest)
         job.save(force_insert=True)
-        audit.record(actor, "job.submit", job, after=job_snapshot(job) | {"num_gpus": job.num_gpus})
+        audit.record(actor, "job.submit", job, after=job_lifecycle.snapshot(job) | {"num_gpus": job.num_gpus})
         events.jobs_changed([job.pk])
         dispatch.schedule_soon()
     return job
-
-
-def _release(job: Job) -> set[int]:
-    """Release the job's GPUs; a draining node left empty becomes drained.
-    Returns the ids of the racks touched."""
-    now = timezone.now()
-    active = Allocation.objects.filter(job=job, released_at__isnull=True)
-    node_ids = set(active.values_list("gpu__node_id", flat=True))
-    rack_ids = set(Node.objects.filter(id__in=node_ids).values_list("rack_id", flat=True))
-    active.update(released_at=now)
-    # The job row is locked here; node services lock a node and then its jobs. A
-    # node another transaction holds is skipped rather than waited for (waiting
-    # would close that cycle into a deadlock): it is either changing state anyway
-    # (failing) or is settled by reconcile (nodes.settle_drained_nodes).
-    emptied = idle_draining_nodes(node_ids).select_for_update(skip_locked=True)
-    Node.objects.filter(id__in=list(emptied.values_list("id", flat=True))).update(
-        state=NodeState.DRAINED, state_changed_at=now
-    )
-    return rack_ids
-
-
-def release_leaked_allocations() -> list[int]:
-    """Release GPUs still held by jobs that no longer hold any (drift: a crash
-    between two writes, a manual database edit). Returns the jobs' ids."""
-    leaked = Allocation.objects.filter(released_at__isnull=True).exclude(job__state__in=HOLDING_JOB_STATES)
-    released = []
-    for job_id in sorted(set(leaked.values_list("job_id", flat=True))):
-        with transaction.atomic():
-            job = Job.objects.select_for_update().get(pk=job_id)
-            if job.state in HOLDING_JOB_STATES:
-                continue  # placed again since it was selected
-            count = Allocation.objects.filter(job=job, released_at__isnull=True).count()
-            racks = _release(job)
-            audit.record(None, "allocation.release_drift", job, message=f"released {count} GPU(s) of a {job.state} job")
-            bump_versions(racks)
-            released.append(job_id)
-    return released
 
 
 def cancel_job(
@@ -227,42 +178,14 @@ def cancel_job(
     logged; the sync reports the job again while it runs there).
     ``tell_cluster=False`` when the cluster itself reported the cancel;
     ``expect_attempt``: refuse (Conflict) if the job was restarted since."""
-    with transaction.atomic():
-        job = Job.objects.select_for_update().get(pk=job_id)
-        if job.state in FINISHED_JOB_STATES:
-            raise Conflict(
-                f"job #{job.pk} is already {job.state}; only pending, placed, running "
-                "or recovering jobs can be cancelled"
-            )
-        _check_attempt(job, expect_attempt)
-        before = job_snapshot(job)
-        racks = _release(job)
-        job.state = JobState.CANCELLED
-        job.state_reason = clip(reason or f"cancelled by {audit.actor_name(actor)}")
-        job.finished_at = timezone.now()
-        job.save(update_fields=["state", "state_reason", "finished_at"])
-        audit.record(actor, "job.cancel", job, before=before, after=job_snapshot(job))
-        events.jobs_changed([job.pk])
-        bump_versions(racks)
-        if racks:
-            dispatch.schedule_soon()
-        if tell_cluster:
-            transaction.on_commit(lambda: _cancel_in_cluster(job))
-    return job
-
-
-def _cancel_in_cluster(job: Job) -> None:
-    from fleet.cluster.base import get_adapter
-
-    try:
-        get_adapter().cancel(job)
-    except Exception:  # best effort: the job is cancelled in Rackwise whatever the cluster says
-        log.warning("job #%s: the cluster could not be told of the cancel", job.pk, exc_info=True)
-
-
-def _check_attempt(job: Job, expect_attempt: int | None) -> None:
-    if expect_attempt is not None and job.attempt != expect_attempt:
-        raise Conflict(f"job #{job.pk} is at attempt {job.attempt}, not {expect_attempt}; the report is stale")
+    return job_lifecycle.transition(
+        actor,
+        job_id,
+        "cancel",
+        reason=reason or f"cancelled by {audit.actor_name(actor)}",
+        expect_attempt=expect_attempt,
+        tell_cluster=tell_cluster,
+    )
 
 
 def set_external_id(job_id: int, external_id: str) -> None:
@@ -315,9 +238,9 @@ def place_jobs(actor, decisions: list[PlacementDecision]) -> tuple[list[Job], di
         accepted: list[tuple[PlacementDecision, Job, list[GPU]]] = []
         for d in decisions:
             job = jobs.get(d.job_id)
-            if job is None or job.state != JobState.PENDING:
-                state = job.state if job else "gone"
-                refused[d.job_id] = f"job #{d.job_id} is {state}, not pending; it cannot be placed"
+            why = f"job #{d.job_id} is gone; it cannot be placed" if job is None else job_lifecycle.refusal(job, "place")
+            if why is not None:
+                refused[d.job_id] = why
                 continue
             chosen, missing = _pick(gpus, d.gpus_by_node)
             if missing:
@@ -328,11 +251,7 @@ def place_jobs(actor, decisions: list[PlacementDecision]) -> tuple[list[Job], di
             [(job, g) for _, job, chosen in accepted for g in chosen],
             "a GPU in the plan is already allocated; the plan is stale",
         )
-        now = timezone.now()
         for d, job, chosen in accepted:
-            job.state = JobState.PLACED
-            job.state_reason = ""
-            job.placed_at = now
             segments = d.segments or [sorted({str(g.node_id) for g in chosen})]
             host_of = {str(g.node_id): g.node.hostname for g in chosen}
             job.placement = {
@@ -344,7 +263,11 @@ def place_jobs(actor, decisions: list[PlacementDecision]) -> tuple[list[Job], di
                 "choices": d.choices or [],
             }
         placed = [job for _, job, _ in accepted]
-        Job.objects.filter(pk__in=[j.pk for j in placed]).update(state=JobState.PLACED, state_reason="", placed_at=now)
+        why = {d.job_id: d.reason for d, _, _ in accepted}
+        job_lifecycle.apply_many(
+            actor, placed, "place", reason_of=lambda job: "", message_of=lambda job: why[job.pk],
+            fields={"placed_at": timezone.now()},
+        )
         # One executemany rather than bulk_update's CASE per row: the placement
         # differs per job, and bulk_update's SQL building dominates large batches.
         with connection.cursor() as cursor:
@@ -352,13 +275,7 @@ def place_jobs(actor, decisions: list[PlacementDecision]) -> tuple[list[Job], di
                 f"UPDATE {Job._meta.db_table} SET placement = %s WHERE id = %s",
                 [(json.dumps(job.placement), job.pk) for job in placed],
             )
-        audit.record_many(
-            actor,
-            "job.place",
-            [(job, {"state": JobState.PENDING}, job_snapshot(job), d.reason) for d, job, _ in accepted],
-        )
         webhooks.emit_many("job.placed", webhooks.jobs_placed(placed))
-        events.jobs_changed(j.pk for j in placed)
         bump_versions({g.node.rack_id for _, _, chosen in accepted for g in chosen})
     return placed, refused
 
@@ -406,35 +323,20 @@ def start_job(actor, job_id: int, expect: str | None = None) -> Job:
     """placed|recovering -> running, when the job's processes are up (again).
     ``expect``: the one of the two the caller's step is for (a placement's start
     is of a placed job, a recovery's restart of a recovering one); Conflict if the
-    job is in the other."""
-    with transaction.atomic():
-        job = Job.objects.select_for_update().get(pk=job_id)
-        if job.state not in (JobState.PLACED, JobState.RECOVERING):
-            raise Conflict(f"job #{job.pk} is {job.state}; only a placed or recovering job can start")
-        if expect is not None and job.state != expect:
-            raise Conflict(f"job #{job.pk} is {job.state}, not {expect}: {job.state_reason or 'its state changed'}")
-        before = job_snapshot(job)
-        job.state = JobState.RUNNING
-        job.state_reason = ""
-        job.started_at = job.started_at or timezone.now()
-        job.attempt += 1
-        job.save(update_fields=["state", "state_reason", "started_at", "attempt"])
-        audit.record(actor, "job.start", job, before=before, after=job_snapshot(job) | {"attempt": job.attempt})
-        events.jobs_changed([job.pk])
-        # Its racks show the job's state, and the scheduler plans with its
-        # expected end (from started_at): both changed.
-        bump_versions(racks_held_by([job.pk]))
-    return job
+    job is in the other. Its racks show the job's state, and the scheduler plans
+    with its expected end (from started_at): the lifecycle moves their versions."""
+    return job_lifecycle.transition(
+        actor, job_id, "start", expect=expect, after_extra=lambda job: {"attempt": job.attempt}
+    )
 
 
 def swap_job_nodes(actor, job_id: int, swaps: Mapping[int, int], *, reason: str) -> Job:
     """Move the job's GPUs off each failed node onto its replacement in the same
     rack, keeping every other node where it is. The job is left recovering; it
     restarts from its checkpoint with :func:`start_job`."""
-    with transaction.atomic():
-        job = Job.objects.select_for_update().get(pk=job_id)
-        if job.state not in HOLDING_JOB_STATES:
-            raise Conflict(f"job #{job.pk} is {job.state}; it holds no nodes to swap")
+    hosts = dict(Node.objects.filter(id__in=[*swaps, *swaps.values()]).values_list("id", "hostname"))
+
+    def swap(job: Job) -> set[int]:
         now = timezone.now()
         rack_ids: set[int] = set()
         wanted: dict[int, list[int]] = {}
@@ -442,8 +344,7 @@ def swap_job_nodes(actor, job_id: int, swaps: Mapping[int, int], *, reason: str)
             held = Allocation.objects.filter(job=job, gpu__node_id=old, released_at__isnull=True)
             count = held.count()
             if count == 0:
-                host = Node.objects.filter(pk=old).values_list("hostname", flat=True).first() or old
-                raise Conflict(f"job #{job.pk} holds nothing on node {host}; the plan is stale")
+                raise Conflict(f"job #{job.pk} holds nothing on node {hosts.get(old, old)}; the plan is stale")
             held.update(released_at=now)
             busy = set(
                 Allocation.objects.filter(gpu__node_id=new, released_at__isnull=True).values_list(
@@ -452,66 +353,37 @@ def swap_job_nodes(actor, job_id: int, swaps: Mapping[int, int], *, reason: str)
             )
             free = [i for i in GPU.objects.filter(node_id=new).order_by("index").values_list("index", flat=True) if i not in busy]
             if len(free) < count:
-                host = Node.objects.filter(pk=new).values_list("hostname", flat=True).first() or new
-                raise Conflict(f"node {host} has {len(free)} free GPUs, job #{job.pk} needs {count}")
+                raise Conflict(f"node {hosts.get(new, new)} has {len(free)} free GPUs, job #{job.pk} needs {count}")
             wanted[new] = free[:count]
             rack_ids |= set(Node.objects.filter(id__in=[old, new]).values_list("rack_id", flat=True))
         _take_gpus(job, wanted)
-        before = job_snapshot(job)
         mapping = {str(o): str(n) for o, n in swaps.items()}
         placement = dict(job.placement or {})
         placement["segments"] = [[mapping.get(n, n) for n in seg] for seg in placement.get("segments", [])]
-        hosts = dict(Node.objects.filter(id__in=[*swaps, *swaps.values()]).values_list("id", "hostname"))
         nodes = set(placement.get("nodes", [])) - {hosts[o] for o in swaps}
         placement["nodes"] = sorted(nodes | {hosts[n] for n in swaps.values()})
         in_segments = {int(n) for seg in placement["segments"] for n in seg}
         host_of = {str(k): v for k, v in Node.objects.filter(id__in=in_segments).values_list("id", "hostname")}
         placement["segment_hosts"] = [[host_of.get(n, n) for n in seg] for seg in placement["segments"]]
         job.placement = placement
-        job.state = JobState.RECOVERING
-        job.state_reason = clip(reason)
-        job.save(update_fields=["placement", "state", "state_reason"])
-        audit.record(
-            actor,
-            "job.swap",
-            job,
-            before=before | {"nodes": [hosts[o] for o in swaps]},
-            after=job_snapshot(job) | {"nodes": [hosts[n] for n in swaps.values()]},
-            message=reason,
-        )
-        events.jobs_changed([job.pk])
-        bump_versions(rack_ids)
-    return job
+        job.save(update_fields=["placement"])
+        return rack_ids
+
+    return job_lifecycle.transition(
+        actor,
+        job_id,
+        "swap",
+        reason=reason,
+        effect=swap,
+        before_extra={"nodes": [hosts.get(o) for o in swaps]},
+        after_extra=lambda job: {"nodes": [hosts.get(n) for n in swaps.values()]},
+    )
 
 
 def requeue_job(actor, job_id: int, *, reason: str, action: str = "job.requeue") -> Job:
     """Stop a job that holds GPUs and put it back in the queue (after a failure
     with no room to recover, a preemption, or to move it elsewhere)."""
-    with transaction.atomic():
-        job = Job.objects.select_for_update().get(pk=job_id)
-        if job.state not in HOLDING_JOB_STATES:
-            raise Conflict(f"job #{job.pk} is {job.state}; only a job holding GPUs can be requeued")
-        before = job_snapshot(job)
-        racks = _release(job)
-        job.state = JobState.PENDING
-        job.state_reason = clip(reason)
-        job.save(update_fields=["state", "state_reason"])
-        audit.record(actor, action, job, before=before, after=job_snapshot(job), message=reason)
-        events.jobs_changed([job.pk])
-        bump_versions(racks)
-        dispatch.schedule_soon()
-    return job
-
-
-# The jobs whose end the cluster may report: those that hold GPUs (placed,
-# running, recovering), and pending jobs that have a job in the cluster (held
-# there while Rackwise places them: adopted, or stopped for a move).
-CLUSTER_MAY_END = Q(state__in=HOLDING_JOB_STATES) | Q(state=JobState.PENDING, external_id__isnull=False)
-
-
-def cluster_may_end(job: Job) -> bool:
-    """``job`` is one of :data:`CLUSTER_MAY_END` (the same rule, on a row)."""
-    return job.state in HOLDING_JOB_STATES or (job.state == JobState.PENDING and bool(job.external_id))
+    return job_lifecycle.transition(actor, job_id, "requeue", reason=reason, audit_action=action)
 
 
 def finish_job(
@@ -525,22 +397,19 @@ def finish_job(
 ) -> Job:
     """A running (or recovering) job ended; its GPUs return to the pool. A
     pending job that has a job in the cluster may end too, when the cluster
-    says that job ended (:func:`cluster_may_end`).
+    says that job ended (``job_lifecycle.cluster_may_end``).
     ``expect_attempt``: refuse (Conflict) if the job was restarted since the
     end was seen; ``finished_at``: when it ended (the cluster's accounting)."""
-    with transaction.atomic():
-        job = Job.objects.select_for_update().get(pk=job_id)
-        if not cluster_may_end(job):
-            raise Conflict(f"job #{job.pk} is {job.state}; it holds no GPUs to finish with")
-        _check_attempt(job, expect_attempt)
-        before = job_snapshot(job)
-        racks = _release(job)
-        job.state = JobState.COMPLETED if succeeded else JobState.FAILED
-        job.state_reason = clip(reason)
-        job.finished_at = finished_at or timezone.now()
-        job.save(update_fields=["state", "state_reason", "finished_at"])
-        audit.record(actor, "job.finish", job, before=before, after=job_snapshot(job), message=reason)
-        events.jobs_changed([job.pk])
-        bump_versions(racks)
-        dispatch.schedule_soon()
-    return job
+
+    def stamp(job: Job) -> None:
+        job.finished_at = finished_at
+
+    return job_lifecycle.transition(
+        actor,
+        job_id,
+        "finish",
+        to=JobState.COMPLETED if succeeded else JobState.FAILED,
+        reason=reason,
+        expect_attempt=expect_attempt,
+        effect=stamp if finished_at else None,
+    )

@@ -1,160 +1,35 @@
-"""Node state changes requested by operators (and, later, by health checks).
-
-Allowed transitions::
-
-    healthy|suspect   --drain-->          draining (jobs still on it) | drained
-    draining|drained  --undrain-->        healthy
-    any but failed/in_repair --fail-->    failed   (jobs on it go to recovering)
-    failed|in_repair|suspect --return-->  healthy  (GPU health reset to ok)
-
-Each change is mirrored to the cluster (``ClusterAdapter.set_node_state``)
-with the node row locked, before the transaction commits: if the cluster
-cannot take it, the change is refused (:class:`ClusterDown`, a 503) and nothing
-changes, so Rackwise and the cluster never disagree for long. ``mirror=False``
-is for changes the cluster already has: a node step an adapter just carried
-out, or a state the cluster itself reported.
-"""
+"""Node state changes requested by operators, health checks and the cluster.
+Each is a move of the node lifecycle (``node_lifecycle``, its table and the
+cluster mirror); these add what follows in other aggregates: a failure
+interrupts the jobs on the node, a return resets its GPUs' health, and a change
+that frees capacity asks for a scheduling pass."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.db import transaction
-from django.db.models import QuerySet
 from django.utils import timezone
 
-from fleet import engine, events
-from fleet.choices import HOLDING_JOB_STATES, GpuHealth, JobState, NodeState
-from fleet.cluster.base import (
-    NODE_DRAINING,
-    NODE_FAILED,
-    NODE_HEALTHY,
-    ClusterUnavailable,
-    StepFailed,
-    get_adapter,
-)
+from fleet import engine
+from fleet.choices import HOLDING_JOB_STATES, GpuHealth
 from fleet.models import GPU, Allocation, Job, Node
-from fleet.services import audit, dispatch, webhooks
-from fleet.services.errors import ClusterDown, Conflict, InvalidInput
-from fleet.services.racks import bump_versions, racks_held_by
-from fleet.text import clip
+from fleet.services import dispatch, job_lifecycle, node_lifecycle, webhooks
+from fleet.services.errors import Conflict, InvalidInput
+from fleet.services.node_lifecycle import MOVES as LIFECYCLE
+from fleet.services.racks import racks_held_by
 from placement.recover import restart_cost_gpu_hours
-
-# Where each move may start (the module docstring's table).
-DRAINABLE = (NodeState.HEALTHY, NodeState.SUSPECT)
-UNDRAINABLE = (NodeState.DRAINING, NodeState.DRAINED)
-FAILABLE = (NodeState.HEALTHY, NodeState.SUSPECT, NodeState.DRAINING, NodeState.DRAINED)
-RETURNABLE = (NodeState.FAILED, NodeState.IN_REPAIR, NodeState.SUSPECT)
-
-
-def _snapshot(node: Node) -> dict[str, str]:
-    return {"state": node.state, "state_reason": node.state_reason}
-
-
-def _transition(
-    actor,
-    node_id: int,
-    *,
-    action: str,
-    allowed_from: tuple[str, ...],
-    to_state: str | Callable[[Node], str],
-    reason: str,
-    refusal: str,
-    cluster_state: str | None = None,
-) -> Node:
-    """Lock the node, check the transition is allowed, mirror it to the cluster
-    (``cluster_state``, a ``NODE_*``; None: not mirrored), apply it, and audit it.
-    ``to_state`` may depend on the locked node (a drain ends draining or drained).
-    Must be called inside a transaction; the caller bumps the rack version last
-    (rack rows are always locked last, so services never wait on each other in a
-    cycle)."""
-    node = Node.objects.select_for_update().get(pk=node_id)
-    if node.state not in allowed_from:
-        raise Conflict(f"node {node.hostname} is {node.state}; {refusal}")
-    if cluster_state is not None:
-        mirror_node_state(node.hostname, cluster_state, reason)
-    before = _snapshot(node)
-    node.state = to_state(node) if callable(to_state) else to_state
-    node.state_reason = clip(reason)
-    node.state_changed_at = timezone.now()
-    node.save(update_fields=["state", "state_reason", "state_changed_at"])
-    audit.record(actor, action, node, before=before, after=_snapshot(node), message=reason)
-    return node
-
-
-def mirror_node_state(hostname: str, state: str, reason: str) -> None:
-    """Tell the cluster of a node change Rackwise is about to commit. Raises
-    ClusterDown (the cluster did not answer) or Conflict (it refused)."""
-    try:
-        get_adapter().set_node_state(hostname, state, reason)
-    except ClusterUnavailable as exc:
-        raise ClusterDown(f"the cluster is unavailable, node {hostname} was not changed: {exc}") from exc
-    except StepFailed as exc:
-        raise Conflict(f"the cluster refused the change of node {hostname}: {exc}") from exc
-
-
-def _has_active_allocations(node: Node) -> bool:
-    return Allocation.objects.filter(gpu__node=node, released_at__isnull=True).exists()
 
 
 def drain_node(actor, node_id: int, reason: str = "", *, mirror: bool = True) -> Node:
     """Stop new work landing on the node; running jobs finish where they are."""
-    with transaction.atomic():
-        node = _transition(
-            actor,
-            node_id,
-            action="node.drain",
-            allowed_from=DRAINABLE,
-            to_state=lambda n: NodeState.DRAINING if _has_active_allocations(n) else NodeState.DRAINED,
-            reason=reason or "drained by operator",
-            refusal="only a healthy or suspect node can be drained",
-            cluster_state=NODE_DRAINING if mirror else None,
-        )
-        bump_versions([node.rack_id])
-    return node
-
-
-def idle_draining_nodes(node_ids: Iterable[int] | None = None) -> QuerySet[Node]:
-    """Draining nodes (of ``node_ids``, or all) that hold no GPUs any more: the
-    ones due to become drained."""
-    idle = Node.objects.filter(state=NodeState.DRAINING).exclude(
-        id__in=Allocation.objects.filter(released_at__isnull=True).values("gpu__node_id")
-    )
-    return idle if node_ids is None else idle.filter(id__in=list(node_ids))
-
-
-def settle_drained_nodes() -> list[int]:
-    """Draining nodes that hold no GPUs any more become drained. A job's release
-    does this itself, but skips a node another transaction holds at that moment
-    (see jobs._release); reconcile calls this to catch those. Returns the ids."""
-    settled = []
-    for node_id in idle_draining_nodes().values_list("id", flat=True):
-        with transaction.atomic():
-            node = Node.objects.select_for_update().filter(pk=node_id, state=NodeState.DRAINING).first()
-            if node is None or _has_active_allocations(node):
-                continue  # changed since it was selected
-            node.state = NodeState.DRAINED
-            node.state_changed_at = timezone.now()
-            node.save(update_fields=["state", "state_changed_at"])
-            bump_versions([node.rack_id])
-            settled.append(node.pk)
-    return settled
+    return node_lifecycle.transition(actor, node_id, "drain", reason=reason or "drained by operator", mirror=mirror)
 
 
 def undrain_node(actor, node_id: int, reason: str = "", *, mirror: bool = True) -> Node:
     with transaction.atomic():
-        node = _transition(
-            actor,
-            node_id,
-            action="node.undrain",
-            allowed_from=UNDRAINABLE,
-            to_state=NodeState.HEALTHY,
-            reason=reason,
-            refusal="only a draining or drained node can be undrained",
-            cluster_state=NODE_HEALTHY if mirror else None,
-        )
-        bump_versions([node.rack_id])
+        node = node_lifecycle.transition(actor, node_id, "undrain", reason=reason, mirror=mirror)
         dispatch.schedule_soon()
     return node
 
@@ -162,62 +37,38 @@ def undrain_node(actor, node_id: int, reason: str = "", *, mirror: bool = True) 
 def mark_node_failed(actor, node_id: int, reason: str = "", *, mirror: bool = True) -> Node:
     """Take a node out of service. Jobs holding GPUs on it are interrupted and
     move to ``recovering``; the control loop swaps in a spare."""
-    with transaction.atomic():
-        node = _transition(
-            actor,
-            node_id,
-            action="node.fail",
-            allowed_from=FAILABLE,
-            to_state=NodeState.FAILED,
-            reason=reason or "marked failed by operator",
-            refusal="it is already out of service",
-            cluster_state=NODE_FAILED if mirror else None,
+
+    def interrupt(node: Node) -> set[int]:
+        job_ids = list(
+            Allocation.objects.filter(gpu__node=node, released_at__isnull=True).values_list("job_id", flat=True)
         )
-        job_ids = Allocation.objects.filter(
-            gpu__node=node, released_at__isnull=True
-        ).values_list("job_id", flat=True)
-        interrupted = []
-        for job in Job.objects.select_for_update().filter(
-            id__in=list(job_ids), state__in=HOLDING_JOB_STATES
-        ).order_by("pk"):  # id order, as every multi-job lock
-            interrupted.append(job.pk)
-            before = {"state": job.state, "state_reason": job.state_reason}
-            job.state = JobState.RECOVERING
-            job.state_reason = clip(f"node {node.hostname} failed: {node.state_reason}")
-            job.save(update_fields=["state", "state_reason"])
-            audit.record(
-                actor,
-                "job.interrupt",
-                job,
-                before=before,
-                after={"state": job.state, "state_reason": job.state_reason},
-            )
-            events.jobs_changed([job.pk])
-            dispatch.recover_soon(job.pk)
+        # id order, as every multi-job lock
+        jobs = list(Job.objects.select_for_update().filter(id__in=job_ids, state__in=HOLDING_JOB_STATES).order_by("pk"))
+        job_lifecycle.apply_many(
+            actor, jobs, "interrupt", reason_of=lambda job: f"node {node.hostname} failed: {node.state_reason}"
+        )
         webhooks.emit("node.failed", webhooks.node_failed(node, job_ids))
         # Every rack the interrupted jobs hold GPUs in shows their new state.
-        bump_versions({node.rack_id} | racks_held_by(interrupted))
-    return node
+        return racks_held_by(j.pk for j in jobs)
+
+    return node_lifecycle.transition(
+        actor, node_id, "fail", reason=reason or "marked failed by operator", mirror=mirror, effect=interrupt
+    )
 
 
 def return_node_to_service(actor, node_id: int, reason: str = "", *, mirror: bool = True) -> Node:
     """A repaired node comes back healthy, with its GPUs' health reset."""
-    with transaction.atomic():
-        node = _transition(
-            actor,
-            node_id,
-            action="node.return",
-            allowed_from=RETURNABLE,
-            to_state=NodeState.HEALTHY,
-            reason=reason or "returned to service",
-            refusal="only a failed, in-repair or suspect node can be returned to service "
-            "(use undrain for a drained node)",
-            cluster_state=NODE_HEALTHY if mirror else None,
-        )
+
+    def reset_gpus(node: Node) -> set[int]:
         GPU.objects.filter(node=node).exclude(health=GpuHealth.OK).update(
             health=GpuHealth.OK, last_error="", health_changed_at=timezone.now()
         )
-        bump_versions([node.rack_id])
+        return set()
+
+    with transaction.atomic():
+        node = node_lifecycle.transition(
+            actor, node_id, "return", reason=reason or "returned to service", mirror=mirror, effect=reset_gpus
+        )
         dispatch.schedule_soon()
     return node
 
@@ -299,10 +150,11 @@ def impact_of(node: Node, move: str) -> Impact:
 MOVES: dict[str, NodeMove] = {
     m.name: m
     for m in (
-        NodeMove("drain", "Drain", DRAINABLE, True, drain_node),
-        NodeMove("undrain", "Undrain", UNDRAINABLE, False, undrain_node),
-        NodeMove("mark-failed", "Mark failed", FAILABLE, True, mark_node_failed),
-        NodeMove("return-to-service", "Return to service", RETURNABLE, False, return_node_to_service),
+        NodeMove("drain", "Drain", LIFECYCLE["drain"].allowed_from, True, drain_node),
+        NodeMove("undrain", "Undrain", LIFECYCLE["undrain"].allowed_from, False, undrain_node),
+        NodeMove("mark-failed", "Mark failed", LIFECYCLE["fail"].allowed_from, True, mark_node_failed),
+        NodeMove("return-to-service", "Return to service", LIFECYCLE["return"].allowed_from, False,
+                 return_node_to_service),
     )
 }
 

@@ -17,10 +17,10 @@ from fleet.cluster.base import WAITING, ClusterAdapter, ClusterUnavailable, Step
 from fleet.cluster.steps import Allocate, Start, Step, StepError
 from fleet.models import Action, Allocation, Job
 from fleet.services import action_lifecycle as lifecycle
+from fleet.services import job_lifecycle
 from fleet.services import jobs as job_services
 from fleet.services import steps as step_rules
 from fleet.services.errors import ServiceError
-from fleet.text import clip
 
 
 @dataclass
@@ -137,7 +137,7 @@ def _gpus_left(job_id: int) -> dict[int, list[int]]:
 
 def _requeue_after_rollback(action: Action, job_id: int, why: str, out: RollBack) -> None:
     reason = f"action #{action.pk} failed and its rollback could not restart the job ({why}); waiting in the queue"
-    Job.objects.filter(pk=job_id, state=JobState.PENDING).update(state_reason=clip(reason))
+    job_lifecycle.note_waiting(job_id, reason)
     out.queued.append(job_id)
     out.entries.append(_rollback_entry(job_id, f"job #{job_id} back in the queue: {why}"))
 

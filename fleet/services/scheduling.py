@@ -23,12 +23,11 @@ from fleet.choices import ActionKind, ActionState, ApprovalMode, JobState, Local
 from fleet.cluster.steps import Start
 from fleet.models import Action, ApprovalPolicy, Job, NodeHold
 from fleet.services import actions as action_services
-from fleet.services import dispatch
+from fleet.services import dispatch, job_lifecycle
 from fleet.services import jobs as job_services
 from fleet.services.capacity import fleet_capacity, normalise_shape
 from fleet.services.errors import Conflict
 from fleet.services.proposals import filling
-from fleet.text import clip
 from placement import model as pm
 from placement import schedule
 from placement.place import what_if as engine_what_if
@@ -266,7 +265,7 @@ def _recheck_plans_filling(auto, placed: list[int], snap: engine.Snapshot) -> No
 
 def _set_reason(job: Job, reason: str) -> None:
     if job.state_reason != reason:
-        Job.objects.filter(pk=job.pk, state=JobState.PENDING).update(state_reason=clip(reason))
+        job_lifecycle.note_waiting(job.pk, reason)
 
 
 def _in_about(seconds: float) -> str:
