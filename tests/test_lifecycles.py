@@ -16,6 +16,7 @@ import pytest
 from django.forms.models import model_to_dict
 
 from fleet.choices import JobState, NodeState
+from fleet.cluster.steps import Allocate
 from fleet.models import Allocation, AuditEvent, Job, Node, Rack
 from fleet.services import job_lifecycle, node_lifecycle
 from fleet.services import jobs as job_services
@@ -83,9 +84,7 @@ def test_placing_a_job_that_is_not_pending_is_refused_by_the_same_table(fleet, s
     Job.objects.filter(pk=job.pk).update(state=JobState.RUNNING)
     before = _written(job=job)
 
-    placed, refused = job_services.place_jobs(
-        None, [job_services.PlacementDecision(job.pk, {node.pk: [0, 1, 2, 3]}, "test")]
-    )
+    placed, refused = job_services.place_jobs(None, [Allocate(job=job.pk, nodes={node.pk: [0, 1, 2, 3]}, reason="test")])
 
     assert placed == [] and refused == {job.pk: f"job #{job.pk} is running, not pending; it cannot be placed"}
     assert _written(job=job) == before

@@ -10,6 +10,7 @@ from rest_framework import serializers
 from fleet.choices import Locality
 from fleet.models import GPU, AuditEvent, Job, Node, Rack
 from fleet.permissions import sees_all_tenants
+from fleet.services import jobs as job_services
 from fleet.services.nodes import MOVES, moves_for
 
 MAX_INT32 = 2**31 - 1  # the range of the integer columns sizes and counts land in
@@ -159,6 +160,7 @@ class JobSerializer(serializers.ModelSerializer):
     owner = serializers.CharField(source="owner.username", read_only=True)
     tenant = serializers.CharField(source="tenant.name", read_only=True)
     allocated = serializers.SerializerMethodField()
+    placement = serializers.SerializerMethodField()
 
     class Meta:
         model = Job
@@ -182,6 +184,18 @@ class JobSerializer(serializers.ModelSerializer):
         if "env" in spec:
             out["env_names"] = sorted(spec["env"])
         return out
+
+    @extend_schema_field(
+        {
+            "type": "object",
+            "description": "Where the job runs (racks, nodes, its segments by node id and by hostname: "
+            "its GPUs now, or where it last ran) and why (the engine's reason and choices); {} if never placed.",
+        }
+    )
+    def get_placement(self, job: Job) -> dict:
+        if self.context.get("just_submitted"):
+            return {}
+        return job_services.placement_of(job, job.allocations.all())
 
     def get_allocated(self, job: Job) -> list[dict]:
         """The GPUs the job holds now, grouped by node."""

@@ -51,11 +51,8 @@ class JobViewSet(
     conflict_actions = ("export",)  # for the schema: 409 until the job is placed
 
     def get_queryset(self):
-        active = Allocation.objects.filter(released_at__isnull=True).select_related(
-            "gpu__node__rack"
-        )
         qs = Job.objects.select_related("owner", "tenant").prefetch_related(
-            Prefetch("allocations", queryset=active)
+            Prefetch("allocations", queryset=job_services.held_or_last_allocations())
         )
         return visible_jobs(self.request.user, qs)
 

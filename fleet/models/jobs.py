@@ -53,7 +53,9 @@ class Job(models.Model):
     expected_duration_s = models.PositiveIntegerField(null=True, blank=True)
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING)
     state_reason = models.CharField(max_length=500, blank=True, default="")
-    # The placement as decided: {"racks": [...], "nodes": [...], "reason": "..."}.
+    # What the engine decided that allocation rows cannot say: {"segments":
+    # [[node id, ...], ...], "reason": "...", "choices": [...]}. Where the job
+    # runs is its allocations (fleet.services.jobs.placement_of shows both).
     # Allocation rows are the truth for which GPUs are held; this keeps the why.
     placement = models.JSONField(default=dict, blank=True)
     # Incremented each time the job's processes (re)start; a simulated completion

@@ -98,13 +98,13 @@ def propose_many(proposals: list[Proposal], *, actor=None, version: int | None =
     now = timezone.now()
     rows = []
     for p in proposals:
-        p.steps = [s.to_dict() if isinstance(s, Step) else s for s in p.steps]
+        steps = [s.to_dict() if isinstance(s, Step) else s for s in p.steps]
         auto = modes[p.kind] == ApprovalMode.AUTO
         rows.append(
             Action(
                 kind=p.kind,
                 title=p.title[:300],
-                plan={"steps": p.steps, "engine": p.engine_plan or {}, **({"request": p.request} if p.request else {})},
+                plan={"steps": steps, "engine": p.engine_plan or {}, **({"request": p.request} if p.request else {})},
                 replaces_id=p.replaces,
                 cost_gpu_hours=round(p.cost_gpu_hours, 4),
                 benefit=p.benefit or {},
@@ -115,9 +115,9 @@ def propose_many(proposals: list[Proposal], *, actor=None, version: int | None =
                 decided_by_name="policy (auto)" if auto else "",
                 decided_at=now if auto else None,
                 step_index=p.done_steps,
-                progress=p.done_steps / len(p.steps) if p.steps else 1.0,
+                progress=p.done_steps / len(steps) if steps else 1.0,
                 started_at=now if p.done_steps else None,
-                log=[_log_entry(i, Step.from_dict(s), "done") for i, s in enumerate(p.steps[: p.done_steps])],
+                log=[_log_entry(i, Step.from_dict(s), "done") for i, s in enumerate(steps[: p.done_steps])],
             )
         )
     return lifecycle.create(rows, [p.jobs for p in proposals], actor)

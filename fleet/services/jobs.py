@@ -8,11 +8,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import datetime
 
 from django.db import IntegrityError, connection, transaction
+from django.db.models import OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 
 from fleet import events
@@ -22,6 +23,7 @@ from fleet.choices import (
     NodeState,
     Role,
 )
+from fleet.cluster import steps as st
 from fleet.models import GPU, Allocation, Job, Node, Tenant
 from fleet.permissions import role_of
 from fleet.services import audit, dispatch, job_lifecycle, webhooks
@@ -194,17 +196,6 @@ def set_external_id(job_id: int, external_id: str) -> None:
     Job.objects.filter(pk=job_id).exclude(external_id=external_id).update(external_id=external_id[:64])
 
 
-@dataclass(frozen=True)
-class PlacementDecision:
-    """Where the engine put a job: node id -> GPU indices, with the why."""
-
-    job_id: int
-    gpus_by_node: Mapping[int, list[int]]
-    reason: str
-    segments: list[list[str]] | None = None
-    choices: list[str] | None = None
-
-
 def apply_placement(
     actor,
     job_id: int,
@@ -217,53 +208,54 @@ def apply_placement(
     """Bind a pending job to GPUs (node id -> GPU indices) as decided by the
     placement engine. Raises Conflict if the job is no longer pending or any GPU
     is taken or unusable; nothing is written in that case."""
-    placed, refused = place_jobs(actor, [PlacementDecision(job_id, gpus_by_node, reason, segments, choices)])
+    step = st.Allocate(job=job_id, nodes=dict(gpus_by_node), segments=segments, reason=reason, choices=choices)
+    placed, refused = place_jobs(actor, [step])
     if refused:
         raise Conflict(refused[job_id])
     return placed[0]
 
 
-def place_jobs(actor, decisions: list[PlacementDecision]) -> tuple[list[Job], dict[int, str]]:
-    """Apply many placements in one transaction, with a few queries whatever
-    their number. Returns the jobs placed and, for each refused one, why (no
-    longer pending, a GPU gone unhealthy). If any GPU turns out to be taken
-    (the database constraint), the whole batch is refused with Conflict and
-    nothing is written: the caller retries one by one."""
+def place_jobs(actor, steps: list[st.Allocate]) -> tuple[list[Job], dict[int, str]]:
+    """Apply many placements (the actions' allocate steps) in one transaction,
+    with a few queries whatever their number. Returns the jobs placed and, for
+    each refused one, why (no longer pending, a GPU gone unhealthy). If any GPU
+    turns out to be taken (the database constraint), the whole batch is refused
+    with Conflict and nothing is written: the caller retries one by one.
+
+    The job keeps what the allocation rows cannot say (its segments, the
+    engine's reason and choices); where it runs is its rows (:func:`placement_of`)."""
     with transaction.atomic():
         # Locked in id order, as everywhere: two writers never wait on each other in a cycle.
-        locked = Job.objects.select_for_update().filter(pk__in=[d.job_id for d in decisions]).order_by("pk")
+        locked = Job.objects.select_for_update().filter(pk__in=[step.job for step in steps]).order_by("pk")
         jobs = {j.pk: j for j in locked}
-        gpus = _healthy_gpus({int(n) for d in decisions for n in d.gpus_by_node})
+        gpus = _healthy_gpus({int(n) for step in steps for n in step.nodes})
         refused: dict[int, str] = {}
-        accepted: list[tuple[PlacementDecision, Job, list[GPU]]] = []
-        for d in decisions:
-            job = jobs.get(d.job_id)
-            why = f"job #{d.job_id} is gone; it cannot be placed" if job is None else job_lifecycle.refusal(job, "place")
+        accepted: list[tuple[st.Allocate, Job, list[GPU]]] = []
+        for step in steps:
+            job = jobs.get(step.job)
+            why = f"job #{step.job} is gone; it cannot be placed" if job is None else job_lifecycle.refusal(job, "place")
             if why is not None:
-                refused[d.job_id] = why
+                refused[step.job] = why
                 continue
-            chosen, missing = _pick(gpus, d.gpus_by_node)
+            chosen, missing = _pick(gpus, step.nodes)
             if missing:
-                refused[d.job_id] = _stale(missing)
+                refused[step.job] = _stale(missing)
                 continue
-            accepted.append((d, job, chosen))
+            accepted.append((step, job, chosen))
         _insert_allocations(
             [(job, g) for _, job, chosen in accepted for g in chosen],
             "a GPU in the plan is already allocated; the plan is stale",
         )
-        for d, job, chosen in accepted:
-            segments = d.segments or [sorted({str(g.node_id) for g in chosen})]
-            host_of = {str(g.node_id): g.node.hostname for g in chosen}
+        views = {}
+        for step, job, chosen in accepted:
             job.placement = {
-                "racks": sorted({g.node.rack.name for g in chosen}),
-                "nodes": sorted({g.node.hostname for g in chosen}),
-                "segments": segments,
-                "segment_hosts": [[host_of.get(n, n) for n in seg] for seg in segments],
-                "reason": d.reason,
-                "choices": d.choices or [],
+                "segments": step.segments or [sorted({str(g.node_id) for g in chosen})],
+                "reason": step.reason,
+                "choices": step.choices or [],
             }
+            views[job.pk] = _placement_view(job.placement, [g.node for g in chosen])
         placed = [job for _, job, _ in accepted]
-        why = {d.job_id: d.reason for d, _, _ in accepted}
+        why = {step.job: step.reason for step, _, _ in accepted}
         job_lifecycle.apply_many(
             actor, placed, "place", reason_of=lambda job: "", message_of=lambda job: why[job.pk],
             fields={"placed_at": timezone.now()},
@@ -275,9 +267,64 @@ def place_jobs(actor, decisions: list[PlacementDecision]) -> tuple[list[Job], di
                 f"UPDATE {Job._meta.db_table} SET placement = %s WHERE id = %s",
                 [(json.dumps(job.placement), job.pk) for job in placed],
             )
-        webhooks.emit_many("job.placed", webhooks.jobs_placed(placed))
+        webhooks.emit_many("job.placed", webhooks.jobs_placed(placed, views))
         bump_versions({g.node.rack_id for _, _, chosen in accepted for g in chosen})
     return placed, refused
+
+
+def placement_of(job: Job, allocations: Iterable[Allocation] | None = None) -> dict:
+    """The job's placement as the API, webhooks and exports show it: what the
+    engine chose (segments, reason, choices: kept on the job) and where its
+    GPUs are (racks, nodes, segments by hostname), read from its allocation
+    rows: those it holds, or if it holds none, the last ones it held.
+    ``allocations``: the rows if the caller has them (gpu, node, rack loaded);
+    else they are read."""
+    if allocations is None:
+        allocations = _last_allocations([job.pk]).get(job.pk, [])
+    rows = list(allocations)
+    held = [a for a in rows if a.released_at is None]
+    if not held and rows:
+        last = max(a.released_at for a in rows)
+        held = [a for a in rows if a.released_at == last]
+    if not job.placement and not held:
+        return {}
+    return _placement_view(job.placement or {}, [a.gpu.node for a in held])
+
+
+def placements_of(jobs: list[Job]) -> dict[int, dict]:
+    """:func:`placement_of` for many jobs, in one query."""
+    rows = _last_allocations([job.pk for job in jobs])
+    return {job.pk: placement_of(job, rows.get(job.pk, [])) for job in jobs}
+
+
+def held_or_last_allocations() -> QuerySet[Allocation]:
+    """Allocation rows jobs hold, and those each job released last (what
+    :func:`placement_of` reads), with their GPU, node and rack."""
+    last = Allocation.objects.filter(job_id=OuterRef("job_id")).order_by("-released_at").values("released_at")[:1]
+    return Allocation.objects.filter(Q(released_at__isnull=True) | Q(released_at=Subquery(last))).select_related(
+        "gpu__node__rack"
+    )
+
+
+def _last_allocations(job_ids: list[int]) -> dict[int, list[Allocation]]:
+    out: dict[int, list[Allocation]] = {}
+    for row in held_or_last_allocations().filter(job_id__in=job_ids):
+        out.setdefault(row.job_id, []).append(row)
+    return out
+
+
+def _placement_view(stored: dict, nodes: Iterable[Node]) -> dict:
+    nodes = list(nodes)
+    host_of = {str(n.pk): n.hostname for n in nodes}
+    segments = stored.get("segments") or []
+    return {
+        "racks": sorted({n.rack.name for n in nodes}),
+        "nodes": sorted(host_of.values()),
+        "segments": segments,
+        "segment_hosts": [[host_of.get(str(n), str(n)) for n in seg] for seg in segments],
+        "reason": stored.get("reason", ""),
+        "choices": stored.get("choices") or [],
+    }
 
 
 def _healthy_gpus(node_ids) -> dict[tuple[int, int], GPU]:
@@ -360,11 +407,6 @@ def swap_job_nodes(actor, job_id: int, swaps: Mapping[int, int], *, reason: str)
         mapping = {str(o): str(n) for o, n in swaps.items()}
         placement = dict(job.placement or {})
         placement["segments"] = [[mapping.get(n, n) for n in seg] for seg in placement.get("segments", [])]
-        nodes = set(placement.get("nodes", [])) - {hosts[o] for o in swaps}
-        placement["nodes"] = sorted(nodes | {hosts[n] for n in swaps.values()})
-        in_segments = {int(n) for seg in placement["segments"] for n in seg}
-        host_of = {str(k): v for k, v in Node.objects.filter(id__in=in_segments).values_list("id", "hostname")}
-        placement["segment_hosts"] = [[host_of.get(n, n) for n in seg] for seg in placement["segments"]]
         job.placement = placement
         job.save(update_fields=["placement"])
         return rack_ids

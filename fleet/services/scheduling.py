@@ -129,7 +129,7 @@ def _record(plan, pending: list[Job], requests: dict, snap: engine.Snapshot, che
     by_id = {str(j.pk): j for j in pending}
     modes = {kind: ApprovalPolicy.mode_for(kind) for kind in (ActionKind.PLACEMENT, ActionKind.PLACEMENT_SPILL)}
     version = action_services.fleet_version()
-    auto: list[tuple[job_services.PlacementDecision, action_services.Proposal]] = []
+    auto: list[action_services.Proposal] = []
     manual: list[action_services.Proposal] = []
     for placement_plan in plan.placements:
         job, request = by_id[placement_plan.job_id], requests[placement_plan.job_id]
@@ -149,13 +149,6 @@ def _record(plan, pending: list[Job], requests: dict, snap: engine.Snapshot, che
             result.waiting[job.pk] = "placement refused by the invariant checker"
             continue
         kind = ActionKind.PLACEMENT_SPILL if _spills(placement_plan, request, snap.fleet) else ActionKind.PLACEMENT
-        decision = job_services.PlacementDecision(
-            job.pk,
-            {int(k): list(v) for k, v in placement_plan.nodes.items()},
-            placement_plan.reason,
-            placement_plan.segments,
-            placement_plan.choices,
-        )
         proposal = action_services.Proposal(
             kind=kind,
             title=f"place job #{job.pk} {job.name}: {_describe(placement_plan, snap)}",
@@ -172,7 +165,7 @@ def _record(plan, pending: list[Job], requests: dict, snap: engine.Snapshot, che
             manual.append(proposal)
             _set_reason(job, "waiting for an operator to approve a placement across racks")
         else:
-            auto.append((decision, proposal))
+            auto.append(proposal)
 
     if manual:
         with transaction.atomic():
@@ -187,24 +180,21 @@ def _record(plan, pending: list[Job], requests: dict, snap: engine.Snapshot, che
         _set_reason(job, reason)
 
 
-def _place_auto(
-    auto: list[tuple[job_services.PlacementDecision, action_services.Proposal]],
-    version: int,
-    checkpoint: Checkpoint,
-) -> list[int]:
-    """Allocate the pass's automatic placements and record their actions, in one
-    transaction. If the batch conflicts with a change made meanwhile (a GPU
-    taken), fall back to one job at a time so the others still go through."""
+def _place_auto(auto: list[action_services.Proposal], version: int, checkpoint: Checkpoint) -> list[int]:
+    """Allocate the pass's automatic placements (each proposal's first step, its
+    allocate) and record their actions, in one transaction. If the batch
+    conflicts with a change made meanwhile (a GPU taken), fall back to one job
+    at a time so the others still go through."""
     if not auto:
         return []
     auto = _off_held_nodes(auto)
     try:
         with transaction.atomic():
-            placed, refused = job_services.place_jobs(None, [d for d, _ in auto])
+            placed, refused = job_services.place_jobs(None, [p.steps[0] for p in auto])
             for job_id, why in refused.items():
                 log.info("placement of job %s skipped: %s", job_id, why)
             done = {job.pk for job in placed}
-            proposals = [p for d, p in auto if d.job_id in done]
+            proposals = [p for p in auto if p.jobs[0] in done]
             for p in proposals:
                 p.done_steps = 1
             action_services.propose_many(proposals, version=version)
@@ -213,41 +203,40 @@ def _place_auto(
     except Conflict:
         pass
     placed_ids = []
-    for decision, proposal in auto:
+    for proposal in auto:
+        job_id = proposal.jobs[0]
         try:
             with transaction.atomic():
-                placed, refused = job_services.place_jobs(None, [decision])
+                placed, refused = job_services.place_jobs(None, [proposal.steps[0]])
                 if refused:
-                    raise Conflict(refused[decision.job_id])
+                    raise Conflict(refused[job_id])
                 proposal.done_steps = 1
                 action_services.propose_many([proposal], version=version)
                 checkpoint()
-            placed_ids.append(decision.job_id)
+            placed_ids.append(job_id)
         except Conflict as exc:
             # Someone changed the fleet under us; the next pass decides again.
-            log.info("placement of job %s skipped: %s", decision.job_id, exc)
+            log.info("placement of job %s skipped: %s", job_id, exc)
     return placed_ids
 
 
-def _off_held_nodes(
-    auto: list[tuple[job_services.PlacementDecision, action_services.Proposal]],
-) -> list[tuple[job_services.PlacementDecision, action_services.Proposal]]:
+def _off_held_nodes(auto: list[action_services.Proposal]) -> list[action_services.Proposal]:
     """The placements that land on no node held for a plan. The engine already
     sees held nodes as taking no new work (fleet.engine); this reads the holds
     again as the pass records, so a hold taken since the snapshot (by a caller
     that did not wait for the decision lock) still wins. The next pass decides
     again for a job left out."""
-    nodes = {int(n) for d, _ in auto for n in d.gpus_by_node}
+    nodes = {int(n) for p in auto for n in p.steps[0].nodes}
     held = dict(NodeHold.objects.filter(node_id__in=nodes).values_list("node_id", "action_id"))
     if not held:
         return auto
     kept = []
-    for decision, proposal in auto:
-        on = sorted({held[int(n)] for n in decision.gpus_by_node if int(n) in held})
+    for proposal in auto:
+        on = sorted({held[int(n)] for n in proposal.steps[0].nodes if int(n) in held})
         if on:
-            log.info("placement of job %s skipped: its nodes are held for action(s) %s", decision.job_id, on)
+            log.info("placement of job %s skipped: its nodes are held for action(s) %s", proposal.jobs[0], on)
         else:
-            kept.append((decision, proposal))
+            kept.append(proposal)
     return kept
 
 
@@ -258,7 +247,7 @@ def _recheck_plans_filling(auto, placed: list[int], snap: engine.Snapshot) -> No
     if not placed:
         return
     done = set(placed)
-    racks = {int(snap.fleet.nodes[str(n)].rack) for d, _ in auto if d.job_id in done for n in d.gpus_by_node}
+    racks = {int(snap.fleet.nodes[str(n)].rack) for p in auto if p.jobs[0] in done for n in p.steps[0].nodes}
     if filling(racks):
         dispatch.recheck_proposals_soon(sorted(racks))
 

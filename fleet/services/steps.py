@@ -26,7 +26,7 @@ node services are told not to mirror a node step's change to the cluster again
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fleet import engine
 from fleet.choices import HOLDING_JOB_STATES, JobState, NodeState
@@ -191,14 +191,11 @@ def refuse_held(action: Action | None, node_ids) -> None:
 
 def _apply_allocate(actor, action: Action, step: st.Allocate) -> None:
     refuse_held(action, step.nodes)
-    job_services.apply_placement(
-        actor,
-        step.job,
-        {int(k): list(v) for k, v in step.nodes.items()},
-        reason=step.reason or _why(action),
-        segments=step.segments,
-        choices=step.choices,
-    )
+    if not step.reason:
+        step = replace(step, reason=_why(action))
+    _, refused = job_services.place_jobs(actor, [step])
+    if refused:
+        raise Conflict(refused[step.job])
 
 
 def _apply_start(actor, action: Action, step: st.Step) -> None:

@@ -274,8 +274,9 @@ def _iso(moment: datetime | None) -> str | None:
     return moment.isoformat() if moment else None
 
 
-def jobs_placed(jobs: Iterable[Job]) -> Iterator[dict]:
-    """``job.placed`` data for jobs just placed (tenant names in one query)."""
+def jobs_placed(jobs: Iterable[Job], placements: dict[int, dict]) -> Iterator[dict]:
+    """``job.placed`` data for jobs just placed (tenant names in one query), with
+    each one's placement (``jobs.placement_of``) by job id."""
     jobs = list(jobs)
     tenants = dict(Tenant.objects.filter(pk__in={j.tenant_id for j in jobs}).values_list("pk", "name"))
     for job in jobs:
@@ -292,7 +293,7 @@ def jobs_placed(jobs: Iterable[Job]) -> Iterator[dict]:
                 "locality": job.locality,
                 "priority": job.priority,
                 "placed_at": _iso(job.placed_at),
-                "placement": job.placement,
+                "placement": placements.get(job.pk, {}),
             }
         }
 

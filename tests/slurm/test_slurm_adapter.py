@@ -226,7 +226,7 @@ def test_job_states_after_scancel_and_after_a_job_ends(cluster, adapter, fleet_o
     short = place(operator, fleet_of_slurm, ["r02n01"], name="short", script="sleep 0.5")
     long = place(operator, fleet_of_slurm, ["r02n02"], name="long")
     for job in (short, long):
-        allocate(adapter, job, fleet_of_slurm, [job.placement["nodes"][0]])
+        allocate(adapter, job, fleet_of_slurm, [job_services.placement_of(job)["nodes"][0]])
         start(adapter, job)
     cluster.run("scancel", long.external_id)
     cluster.wait_job_state(long.external_id, "CANCELLED")
