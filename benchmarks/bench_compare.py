@@ -15,9 +15,9 @@ from pathlib import Path
 
 import common  # noqa: F401  (puts the repo on sys.path)
 
-from placement.sim import POLICY_NAMES, SimConfig, simulate
-from placement.trace import read_trace, write_trace
-from placement.tracegen import LOADS, generate
+from placement.sim.simulation import POLICY_NAMES, SimConfig, simulate
+from placement.sim.trace import read_trace, write_trace
+from placement.sim.tracegen import LOADS, generate
 
 COLS = [("policy", "policy", "{}"), ("goodput", "goodput", "{:.4f}"),
         ("rack_local_fraction", "rack-local", "{:.3f}"),

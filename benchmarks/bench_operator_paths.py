@@ -46,8 +46,9 @@ def main() -> None:
     from fleet import engine
     from fleet.choices import JobState
     from fleet.models import Job, Rack
-    from fleet.services import actions, recovery
-    from fleet.services import defrag as defrag_services
+    from fleet.services.actions import propose as actions
+    from fleet.services.decisions import defrag as defrag_services
+    from fleet.services.decisions import recovery
     from fleet.services.racks import bump_versions
 
     operator = get_user_model().objects.get(username="bench")

@@ -41,9 +41,10 @@ def _env() -> dict[str, str]:
 
 def fill(racks: int, rng: random.Random):
     from fleet.models import Node
-    from fleet.services import jobs as job_services
-    from fleet.services import nodes as node_services
-    from fleet.services.inventory import create_rack
+    from fleet.services.jobs import allocations as job_allocations
+    from fleet.services.jobs import submit as job_services
+    from fleet.services.nodes import moves as node_services
+    from fleet.services.nodes.inventory import create_rack
     from fleet.services.users import ensure_user
 
     t = time.perf_counter()
@@ -61,8 +62,8 @@ def fill(racks: int, rng: random.Random):
         while used < target:
             take = nodes[used:used + min(target - used, rng.choice([2, 4, 4, 8, 16]))]
             job = job_services.submit_job(user, job_services.JobSpec(name=f"j{jobs}", tenant="bench", num_nodes=len(take), gpus_per_node=4))
-            job_services.apply_placement(None, job.pk, {node: [0, 1, 2, 3] for node in take}, reason="bench")
-            job_services.start_job(None, job.pk)
+            job_allocations.apply_placement(None, job.pk, {node: [0, 1, 2, 3] for node in take}, reason="bench")
+            job_allocations.start_job(None, job.pk)
             used += len(take)
             jobs += 1
         busy += used
@@ -110,7 +111,7 @@ def main() -> None:
     from django.test import Client
 
     from fleet import read_cache
-    from fleet.services import read_models
+    from fleet.services.read import read_models
 
     user = get_user_model().objects.get(username="bench")
     client = Client()

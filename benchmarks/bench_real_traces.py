@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import math
 import multiprocessing
 import sys
@@ -41,9 +42,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from placement.sim import POLICY_NAMES, SIZE_CLASSES, SimConfig, simulate, size_class
-from placement.sim_state import config_overrides
-from placement.trace import TraceJob, read_trace
+from placement.sim.simulation import POLICY_NAMES, SIZE_CLASSES, SimConfig, simulate, size_class
+from placement.sim.state import config_overrides
+from placement.sim.trace import TraceJob, read_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TRACES = ROOT / ".." / "shared" / "traces" / "itp"
@@ -125,9 +126,9 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
     cfg = SimConfig(racks=task["racks"], nodes_per_rack=NODES, gpus_per_node=GPN,
                     node_mtbf_hours=task["mtbf"], seed=task["seed"], **task["config"])
     t0 = time.perf_counter()
-    m = simulate(trace, task["policy"], cfg).metrics
-    m = dict(m, worst_p95=worst_p95(m))
-    return {**task, "metrics": m, "wall": time.perf_counter() - t0}
+    result = simulate(trace, task["policy"], cfg)
+    m = dict(result.metrics, worst_p95=worst_p95(result.metrics))
+    return {**task, "metrics": m, "wall": time.perf_counter() - t0, "fingerprint": result.fingerprint}
 
 
 def ratio(a: float, b: float, lower: bool, floor: float) -> float:
@@ -318,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
             g = gmean([x + floor for x in xs]) - floor
             vals.append(f"{g:,.0f}" if k.endswith("_s") or k == "worst_p95" else f"{g:.3f}")
         print(f"| {pol} | " + " | ".join(vals) + " |")
+    decisions = hashlib.sha256("".join(sorted(r["fingerprint"] for r in results)).encode()).hexdigest()[:16]
+    print(f"\ndecisions over all {len(results)} replays: {decisions} (equal: the same decisions in every replay)")
     slow = sorted(results, key=lambda r: -r["wall"])[:3]
     print("\nslowest replays: " + ", ".join(
         f"{r['trace']} x{r['scale']} {r['load']} {r['policy']} {r['wall']:.1f} s" for r in slow))

@@ -125,9 +125,10 @@ def _built(db: str) -> bool:
 def fill(racks: int, busy: float, rng: random.Random) -> None:
     """Racks, and jobs on them through the services, as a working day leaves them."""
     from fleet.models import Node
-    from fleet.services import jobs as job_services
-    from fleet.services import nodes as node_services
-    from fleet.services.inventory import create_rack
+    from fleet.services.jobs import allocations as job_allocations
+    from fleet.services.jobs import submit as job_services
+    from fleet.services.nodes import moves as node_services
+    from fleet.services.nodes.inventory import create_rack
     from fleet.services.users import ensure_user
 
     t = time.perf_counter()
@@ -142,8 +143,8 @@ def fill(racks: int, busy: float, rng: random.Random) -> None:
     def run(nodes: dict[int, list[int]], spec) -> None:
         nonlocal jobs
         job = job_services.submit_job(user, spec)
-        job_services.apply_placement(None, job.pk, nodes, reason="bench")
-        job_services.start_job(None, job.pk)
+        job_allocations.apply_placement(None, job.pk, nodes, reason="bench")
+        job_allocations.start_job(None, job.pk)
         jobs += 1
 
     for nodes in nodes_of.values():
@@ -199,7 +200,7 @@ def main() -> None:
     from django.test import Client
 
     from fleet.models import Node, Rack
-    from fleet.services import nodes as node_services
+    from fleet.services.nodes import moves as node_services
     from fleet.services.users import ensure_user
 
     if Rack.objects.exists():

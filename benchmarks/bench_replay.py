@@ -22,10 +22,10 @@ from pathlib import Path
 
 import common  # noqa: F401  (puts the repo on sys.path)
 
-from placement.sim import POLICY_NAMES, SimConfig, simulate
-from placement.sim_state import config_overrides
-from placement.trace import read_trace, write_trace
-from placement.tracegen import generate
+from placement.sim.simulation import POLICY_NAMES, SimConfig, simulate
+from placement.sim.state import config_overrides
+from placement.sim.trace import read_trace, write_trace
+from placement.sim.tracegen import generate
 
 
 def main() -> None:
@@ -58,13 +58,14 @@ def main() -> None:
         walls = []
         for _ in range(max(1, args.repeat)):
             t = time.perf_counter()
-            m = simulate(trace, policy, cfg).metrics
+            result = simulate(trace, policy, cfg)
+            m = result.metrics
             walls.append(time.perf_counter() - t)
         wall = statistics.median(walls)
         print(f"{policy:<11} replay {wall:6.1f} s ({args.jobs / wall:,.0f} jobs/s); "
               f"completed {m['completed']:,}, rejected {m['rejected']}, "
               f"util {m['gpu_utilization']:.3f}, mean wait {m['mean_wait_s']:.0f} s, "
-              f"failures {m['failures']}")
+              f"failures {m['failures']}; decisions {result.fingerprint}")
 
 
 if __name__ == "__main__":

@@ -73,13 +73,16 @@ def main() -> None:
     old_name = connection.settings_dict["NAME"]
     connection.creation.create_test_db(verbosity=0, autoclobber=True)
     try:
+        from fleet import steps as st
         from fleet.choices import ActionKind, ActionState, ApprovalMode
-        from fleet.cluster import steps as st
         from fleet.cluster.slurm import SlurmAdapter
         from fleet.models import Allocation, Job, Node, Tenant
-        from fleet.services import actions as action_services
-        from fleet.services import jobs as job_services
-        from fleet.services import recovery, slurm_sync
+        from fleet.services.actions import propose as action_services
+        from fleet.services.decisions import recovery
+        from fleet.services.execution import execute as execution
+        from fleet.services.execution import slurm_sync
+        from fleet.services.jobs import allocations as job_allocations
+        from fleet.services.jobs import submit as job_services
         from fleet.services.users import ensure_user
 
         adapter = SlurmAdapter.from_settings()
@@ -97,11 +100,11 @@ def main() -> None:
         Job.objects.filter(pk=job.pk).update(
             cluster_spec={"slurm": {"script": "#!/bin/bash\ntrap 'echo ckpt' USR1\nwhile true; do sleep 5 & wait $!; done\n"}}
         )
-        job_services.apply_placement(user, job.pk, {nodes[h].pk: [0, 1, 2, 3] for h in hosts}, reason="bench")
+        job_allocations.apply_placement(user, job.pk, {nodes[h].pk: [0, 1, 2, 3] for h in hosts}, reason="bench")
         out = adapter.perform(None, 0, st.Allocate(job=job.pk, nodes={nodes[h].pk: [0, 1, 2, 3] for h in hosts}, hostnames=hosts))
         Job.objects.filter(pk=job.pk).update(external_id=out.external_id)
         adapter.perform(None, 1, st.Start(job=job.pk))
-        job_services.start_job(None, job.pk)
+        job_allocations.start_job(None, job.pk)
         sid = out.external_id
 
         action_services.set_policy(user, ActionKind.RECOVERY, ApprovalMode.MANUAL)
@@ -115,7 +118,7 @@ def main() -> None:
             assert action is not None and action.kind == ActionKind.RECOVERY, action
             t0 = time.monotonic()
             action_services.approve(user, action.pk)
-            while action_services.execute_next_step(action.pk, adapter=adapter).more:
+            while execution.execute_next_step(action.pk, adapter=adapter).more:
                 pass
             took = time.monotonic() - t0
             action.refresh_from_db()

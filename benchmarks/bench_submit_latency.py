@@ -61,7 +61,7 @@ def setup(racks: int) -> str:
         t = time.perf_counter()
         _manage("migrate", "-v0")
         script = (
-            "from fleet.services.inventory import create_rack\n"
+            "from fleet.services.nodes.inventory import create_rack\n"
             f"for i in range({racks}): create_rack(None, name=f'b{{i:04d}}', site='bench', row=str(i // 10), position=i % 10)\n"
         )
         _manage("shell", "-c", script)

@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from placement.model import Fleet, JobRequest
 from placement.place import place
-from placement.tracegen import SIZE_MIX
+from placement.sim.tracegen import SIZE_MIX
 
 
 def random_job(rng: random.Random, jid: str, max_gpus: int | None = None) -> JobRequest:

@@ -20,12 +20,12 @@ from fleet.models import (
     WebhookDelivery,
     WebhookEndpoint,
 )
-from fleet.services import actions as action_services
 from fleet.services import audit
-from fleet.services import jobs as job_services
-from fleet.services import nodes as node_services
 from fleet.services import webhooks as webhook_services
+from fleet.services.actions import propose as action_services
 from fleet.services.errors import ServiceError
+from fleet.services.jobs import submit as job_services
+from fleet.services.nodes import moves as node_services
 from fleet.services.racks import bump_versions
 
 

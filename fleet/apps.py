@@ -8,6 +8,7 @@ class FleetConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        # Signals and hooks connect once the app registry is ready (Django's rule for ready()).
         from fleet import access_signals
         from fleet.schedules import ensure_periodic_tasks
 

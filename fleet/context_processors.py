@@ -1,5 +1,5 @@
 from fleet.permissions import role_of
-from fleet.services.attention import awaiting_approval
+from fleet.services.read.attention import awaiting_approval
 
 
 def role(request) -> dict:

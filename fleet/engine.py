@@ -15,8 +15,8 @@ from django.db import connection, transaction
 from django.db.models import Count
 
 from fleet.choices import HOLDING_JOB_STATES, NodeState
-from fleet.cluster.steps import Allocate
 from fleet.models import Allocation, Job, Node, Rack
+from fleet.steps import Allocate
 from placement import model as pm
 from placement.validate import validate_indexes
 
@@ -268,7 +268,7 @@ class LiveFleet:
             snap.jobs.pop(jid, None)
         for rid in map(str, changed):
             # A hold is taken or released with its racks' versions moved
-            # (fleet.services.action_lifecycle), so a changed rack's holds are read here.
+            # (fleet.services.actions.lifecycle), so a changed rack's holds are read here.
             for nid, _, hostname, health, _, hold in rows[rid]:
                 snap.hostnames[nid] = fleet.nodes[nid].name = hostname
                 if hold is None:

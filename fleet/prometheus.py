@@ -32,7 +32,7 @@ from prometheus_client.registry import Collector
 
 from fleet.choices import ActionKind, ActionState, JobState
 from fleet.models import Action, Job, Node
-from fleet.services import read_models
+from fleet.services.read import read_models
 
 log = logging.getLogger(__name__)
 

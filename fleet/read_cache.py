@@ -1,5 +1,5 @@
 """A fleet-wide change generation in the shared cache (Redis), for the read
-models (``fleet.services.read_models``): every committed change to racks, jobs
+models (``fleet.services.read.read_models``): every committed change to racks, jobs
 or actions bumps it (``fleet.events`` does, on commit, before the events go
 out), so a read model knows whether what it computed is still the fleet's.
 Never fails a writer: a cache that does not answer only means readers compute.
@@ -19,7 +19,7 @@ import math
 from django.conf import settings
 from django.core.cache import cache
 
-from fleet.services import dispatch
+from fleet import dispatch
 
 log = logging.getLogger(__name__)
 

@@ -17,28 +17,25 @@ from django.db import InterfaceError, OperationalError, connections
 from django.db.models import Q
 from django.utils import timezone
 
-from fleet import locks
+from fleet import dispatch, locks
 from fleet.choices import ActionState, JobState
 from fleet.models import Action, Job
-from fleet.services import (
-    action_lifecycle,
-    audit,
-    cluster_sync,
-    dispatch,
-    health,
-    job_lifecycle,
-    node_lifecycle,
-    proposals,
-    read_models,
-    scheduling,
-)
-from fleet.services import actions as action_services
-from fleet.services import defrag as defrag_services
-from fleet.services import jobs as job_services
-from fleet.services import recovery as recovery_services
-from fleet.services.demo import tick
+from fleet.services import audit
+from fleet.services.actions import lifecycle as action_lifecycle
+from fleet.services.actions import propose as action_services
+from fleet.services.decisions import defrag as defrag_services
+from fleet.services.decisions import recheck as proposals
+from fleet.services.decisions import recovery as recovery_services
+from fleet.services.decisions import scheduling
 from fleet.services.errors import Conflict
-from fleet.services.metrics import record_sample
+from fleet.services.execution import cluster_sync
+from fleet.services.execution import execute as execution
+from fleet.services.intake import health
+from fleet.services.intake.demo import tick
+from fleet.services.jobs import allocations as job_allocations
+from fleet.services.nodes import lifecycle as node_lifecycle
+from fleet.services.read import read_models
+from fleet.services.read.metrics import record_sample
 from fleet.services.webhooks import SWEEP_NUDGE_S, attempt_delivery, due_deliveries
 
 log = logging.getLogger(__name__)
@@ -151,11 +148,11 @@ def execute_action(action_id: int) -> str:
             # take holds: a decision, so under the decision lock (the steps
             # themselves run without it). Busy: reconcile sends it again.
             begun = False
-            if action_services.needs_decision_to_begin(action_id):
+            if execution.needs_decision_to_begin(action_id):
                 try:
                     # A short wait, well inside the action lock's TTL.
                     with locks.decisions(wait=settings.RACKWISE_STALL_S / 3):
-                        not_started = action_services.begin(action_id)
+                        not_started = execution.begin(action_id)
                 except locks.Busy:
                     dispatch.send_once("fleet.tasks.execute_action", action_id, countdown=1)
                     return "the decision lock is busy; trying again shortly"
@@ -163,7 +160,7 @@ def execute_action(action_id: int) -> str:
                     return not_started.message
                 begun = True
             while True:
-                result = action_services.execute_next_step(action_id, begun=begun)
+                result = execution.execute_next_step(action_id, begun=begun)
                 begun = True
                 if result.retry_in is not None:
                     dispatch.send_once("fleet.tasks.execute_action", action_id, countdown=result.retry_in)
@@ -227,12 +224,12 @@ def reconcile_once(now=None) -> dict:
 
     busy = action_services.open_action_job_ids()
     # 2. Allocations left behind by jobs that no longer hold GPUs.
-    done["released"] = job_lifecycle.release_leaked_allocations()
+    done["released"] = job_allocations.release_leaked_allocations()
 
     # 3. Jobs stuck between steps with no action to carry them on.
     for job in Job.objects.filter(state=JobState.PLACED, placed_at__lte=now - stall).exclude(pk__in=busy):
         try:
-            job_services.requeue_job(None, job.pk, reason="placed but never started; requeued by reconcile")
+            job_allocations.requeue_job(None, job.pk, reason="placed but never started; requeued by reconcile")
             done["requeued"].append(job.pk)
         except Conflict:
             pass

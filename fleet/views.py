@@ -44,13 +44,13 @@ from fleet.permissions import (
     visible_jobs,
     visible_tenant_names,
 )
-from fleet.services import nodes as node_services
-from fleet.services import read_models
-from fleet.services.actions import describe_step
-from fleet.services.actions import policies as action_policies
-from fleet.services.attention import age_text, attention
-from fleet.services.capacity import fleet_capacity
-from fleet.services.summary import rack_summaries
+from fleet.services.actions.propose import describe_step
+from fleet.services.actions.propose import policies as action_policies
+from fleet.services.jobs.capacity import fleet_capacity
+from fleet.services.nodes import moves as node_services
+from fleet.services.read import read_models
+from fleet.services.read.attention import age_text, attention
+from fleet.services.read.summary import rack_summaries
 from placement.place import largest_free
 
 PAGE_ROWS = 200
@@ -449,7 +449,7 @@ class JobSubmitView(RoleRequiredMixin, TemplateView):
     def get_context_data(self, **kwargs):
         context = super().get_context_data(**kwargs)
         user = self.request.user
-        # The tenants a submission may name (fleet.services.jobs.resolve_tenant).
+        # The tenants a submission may name (fleet.services.jobs.submit.resolve_tenant).
         tenants = Tenant.objects.all() if has_role(user, Role.OPERATOR) else user.tenants.all()
         context.update(
             tenants=list(tenants.order_by("name").values_list("name", flat=True)),

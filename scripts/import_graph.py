@@ -26,11 +26,18 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("engine", ("placement",)),
     # Models, settings, the Celery app and the plain helpers every layer uses;
     # the step dataclasses, service errors and the task dispatcher are shared words.
-    ("core", ("fleet", "rackwise", "fleet.cluster.steps", "fleet.services.errors", "fleet.services.dispatch")),
+    ("core", ("fleet", "rackwise", "fleet.steps", "fleet.services.errors", "fleet.dispatch")),
     # Cluster adapters act on the outside world and import no service.
     ("cluster", ("fleet.cluster",)),
-    # Services: the only writers of rows.
-    ("services", ("fleet.services",)),
+    # Services, the owner rooms: each aggregate's lifecycle and the only
+    # writers of its rows (jobs, nodes, actions), and what they share (audit,
+    # rack versions, outbound webhooks, users).
+    ("owners", ("fleet.services",)),
+    # Services that decide, carry out, take in and read, through the owners.
+    (
+        "services",
+        ("fleet.services.decisions", "fleet.services.execution", "fleet.services.intake", "fleet.services.read"),
+    ),
     # Entry points: what the web server, workers and commands load.
     (
         "entry",

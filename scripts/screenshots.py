@@ -57,13 +57,15 @@ def populate(racks: int, rng: random.Random):
     from fleet.choices import ActionKind, ActionState, JobState
     from fleet.cluster.simulated import SimulatedAdapter
     from fleet.models import Action, Job, Node, Rack
-    from fleet.services import actions as action_services
-    from fleet.services import jobs as job_services
-    from fleet.services import nodes as node_services
-    from fleet.services.defrag import plan_defrag
-    from fleet.services.inventory import create_rack
-    from fleet.services.metrics import record_sample
-    from fleet.services.scheduling import schedule_pass
+    from fleet.services.actions import propose as action_services
+    from fleet.services.decisions.defrag import plan_defrag
+    from fleet.services.decisions.scheduling import schedule_pass
+    from fleet.services.execution import execute as execution
+    from fleet.services.jobs import allocations as job_allocations
+    from fleet.services.jobs import submit as job_services
+    from fleet.services.nodes import moves as node_services
+    from fleet.services.nodes.inventory import create_rack
+    from fleet.services.read.metrics import record_sample
     from fleet.services.users import ensure_user
 
     half = max(1, racks // 2)  # racks per site, over rows A-C
@@ -82,7 +84,7 @@ def populate(racks: int, rng: random.Random):
             if not ready:
                 return
             for pk in ready:
-                while action_services.execute_next_step(pk, adapter=adapter).more:
+                while execution.execute_next_step(pk, adapter=adapter).more:
                     pass
 
     total_nodes = Node.objects.count()
@@ -104,7 +106,7 @@ def populate(racks: int, rng: random.Random):
     # Some jobs finish at different times: free room scatters over the racks.
     running = list(Job.objects.filter(state=JobState.RUNNING).order_by("id"))
     for job in rng.sample(running, len(running) // 4):
-        job_services.finish_job(None, job.pk, succeeded=True, reason="done")
+        job_allocations.finish_job(None, job.pk, succeeded=True, reason="done")
     record_sample()
     # Big gangs arrive that no rack has room for; nodes fail, drain, go to repair.
     for name in ("llama-405b", "mixtral-8x22b", "dit-xl-video", "llama-70b-long"):

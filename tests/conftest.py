@@ -19,8 +19,9 @@ from rest_framework.test import APIClient
 from fleet import engine
 from fleet.choices import RackKind
 from fleet.models import Node
-from fleet.services.inventory import create_rack
-from fleet.services.jobs import JobSpec, apply_placement, start_job, submit_job
+from fleet.services.jobs.allocations import apply_placement, start_job
+from fleet.services.jobs.submit import JobSpec, submit_job
+from fleet.services.nodes.inventory import create_rack
 from fleet.services.users import ensure_user
 from tests.slurm.cluster import slurm_cluster, slurm_env  # noqa: F401  (one cluster per session, for every directory)
 from tests.webhook_receiver import LOOPBACK_NET, Receiver

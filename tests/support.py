@@ -53,8 +53,8 @@ def nodes_of(job_id: int) -> set[int]:
 
 def consistent_violations() -> list[str]:
     """The engine's invariant checker on one consistent snapshot of the database,
-    plus the database-level checks (fleet.services.invariants)."""
-    from fleet.services.invariants import violations
+    plus the database-level checks (fleet.services.read.invariants)."""
+    from fleet.services.read.invariants import violations
 
     return violations()
 

@@ -12,7 +12,7 @@ import pytest
 from fleet import signing
 from fleet.choices import ActionKind, ActionState
 from fleet.models import Action
-from fleet.services.actions import propose
+from fleet.services.actions.propose import propose
 
 SECRET = "executor-secret"
 

@@ -16,8 +16,8 @@ from django.test import Client
 from fleet import events
 from fleet.choices import ActionKind
 from fleet.models import Action, Node
-from fleet.services import actions as action_services
-from fleet.services.jobs import JobSpec, submit_job
+from fleet.services.actions import propose as action_services
+from fleet.services.jobs.submit import JobSpec, submit_job
 from tests.sockets import run_socket_test
 from tests.support import page_html
 

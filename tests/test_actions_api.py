@@ -12,7 +12,7 @@ import pytest
 from fleet import signing
 from fleet.choices import ActionKind, ActionState, JobState
 from fleet.models import Action, ApprovalPolicy, AuditEvent, Job
-from fleet.services.actions import propose
+from fleet.services.actions.propose import propose
 from tests.support import nodes_of, wait_for, workers
 
 

@@ -10,8 +10,8 @@ from django.test import Client
 
 from fleet.choices import ActionKind, ActionState
 from fleet.models import Action, Node
-from fleet.services import actions as action_services
-from fleet.services.jobs import JobSpec, submit_job
+from fleet.services.actions import propose as action_services
+from fleet.services.jobs.submit import JobSpec, submit_job
 
 
 @pytest.fixture

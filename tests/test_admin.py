@@ -11,8 +11,9 @@ from django.urls import reverse
 from django.utils.html import escape
 
 from fleet.models import GPU, Allocation, AuditEvent, Job, Node, Rack, Tenant
-from fleet.services import jobs as job_services
-from fleet.services import nodes as node_services
+from fleet.services.jobs import allocations as job_allocations
+from fleet.services.jobs import submit as job_services
+from fleet.services.nodes import moves as node_services
 
 FLEET_MODELS = [Rack, Node, GPU, Tenant, Job, Allocation, AuditEvent]
 
@@ -34,7 +35,7 @@ def populated(fleet, submitter, operator):
     """At least one row of every fleet model: a placed job holds allocations."""
     job = job_services.submit_job(submitter, job_services.JobSpec(name="admin-job", num_gpus=4))
     node = fleet[0].nodes.get(slot=0)
-    job_services.apply_placement(None, job.pk, {node.id: [0, 1, 2, 3]}, reason="test")
+    job_allocations.apply_placement(None, job.pk, {node.id: [0, 1, 2, 3]}, reason="test")
     node_services.drain_node(operator, fleet[0].nodes.get(slot=1).pk, "maintenance")
     return job
 

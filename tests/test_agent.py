@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from fleet import agent as agent_module
+from fleet import dispatch
 from fleet.agent import Agent, Client, GpuReading, Retryable, backoff_delay, parse_nvidia_smi
 from fleet.choices import GpuHealth, NodeState
 from fleet.models import GPU, Node
-from fleet.services import dispatch, health
+from fleet.services.intake import health
 
 ROOT = Path(__file__).resolve().parent.parent
 # Every agent run is bounded: a hung agent fails the test instead of the suite.

@@ -10,7 +10,8 @@ from django.db import IntegrityError, connection, transaction
 
 from fleet.models import GPU, Allocation
 from fleet.services.errors import Conflict
-from fleet.services.jobs import JobSpec, apply_placement, submit_job
+from fleet.services.jobs.allocations import apply_placement
+from fleet.services.jobs.submit import JobSpec, submit_job
 
 
 @pytest.fixture

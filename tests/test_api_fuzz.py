@@ -42,7 +42,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from fleet.models import Action, AuditEvent, Job, Node, Rack
-from fleet.services.defrag import plan_defrag
+from fleet.services.decisions.defrag import plan_defrag
 from fleet.services.users import ensure_user
 
 EXAMPLES = int(os.environ.get("RACKWISE_FUZZ_EXAMPLES", "20"))

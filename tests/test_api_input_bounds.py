@@ -9,7 +9,7 @@ from django.test import Client
 
 from fleet.choices import ActionState
 from fleet.models import Action, Job
-from fleet.services.defrag import plan_defrag
+from fleet.services.decisions.defrag import plan_defrag
 
 LISTS = [
     "/api/jobs/", "/api/racks/", "/api/nodes/", "/api/audit/", "/api/actions/",
@@ -214,7 +214,7 @@ def test_it_answers_a_console_filter_it_cannot_take_with_400_and_says_which(flee
 
 
 def test_a_job_id_in_the_search_box_finds_the_job(fleet, page, submitter):
-    from fleet.services.jobs import JobSpec, submit_job
+    from fleet.services.jobs.submit import JobSpec, submit_job
 
     job = submit_job(submitter, JobSpec(name="findme", num_gpus=4, tenant="llm"))
     assert f'data-job-id="{job.pk}"' in page.get("/jobs/", {"q": str(job.pk)}).content.decode()

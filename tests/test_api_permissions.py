@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from fleet.models import Job, Node
-from fleet.services.jobs import JobSpec, submit_job
+from fleet.services.jobs.submit import JobSpec, submit_job
 
 ANON, OUTSIDER, VIEWER, OTHER, OPERATOR = "anon", "outsider", "viewer", "other", "operator"
 

@@ -11,9 +11,9 @@ from django.utils import timezone
 
 from fleet.choices import ActionKind, JobState, NodeState
 from fleet.models import Action, Job, Node
-from fleet.services import actions as action_services
-from fleet.services.attention import age_text
-from fleet.services.jobs import JobSpec, submit_job
+from fleet.services.actions import propose as action_services
+from fleet.services.jobs.submit import JobSpec, submit_job
+from fleet.services.read.attention import age_text
 from tests.support import page_html
 
 

@@ -7,8 +7,8 @@ import pytest
 from rest_framework.test import APIClient
 
 from fleet.models import AuditEvent, Job
-from fleet.services import jobs as job_services
-from fleet.services import nodes as node_services
+from fleet.services.jobs import submit as job_services
+from fleet.services.nodes import moves as node_services
 
 URL = "/api/audit/"
 

@@ -1,6 +1,6 @@
 """Cluster adapters (fleet.cluster): typed steps and their stored shape, the
 simulated and webhook adapters, job ends reported back through
-fleet.services.cluster_sync, retry with backoff when the cluster cannot be
+fleet.services.execution.cluster_sync, retry with backoff when the cluster cannot be
 reached, node changes refused (503) when the cluster cannot take them, and the
 step kinds the console reads from the API.
 
@@ -19,8 +19,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from fleet import steps as st
 from fleet.choices import ActionKind, ActionState, JobState
-from fleet.cluster import steps as st
 from fleet.cluster.base import (
     DONE,
     JOB_CANCELLED,
@@ -36,10 +36,12 @@ from fleet.cluster.base import (
 from fleet.cluster.simulated import SimulatedAdapter
 from fleet.cluster.webhook import WebhookAdapter
 from fleet.models import Action, AuditEvent, Job, Node
-from fleet.services import actions as action_services
-from fleet.services import cluster_sync
-from fleet.services import jobs as job_services
-from fleet.services import nodes as node_services
+from fleet.services.actions import propose as action_services
+from fleet.services.execution import cluster_sync
+from fleet.services.execution import execute as execution
+from fleet.services.jobs import allocations as job_allocations
+from fleet.services.jobs import submit as job_services
+from fleet.services.nodes import moves as node_services
 from tests.support import ROOT, InstantAdapter, nodes_of
 
 # --- typed steps ------------------------------------------------------------------------
@@ -146,8 +148,8 @@ def _running_job(owner, nodes: list[Node], *, duration_s: int | None = 100, star
     job = job_services.submit_job(
         owner, job_services.JobSpec(name="sim", num_gpus=4 * len(nodes), tenant="llm", expected_duration_s=duration_s)
     )
-    job_services.apply_placement(None, job.pk, {n.pk: [0, 1, 2, 3] for n in nodes}, reason="test")
-    job_services.start_job(None, job.pk)
+    job_allocations.apply_placement(None, job.pk, {n.pk: [0, 1, 2, 3] for n in nodes}, reason="test")
+    job_allocations.start_job(None, job.pk)
     Job.objects.filter(pk=job.pk).update(started_at=timezone.now() - timedelta(seconds=started_ago_s))
     return Job.objects.get(pk=job.pk)
 
@@ -206,7 +208,7 @@ def test_a_job_cancelled_in_the_cluster_is_cancelled_without_telling_the_cluster
     fleet, submitter, monkeypatch, django_capture_on_commit_callbacks
 ):
     recorder = RecordingAdapter()
-    monkeypatch.setattr("fleet.services.job_lifecycle.get_adapter", lambda: recorder)
+    monkeypatch.setattr("fleet.services.jobs.lifecycle.get_adapter", lambda: recorder)
     job = _running_job(submitter, list(fleet[0].nodes.order_by("slot")[:1]))
 
     with django_capture_on_commit_callbacks(execute=True):
@@ -249,7 +251,7 @@ def test_a_cancelled_job_is_ended_in_the_cluster_after_commit_best_effort(
     fleet, submitter, monkeypatch, django_capture_on_commit_callbacks, fail
 ):
     recorder = RecordingAdapter(fail=fail)
-    monkeypatch.setattr("fleet.services.job_lifecycle.get_adapter", lambda: recorder)
+    monkeypatch.setattr("fleet.services.jobs.lifecycle.get_adapter", lambda: recorder)
     job = _running_job(submitter, list(fleet[0].nodes.order_by("slot")[:1]))
 
     with django_capture_on_commit_callbacks(execute=True):
@@ -280,7 +282,7 @@ class FlakyAdapter(InstantAdapter):
 
 
 def test_backoff_doubles_from_2_s_up_to_60_s():
-    assert [action_services.retry_delay(n) for n in range(1, 9)] == [2, 4, 8, 16, 32, 60, 60, 60]
+    assert [execution.retry_delay(n) for n in range(1, 9)] == [2, 4, 8, 16, 32, 60, 60, 60]
 
 
 def _placement(fleet, submitter, name: str, nodes: int):
@@ -306,7 +308,7 @@ def test_a_step_the_cluster_could_not_be_reached_for_is_retried_with_backoff_and
 
     delays = []
     for _ in range(3):
-        result = action_services.execute_next_step(action.pk, adapter=adapter)
+        result = execution.execute_next_step(action.pk, adapter=adapter)
         assert not result.more
         delays.append(result.retry_in)
         action.refresh_from_db()
@@ -319,7 +321,7 @@ def test_a_step_the_cluster_could_not_be_reached_for_is_retried_with_backoff_and
     assert (last["status"], last["step"], last["retries"]) == ("retrying", 0, 3)
     assert len(action.log) == 1, "one entry per step put off, counting its retries"
 
-    while action_services.execute_next_step(action.pk, adapter=adapter).more:
+    while execution.execute_next_step(action.pk, adapter=adapter).more:
         pass
 
     action.refresh_from_db()
@@ -347,20 +349,19 @@ def test_the_last_step_and_the_action_s_success_commit_together(fleet, submitter
     _job, action = _placement(fleet, submitter, "watched", nodes=1)
     adapter = WatchingAdapter()
 
-    while action_services.execute_next_step(action.pk, adapter=adapter).more:
+    while execution.execute_next_step(action.pk, adapter=adapter).more:
         pass
 
     assert adapter.seen == [(ActionState.EXECUTING, JobState.PLACED), (ActionState.SUCCEEDED, JobState.RUNNING)]
 
 
 def test_the_execute_action_task_sends_itself_again_with_the_backoff_as_countdown(fleet, monkeypatch):
-    from fleet import tasks
-    from fleet.services import dispatch
+    from fleet import dispatch, tasks
 
     node = fleet[0].nodes.first()
     action = action_services.propose(kind=ActionKind.DRAIN, title="x", steps=[st.Drain(node=node.pk)], jobs=[])
     Action.objects.filter(pk=action.pk).update(state=ActionState.APPROVED)
-    monkeypatch.setattr("fleet.services.actions.get_adapter", lambda: FlakyAdapter(down=1))
+    monkeypatch.setattr("fleet.services.execution.execute.get_adapter", lambda: FlakyAdapter(down=1))
     sent = []
     monkeypatch.setattr(dispatch, "_send", lambda name, args, countdown=None: sent.append((name, args, countdown)))
 
@@ -405,7 +406,7 @@ class MirrorAdapter(InstantAdapter):
 def test_a_node_change_the_cluster_cannot_take_is_a_503_and_changes_nothing(
     fleet, operator_client, monkeypatch, action
 ):
-    monkeypatch.setattr("fleet.services.node_lifecycle.get_adapter", lambda: DownAdapter())
+    monkeypatch.setattr("fleet.services.nodes.lifecycle.get_adapter", lambda: DownAdapter())
     node = fleet[0].nodes.get(slot=2)
 
     response = operator_client.post(f"/api/nodes/{node.pk}/{action}/", {"reason": "x"}, format="json")
@@ -420,7 +421,7 @@ def test_a_node_change_the_cluster_cannot_take_is_a_503_and_changes_nothing(
 
 def test_node_changes_are_mirrored_to_the_cluster(fleet, operator, monkeypatch):
     mirror = MirrorAdapter()
-    monkeypatch.setattr("fleet.services.node_lifecycle.get_adapter", lambda: mirror)
+    monkeypatch.setattr("fleet.services.nodes.lifecycle.get_adapter", lambda: mirror)
     node = fleet[0].nodes.get(slot=2)
 
     node_services.drain_node(operator, node.pk, "firmware")
@@ -440,7 +441,7 @@ def test_an_undrain_step_undrains_the_node(fleet, operator):
     )
     Action.objects.filter(pk=action.pk).update(state=ActionState.APPROVED)
 
-    while action_services.execute_next_step(action.pk, adapter=InstantAdapter()).more:
+    while execution.execute_next_step(action.pk, adapter=InstantAdapter()).more:
         pass
 
     node.refresh_from_db()
@@ -507,7 +508,7 @@ def test_a_pending_job_whose_cluster_job_ended_is_ended_by_the_failed_step_not_p
         jobs=[job.pk],
     )
 
-    result = action_services.execute_next_step(action.pk, adapter=EndedAdapter())
+    result = execution.execute_next_step(action.pk, adapter=EndedAdapter())
 
     assert result.message == "failed"
     job.refresh_from_db()

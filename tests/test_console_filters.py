@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from fleet.services.jobs import JobSpec, submit_job
-from fleet.services.nodes import drain_node
+from fleet.services.jobs.submit import JobSpec, submit_job
+from fleet.services.nodes.moves import drain_node
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ import pytest
 from django.db import connection, transaction
 
 from fleet.models import Node, Rack
-from fleet.services import nodes as node_services
-from fleet.services.topology import import_topology
+from fleet.services.intake.topology import import_topology
+from fleet.services.nodes import moves as node_services
 from fleet.topology import DesiredDomain, DesiredNode, Topology
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -90,7 +90,7 @@ def test_a_new_rack_comes_with_the_next_since_and_a_removed_one_leaves_rack_ids(
 
 
 def test_a_rack_created_through_inventory_is_stamped(fleet, viewer_client):
-    from fleet.services.inventory import create_rack
+    from fleet.services.nodes.inventory import create_rack
 
     _aged(*fleet)
     cursor = viewer_client.get(URL).json()["cursor"]

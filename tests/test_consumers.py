@@ -13,8 +13,9 @@ from django.db import transaction
 from django.test import Client
 
 from fleet.models import Node
-from fleet.services import nodes as node_services
-from fleet.services.jobs import JobSpec, apply_placement, submit_job
+from fleet.services.jobs.allocations import apply_placement
+from fleet.services.jobs.submit import JobSpec, submit_job
+from fleet.services.nodes import moves as node_services
 from rackwise.asgi import application
 from tests.sockets import run_socket_test
 

@@ -8,7 +8,7 @@ import pytest
 
 from fleet.choices import ActionKind, ActionState, JobState
 from fleet.models import Action, Allocation, AuditEvent, Job, Node
-from fleet.services import jobs as job_services
+from fleet.services.jobs import allocations as job_allocations
 from tests.support import nodes_of, wait_for, workers
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -33,7 +33,7 @@ def test_a_submitted_job_is_placed_started_and_completed_by_a_worker(fleet, subm
         AuditEvent.objects.filter(object_type="job", object_id=str(job_id)).order_by("id").values_list("action", flat=True)
     )
     assert trail == ["job.submit", "job.place", "job.start", "job.finish"]
-    assert len(job_services.placement_of(job)["racks"]) == 1, "an 8-node job fits one rack and must stay in it"
+    assert len(job_allocations.placement_of(job)["racks"]) == 1, "an 8-node job fits one rack and must stay in it"
     assert Allocation.objects.filter(job_id=job_id).count() == 32
     assert not nodes_of(job_id)
     action = Action.objects.get(jobs=job_id)

@@ -19,8 +19,8 @@ from django.conf import settings
 from fleet import locks
 from fleet.choices import JobState
 from fleet.models import Action, Allocation, Job
-from fleet.services import scheduling
-from fleet.services.jobs import JobSpec, submit_job
+from fleet.services.decisions import scheduling
+from fleet.services.jobs.submit import JobSpec, submit_job
 from fleet.tasks import schedule_pending
 from tests.support import ROOT, wait_for
 

@@ -20,13 +20,16 @@ from fleet.choices import ActionKind, ActionState, JobState
 from fleet.cluster.base import StepFailed
 from fleet.cluster.simulated import SimulatedAdapter
 from fleet.models import Action, AuditEvent, Job, Node, NodeHold, Rack
-from fleet.services import action_lifecycle, scheduling
-from fleet.services import actions as action_services
-from fleet.services import defrag as defrag_services
-from fleet.services import nodes as node_services
+from fleet.services.actions import lifecycle as action_lifecycle
+from fleet.services.actions import propose as action_services
+from fleet.services.decisions import defrag as defrag_services
+from fleet.services.decisions import scheduling
+from fleet.services.decisions.recovery import plan_recovery
 from fleet.services.errors import Conflict
-from fleet.services.jobs import JobSpec, apply_placement, finish_job, start_job, submit_job
-from fleet.services.recovery import plan_recovery
+from fleet.services.execution import execute as execution
+from fleet.services.jobs.allocations import apply_placement, finish_job, start_job
+from fleet.services.jobs.submit import JobSpec, submit_job
+from fleet.services.nodes import moves as node_services
 from tests.support import InstantAdapter, nodes_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -81,7 +84,7 @@ class FailAt(InstantAdapter):
 
 def _execute(action_id: int, adapter=None) -> None:
     adapter = adapter or InstantAdapter()
-    while action_services.execute_next_step(action_id, adapter=adapter).more:
+    while execution.execute_next_step(action_id, adapter=adapter).more:
         pass
 
 
@@ -130,8 +133,8 @@ def test_the_scheduler_does_not_place_again_a_job_the_plan_is_moving(tight, oper
     a, _, _, _ = tight
     plan = _approved_plan(operator)
     adapter = InstantAdapter()
-    assert action_services.execute_next_step(plan.pk, adapter=adapter).more  # checkpoint
-    assert action_services.execute_next_step(plan.pk, adapter=adapter).more  # stop: A waits, held by the plan
+    assert execution.execute_next_step(plan.pk, adapter=adapter).more  # checkpoint
+    assert execution.execute_next_step(plan.pk, adapter=adapter).more  # stop: A waits, held by the plan
     assert Job.objects.get(pk=a.pk).state == JobState.PENDING
 
     result = scheduling.schedule_pass()

@@ -20,14 +20,18 @@ from channels.testing import WebsocketCommunicator
 from django.conf import settings
 from django.test import Client
 
+from fleet import dispatch
 from fleet.choices import ActionState, JobState, RackKind
 from fleet.models import Action, Allocation, Job, Node, NodeHold
-from fleet.services import actions as action_services
-from fleet.services import defrag as defrag_services
-from fleet.services import dispatch, proposals, scheduling
-from fleet.services import nodes as node_services
-from fleet.services.inventory import create_rack
-from fleet.services.jobs import JobSpec, apply_placement, finish_job, start_job, submit_job
+from fleet.services.actions import propose as action_services
+from fleet.services.decisions import defrag as defrag_services
+from fleet.services.decisions import recheck as proposals
+from fleet.services.decisions import scheduling
+from fleet.services.execution import execute as execution
+from fleet.services.jobs.allocations import apply_placement, finish_job, start_job
+from fleet.services.jobs.submit import JobSpec, submit_job
+from fleet.services.nodes import moves as node_services
+from fleet.services.nodes.inventory import create_rack
 from rackwise.asgi import application
 from tests.sockets import run_socket_test
 from tests.support import InstantAdapter, nodes_of
@@ -63,7 +67,7 @@ def _take_a_destination(action: Action, submitter) -> Job:
 
 
 def _execute(action_id: int) -> Action:
-    while action_services.execute_next_step(action_id, adapter=InstantAdapter()).more:
+    while execution.execute_next_step(action_id, adapter=InstantAdapter()).more:
         pass
     return Action.objects.get(pk=action_id)
 
@@ -165,7 +169,7 @@ def test_an_approved_plan_stale_before_its_first_step_is_re_planned_and_runs(pla
     approved = action_services.approve(operator, plan.pk, "go")
     node_services.mark_node_failed(None, _destination(approved)[0], "XID 79")
 
-    result = action_services.execute_next_step(plan.pk, adapter=InstantAdapter())
+    result = execution.execute_next_step(plan.pk, adapter=InstantAdapter())
 
     plan.refresh_from_db()
     assert plan.state == ActionState.EXPIRED and "stale before its first step" in plan.error

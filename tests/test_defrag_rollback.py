@@ -14,9 +14,11 @@ import pytest
 from fleet.choices import ActionState, JobState
 from fleet.cluster.base import StepFailed
 from fleet.models import Action, Job, Node, NodeHold
-from fleet.services import actions as action_services
-from fleet.services import defrag as defrag_services
-from fleet.services.jobs import JobSpec, apply_placement, finish_job, start_job, submit_job
+from fleet.services.actions import propose as action_services
+from fleet.services.decisions import defrag as defrag_services
+from fleet.services.execution import execute as execution
+from fleet.services.jobs.allocations import apply_placement, finish_job, start_job
+from fleet.services.jobs.submit import JobSpec, submit_job
 from tests.support import InstantAdapter, nodes_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -66,7 +68,7 @@ def _move_costs(plan: Action) -> dict[int, float]:
 
 
 def _run_until_it_ends(plan: Action, adapter) -> Action:
-    while action_services.execute_next_step(plan.pk, adapter=adapter).more:
+    while execution.execute_next_step(plan.pk, adapter=adapter).more:
         pass
     return Action.objects.get(pk=plan.pk)
 
@@ -133,13 +135,13 @@ def test_a_gpu_taken_under_the_plan_fails_it_and_the_stopped_job_runs_again(two_
     second_nodes = nodes_of(second)
     adapter = InstantAdapter()
     for _ in range(6):  # the first move, then the second job's checkpoint and stop
-        assert action_services.execute_next_step(plan.pk, adapter=adapter).more
+        assert execution.execute_next_step(plan.pk, adapter=adapter).more
     target = next(int(n) for s in plan.steps if s["op"] == "allocate" and s["job"] == second for n in s["nodes"])
     intruder = submit_job(submitter, JobSpec(name="x", num_gpus=1, tenant="llm"))
     NodeHold.objects.filter(node_id=target).delete()
     apply_placement(None, intruder.pk, {target: [0]}, reason="a write outside the plan")
 
-    result = action_services.execute_next_step(plan.pk, adapter=adapter)
+    result = execution.execute_next_step(plan.pk, adapter=adapter)
 
     done = Action.objects.get(pk=plan.pk)
     assert result.message == "failed" and done.state == ActionState.FAILED
@@ -182,7 +184,7 @@ def test_the_card_shows_what_the_failure_cost(two_moves, client, operator):
 
 def _steps(plan: Action, count: int) -> None:
     for _ in range(count):
-        assert action_services.execute_next_step(plan.pk, adapter=InstantAdapter()).more
+        assert execution.execute_next_step(plan.pk, adapter=InstantAdapter()).more
 
 
 @pytest.mark.parametrize("done_before", [4, 5])  # before the second job's checkpoint, or its stop
@@ -193,7 +195,7 @@ def test_a_job_that_completes_mid_plan_has_its_steps_skipped_and_the_plan_succee
     _steps(plan, done_before)
 
     finish_job(None, second, succeeded=True, reason="it ended on its own")
-    while action_services.execute_next_step(plan.pk, adapter=InstantAdapter()).more:
+    while execution.execute_next_step(plan.pk, adapter=InstantAdapter()).more:
         pass
 
     done = Action.objects.get(pk=plan.pk)

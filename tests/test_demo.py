@@ -11,9 +11,9 @@ from django.utils import timezone
 
 from fleet.choices import JobState, NodeState
 from fleet.models import Job, Node
-from fleet.services import demo
-from fleet.services.jobs import apply_placement, start_job
-from fleet.services.nodes import mark_node_failed
+from fleet.services.intake import demo
+from fleet.services.jobs.allocations import apply_placement, start_job
+from fleet.services.nodes.moves import mark_node_failed
 
 
 def test_a_tick_submits_a_mix_of_jobs_for_the_demo_tenants(db):

@@ -13,8 +13,8 @@ from django.core.management import CommandError, call_command
 
 from fleet.choices import RackKind
 from fleet.models import Node
-from fleet.services.inventory import create_rack
-from fleet.services.nodes import mark_node_failed
+from fleet.services.nodes.inventory import create_rack
+from fleet.services.nodes.moves import mark_node_failed
 from fleet.topology.slurm import check_block_rules, parse_topology_conf, read_topology_conf, to_topology
 
 DATA = Path(__file__).resolve().parent / "data"

@@ -1,5 +1,5 @@
 """``scripts/manage check_fleet``: the fleet's invariants and the waiting jobs it
-has room for (fleet.services.invariants), as the soak test reads them."""
+has room for (fleet.services.read.invariants), as the soak test reads them."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from fleet.models import GPU, Allocation, Node
-from fleet.services import invariants
-from fleet.services.jobs import JobSpec, apply_placement, start_job, submit_job
+from fleet.services.jobs.allocations import apply_placement, start_job
+from fleet.services.jobs.submit import JobSpec, submit_job
+from fleet.services.read import invariants
 
 pytestmark = pytest.mark.django_db
 
@@ -78,7 +79,7 @@ def test_room_by_counts_never_counts_spares(fleet, submitter):
 
 def test_a_recovering_job_on_its_failed_node_is_not_a_violation(fleet, submitter):
     from fleet.choices import JobState
-    from fleet.services.nodes import mark_node_failed
+    from fleet.services.nodes.moves import mark_node_failed
 
     job = _run(submitter, fleet[0], 2)
     node = Node.objects.filter(gpus__allocations__job=job).first()

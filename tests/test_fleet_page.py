@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from fleet.services.inventory import create_rack
+from fleet.services.nodes.inventory import create_rack
 from fleet.views import FleetView
 
 

@@ -9,10 +9,10 @@ from django.utils import timezone
 
 from fleet.choices import ActionKind, ActionState
 from fleet.models import Action, FleetSample, Job
-from fleet.services import actions as action_services
-from fleet.services import nodes as node_services
-from fleet.services.jobs import JobSpec, submit_job
-from fleet.services.metrics import percentile, record_sample
+from fleet.services.actions import propose as action_services
+from fleet.services.jobs.submit import JobSpec, submit_job
+from fleet.services.nodes import moves as node_services
+from fleet.services.read.metrics import percentile, record_sample
 
 
 def test_percentile_is_the_nearest_rank():

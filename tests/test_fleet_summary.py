@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from fleet.choices import JobState, NodeState
 from fleet.models import Job, Node
-from fleet.services import jobs as job_services
-from fleet.services import nodes as node_services
+from fleet.services.jobs import allocations as job_allocations
+from fleet.services.jobs import submit as job_services
+from fleet.services.nodes import moves as node_services
 
 URL = "/api/fleet/summary/"
 
@@ -16,7 +17,7 @@ def submit(owner, num_gpus: int, name: str = "job") -> Job:
 
 
 def place(job: Job, placement: dict[Node, list[int]]) -> Job:
-    return job_services.apply_placement(None, job.pk, {n.id: idx for n, idx in placement.items()}, reason="test")
+    return job_allocations.apply_placement(None, job.pk, {n.id: idx for n, idx in placement.items()}, reason="test")
 
 
 def test_an_empty_fleet_has_zero_totals_and_zero_utilization(db, viewer_client):
@@ -52,7 +53,7 @@ def test_the_summary_counts_allocations_failures_and_jobs(fleet, submitter, othe
     n2 = {node.slot: node for node in r2.nodes.all()}
     place(submit(submitter, 8, "gang"), {n1[0]: [0, 1, 2, 3], n1[1]: [0, 1, 2, 3]})
     running = place(submit(other_submitter, 2, "small"), {n2[0]: [0, 1]})
-    job_services.start_job(None, running.pk)
+    job_allocations.start_job(None, running.pk)
     submit(submitter, 4, "waiting")
     job_services.cancel_job(None, submit(submitter, 4, "dropped").pk)
     node_services.mark_node_failed(operator, n2[17].pk)
@@ -88,8 +89,8 @@ def test_the_summary_counts_allocations_failures_and_jobs(fleet, submitter, othe
 def test_a_finished_job_no_longer_counts_as_used(fleet, submitter, viewer_client):
     job = place(submit(submitter, 4), {fleet[0].nodes.get(slot=0): [0, 1, 2, 3]})
     assert viewer_client.get(URL).json()["gpus_used"] == 4
-    job_services.start_job(None, job.pk)
-    job_services.finish_job(None, job.pk, succeeded=True)
+    job_allocations.start_job(None, job.pk)
+    job_allocations.finish_job(None, job.pk, succeeded=True)
 
     body = viewer_client.get(URL).json()
 

@@ -15,9 +15,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fleet import engine, read_cache
 from fleet.models import FleetSample, Node
-from fleet.services import read_models
-from fleet.services.jobs import JobSpec, apply_placement, start_job, submit_job
-from fleet.services.metrics import record_sample, samples_since
+from fleet.services.jobs.allocations import apply_placement, start_job
+from fleet.services.jobs.submit import JobSpec, submit_job
+from fleet.services.read import read_models
+from fleet.services.read.metrics import record_sample, samples_since
 
 
 def _run(submitter, rack, name: str, gpus_by_slot: dict[int, list[int]], **spec) -> None:

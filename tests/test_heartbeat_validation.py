@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from fleet.choices import GpuHealth, NodeState
 from fleet.models import GPU, Node
-from fleet.services import health
+from fleet.services.intake import health
 from tests.test_heartbeats import agent_client, beat, post_beat
 
 

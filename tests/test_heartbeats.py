@@ -11,11 +11,13 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from fleet import dispatch
 from fleet.choices import GpuHealth, JobState, NodeState
 from fleet.models import GPU, AgentToken, AuditEvent, Job, Node, Rack
-from fleet.services import dispatch, health
-from fleet.services.jobs import JobSpec, apply_placement, submit_job
-from fleet.services.nodes import mark_node_failed
+from fleet.services.intake import health
+from fleet.services.jobs.allocations import apply_placement
+from fleet.services.jobs.submit import JobSpec, submit_job
+from fleet.services.nodes.moves import mark_node_failed
 from fleet.services.users import ensure_user
 
 OK4 = {"gpus": [{"index": i, "state": "ok", "xids": [], "temperature_c": 45.0} for i in range(4)]}

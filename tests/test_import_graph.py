@@ -21,14 +21,15 @@ def _modules() -> list[str]:
     names = []
     for package in PACKAGES:
         folder = ROOT.joinpath(*package.split("."))
-        names.append(package)
-        names += [f"{package}.{p.stem}" for p in sorted(folder.glob("*.py")) if p.stem != "__init__"]
+        for path in sorted(folder.rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
     return names
 
 
 def test_there_are_modules_to_check():
-    assert {"fleet.cluster.base", "fleet.cluster.simulated", "fleet.cluster.webhook", "fleet.services.actions",
-            "fleet.services.cluster_sync"} <= set(_modules())
+    assert {"fleet.cluster.base", "fleet.cluster.simulated", "fleet.cluster.webhook", "fleet.services.actions.propose",
+            "fleet.services.execution.cluster_sync", "fleet.services.jobs.lifecycle"} <= set(_modules())
 
 
 @pytest.mark.parametrize("module", _modules())
@@ -66,13 +67,13 @@ def test_no_code_in_it_imports_fleet_tasks(module):
     assert offending == [], f"{module} imports {offending}"
 
 
-def test_the_adapters_import_no_service_but_errors_and_dispatch():
+def test_the_adapters_import_no_service_but_errors():
     """Adapters act on the outside world; services call them, not the reverse
-    (sending a task by name through fleet.services.dispatch is allowed)."""
+    (a task sent by name goes through fleet.dispatch, below the services)."""
     for path in sorted(ROOT.joinpath("fleet", "cluster").glob("*.py")):
         services = {n for n in _imports_of(path) if n.startswith("fleet.services.")}
         services = {n for n in services if n.count(".") == 2}  # the modules, not the names from them
-        assert services <= {"fleet.services.errors", "fleet.services.dispatch"}, (path.name, services)
+        assert services <= {"fleet.services.errors"}, (path.name, services)
 
 
 # --- the layers, counted by scripts/import_graph.py ------------------------------------
@@ -93,6 +94,19 @@ def test_no_import_cycle_and_no_import_up_a_floor():
 
     assert graph_tool.cycles(graph) == []
     assert graph_tool.up_floor(graph) == []
+
+
+ABOVE_OWNERS = ("decisions", "execution", "intake", "read")
+
+
+def test_the_owner_rooms_never_import_decisions_execution_intake_or_read():
+    graph_tool = _import_graph()
+    graph = graph_tool.imports(graph_tool.modules())
+    owners = [m for m in graph if m.startswith("fleet.services.") and m.split(".")[2] not in ABOVE_OWNERS]
+    assert {"fleet.services.jobs.lifecycle", "fleet.services.nodes.moves", "fleet.services.actions.propose"} <= set(owners)
+    above = {m: sorted(t for t in graph[m] if t.startswith("fleet.services.") and t.split(".")[2] in ABOVE_OWNERS)
+             for m in owners}
+    assert {m: t for m, t in above.items() if t} == {}
 
 
 def test_the_counter_finds_a_cycle_and_an_import_up_a_floor():

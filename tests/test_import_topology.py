@@ -19,7 +19,8 @@ from django.core.management import CommandError, call_command
 
 from fleet.choices import JobState, NodeState, RackKind
 from fleet.models import GPU, AuditEvent, Job, Node, Rack
-from fleet.services.jobs import JobSpec, apply_placement, start_job, submit_job
+from fleet.services.jobs.allocations import apply_placement, start_job
+from fleet.services.jobs.submit import JobSpec, submit_job
 
 DATA = Path(__file__).resolve().parent / "data"
 ROOT = DATA.parent.parent

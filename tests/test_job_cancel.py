@@ -7,7 +7,8 @@ import pytest
 from rest_framework.test import APIClient
 
 from fleet.models import Allocation, AuditEvent, Job, Node, Rack
-from fleet.services import jobs as job_services
+from fleet.services.jobs import allocations as job_allocations
+from fleet.services.jobs import submit as job_services
 from fleet.services.users import ensure_user
 
 
@@ -20,7 +21,7 @@ def submit(user, *, num_gpus: int = 4, name: str = "job") -> Job:
 
 
 def place_on_nodes(job: Job, nodes: list[Node]) -> Job:
-    return job_services.apply_placement(
+    return job_allocations.apply_placement(
         None, job.pk, {node.id: [0, 1, 2, 3] for node in nodes}, reason="test placement"
     )
 
@@ -76,7 +77,7 @@ def test_cancelling_a_placed_job_releases_its_gpus(fleet, submitter, submitter_c
 def test_cancelling_a_running_job_releases_its_gpus(fleet, submitter, submitter_client):
     node = fleet[0].nodes.get(slot=0)
     job = place_on_nodes(submit(submitter, num_gpus=4), [node])
-    job_services.start_job(None, job.pk)
+    job_allocations.start_job(None, job.pk)
 
     response = submitter_client.post(cancel_url(job))
 
@@ -87,13 +88,13 @@ def test_cancelling_a_running_job_releases_its_gpus(fleet, submitter, submitter_
 
 
 def _completed(job: Job) -> None:
-    job_services.start_job(None, job.pk)
-    job_services.finish_job(None, job.pk, succeeded=True)
+    job_allocations.start_job(None, job.pk)
+    job_allocations.finish_job(None, job.pk, succeeded=True)
 
 
 def _failed(job: Job) -> None:
-    job_services.start_job(None, job.pk)
-    job_services.finish_job(None, job.pk, succeeded=False, reason="NCCL timeout")
+    job_allocations.start_job(None, job.pk)
+    job_allocations.finish_job(None, job.pk, succeeded=False, reason="NCCL timeout")
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,9 @@ import yaml
 from django.test import Client
 
 from fleet.models import Node
-from fleet.services.jobs import JobSpec, apply_placement, start_job, submit_job
-from fleet.services.nodes import mark_node_failed
+from fleet.services.jobs.allocations import apply_placement, start_job
+from fleet.services.jobs.submit import JobSpec, submit_job
+from fleet.services.nodes.moves import mark_node_failed
 
 
 def _submit(user, **shape):

@@ -6,7 +6,8 @@ The ``fleet`` fixture is two NVL72 racks: 36 nodes x 4 GPUs, 18 nodes per rack."
 from __future__ import annotations
 
 from fleet.models import Action, AuditEvent, Job, Node
-from fleet.services.jobs import JobSpec, apply_placement, start_job, submit_job
+from fleet.services.jobs.allocations import apply_placement, start_job
+from fleet.services.jobs.submit import JobSpec, submit_job
 
 URL = "/api/jobs/what-if/"
 

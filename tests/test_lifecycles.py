@@ -16,11 +16,13 @@ import pytest
 from django.forms.models import model_to_dict
 
 from fleet.choices import JobState, NodeState
-from fleet.cluster.steps import Allocate
 from fleet.models import Allocation, AuditEvent, Job, Node, Rack
-from fleet.services import job_lifecycle, node_lifecycle
-from fleet.services import jobs as job_services
 from fleet.services.errors import Conflict
+from fleet.services.jobs import allocations as job_allocations
+from fleet.services.jobs import lifecycle as job_lifecycle
+from fleet.services.jobs import submit as job_services
+from fleet.services.nodes import lifecycle as node_lifecycle
+from fleet.steps import Allocate
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -71,11 +73,11 @@ def test_a_pending_job_finishes_only_when_it_has_a_job_in_the_cluster(fleet, sub
     job = job_services.submit_job(submitter, job_services.JobSpec(name="train", num_gpus=4))
     before = _written(job=job)
     with pytest.raises(Conflict, match="holds no GPUs to finish with"):
-        job_services.finish_job(None, job.pk, succeeded=True)
+        job_allocations.finish_job(None, job.pk, succeeded=True)
     assert _written(job=job) == before
 
     job_services.set_external_id(job.pk, "4242")
-    assert job_services.finish_job(None, job.pk, succeeded=False).state == JobState.FAILED
+    assert job_allocations.finish_job(None, job.pk, succeeded=False).state == JobState.FAILED
 
 
 def test_placing_a_job_that_is_not_pending_is_refused_by_the_same_table(fleet, submitter):
@@ -84,7 +86,7 @@ def test_placing_a_job_that_is_not_pending_is_refused_by_the_same_table(fleet, s
     Job.objects.filter(pk=job.pk).update(state=JobState.RUNNING)
     before = _written(job=job)
 
-    placed, refused = job_services.place_jobs(None, [Allocate(job=job.pk, nodes={node.pk: [0, 1, 2, 3]}, reason="test")])
+    placed, refused = job_allocations.place_jobs(None, [Allocate(job=job.pk, nodes={node.pk: [0, 1, 2, 3]}, reason="test")])
 
     assert placed == [] and refused == {job.pk: f"job #{job.pk} is running, not pending; it cannot be placed"}
     assert _written(job=job) == before
@@ -124,9 +126,9 @@ def test_every_move_of_each_table_ends_in_a_state_of_its_aggregate():
 # Each lifecycle module, and the one place outside them that writes a `state`
 # field that is neither a job's nor a node's.
 OWNERS = {
-    "fleet/services/job_lifecycle.py": "Job.state",
-    "fleet/services/node_lifecycle.py": "Node.state",
-    "fleet/services/action_lifecycle.py": "Action.state",
+    "fleet/services/jobs/lifecycle.py": "Job.state",
+    "fleet/services/nodes/lifecycle.py": "Node.state",
+    "fleet/services/actions/lifecycle.py": "Action.state",
 }
 NOT_JOBS_OR_NODES = {
     ("fleet/agent.py", "reading"): "a GPU reading the agent sends, not a row",

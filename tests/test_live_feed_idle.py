@@ -18,7 +18,7 @@ from django.conf import settings
 from django.test import Client
 
 from fleet.models import Node
-from fleet.services import nodes as node_services
+from fleet.services.nodes import moves as node_services
 from rackwise.asgi import application
 from tests.sockets import run_socket_test
 

@@ -16,10 +16,11 @@ from django.db import connection
 from fleet import engine, locks
 from fleet.choices import JobState
 from fleet.models import Job, Node, Rack
-from fleet.services import nodes as node_services
-from fleet.services.inventory import create_rack
-from fleet.services.jobs import JobSpec, apply_placement, finish_job, start_job, submit_job
-from fleet.services.scheduling import schedule_pass
+from fleet.services.decisions.scheduling import schedule_pass
+from fleet.services.jobs.allocations import apply_placement, finish_job, start_job
+from fleet.services.jobs.submit import JobSpec, submit_job
+from fleet.services.nodes import moves as node_services
+from fleet.services.nodes.inventory import create_rack
 from tests.support import ROOT
 
 # Another process changing the fleet through the services, as workers, the API
@@ -37,7 +38,7 @@ from fleet.choices import HOLDING_JOB_STATES, JobState, NodeState
 from fleet.models import Job, Node
 from fleet.services import jobs, nodes
 from fleet.services.errors import Conflict, InvalidInput
-from fleet.services.scheduling import schedule_pass
+from fleet.services.decisions.scheduling import schedule_pass
 from fleet import locks
 
 

@@ -16,9 +16,10 @@ from django.db import connection, transaction
 
 from fleet.choices import NodeState
 from fleet.models import Node
-from fleet.services import jobs as job_services
-from fleet.services import node_lifecycle
-from fleet.services import nodes as node_services
+from fleet.services.jobs import allocations as job_allocations
+from fleet.services.jobs import submit as job_services
+from fleet.services.nodes import lifecycle as node_lifecycle
+from fleet.services.nodes import moves as node_services
 from fleet.tasks import reconcile_once
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -26,8 +27,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def _running_job_on(node: Node, owner) -> int:
     job = job_services.submit_job(owner, job_services.JobSpec(name="train", num_gpus=4))
-    job_services.apply_placement(None, job.pk, {node.pk: [0, 1, 2, 3]}, reason="test")
-    job_services.start_job(None, job.pk)
+    job_allocations.apply_placement(None, job.pk, {node.pk: [0, 1, 2, 3]}, reason="test")
+    job_allocations.start_job(None, job.pk)
     return job.pk
 
 
@@ -51,7 +52,7 @@ def test_a_job_finishing_on_a_draining_node_another_transaction_holds_does_not_w
     holder = threading.Thread(target=hold_the_node)
     holder.start()
     assert holding.wait(timeout=10)
-    job_services.finish_job(None, job_id, succeeded=True)
+    job_allocations.finish_job(None, job_id, succeeded=True)
     finished.set()
     holder.join()
 
@@ -71,7 +72,7 @@ def test_a_job_finishing_on_a_free_draining_node_drains_it_at_once(fleet, submit
     job_id = _running_job_on(node, submitter)
     node_services.drain_node(operator, node.pk, "maintenance")
 
-    job_services.finish_job(None, job_id, succeeded=True)
+    job_allocations.finish_job(None, job_id, succeeded=True)
 
     node.refresh_from_db()
     assert node.state == NodeState.DRAINED

@@ -16,9 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fleet.choices import ActionKind, ActionState
 from fleet.models import Action, Job, Node
-from fleet.services.defrag import fragmentation_report
-from fleet.services.health import record_heartbeat
-from fleet.services.jobs import JobSpec, submit_job
+from fleet.services.decisions.defrag import fragmentation_report
+from fleet.services.intake.health import record_heartbeat
+from fleet.services.jobs.submit import JobSpec, submit_job
 from rackwise.celery import app as celery_app
 from tests.support import flush_broker
 

@@ -10,8 +10,8 @@ import pytest
 
 from fleet import engine
 from fleet.models import Job, Node, Rack
-from fleet.services import scheduling
-from fleet.services.jobs import JobSpec, submit_job
+from fleet.services.decisions import scheduling
+from fleet.services.jobs.submit import JobSpec, submit_job
 from placement import model as pm
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -7,9 +7,10 @@ import pytest
 
 from fleet.choices import ActionKind, JobState, NodeState
 from fleet.models import GPU, Allocation, AuditEvent, Job, Node, Rack
-from fleet.services import jobs as job_services
-from fleet.services import nodes as node_services
-from fleet.services import recovery as recovery_services
+from fleet.services.decisions import recovery as recovery_services
+from fleet.services.jobs import allocations as job_allocations
+from fleet.services.jobs import submit as job_services
+from fleet.services.nodes import moves as node_services
 
 
 def url(node: Node, action: str) -> str:
@@ -26,7 +27,7 @@ def node_events(node: Node):
 
 def placed_job(owner, nodes: list[Node], name: str = "job") -> Job:
     job = job_services.submit_job(owner, job_services.JobSpec(name=name, num_gpus=4 * len(nodes)))
-    return job_services.apply_placement(None, job.pk, {n.id: [0, 1, 2, 3] for n in nodes}, reason="test")
+    return job_allocations.apply_placement(None, job.pk, {n.id: [0, 1, 2, 3] for n in nodes}, reason="test")
 
 
 @pytest.fixture
@@ -95,10 +96,10 @@ def test_draining_a_busy_node_waits_for_its_job_then_drains(node, submitter, ope
     assert job.state == "placed"
     assert Allocation.objects.filter(job=job, released_at__isnull=True).count() == 4
 
-    job_services.start_job(None, job.pk)
+    job_allocations.start_job(None, job.pk)
     version = rack_version(node)
     with django_capture_on_commit_callbacks(execute=True):  # the node settles once the job's end commits
-        job_services.finish_job(None, job.pk, succeeded=True)
+        job_allocations.finish_job(None, job.pk, succeeded=True)
 
     node.refresh_from_db()
     assert node.state == "drained"
@@ -109,11 +110,11 @@ def test_a_draining_node_stays_draining_while_another_job_is_still_on_it(fleet, 
     node = fleet[0].nodes.get(slot=0)
     first = job_services.submit_job(submitter, job_services.JobSpec(name="a", num_gpus=2))
     second = job_services.submit_job(submitter, job_services.JobSpec(name="b", num_gpus=2))
-    job_services.apply_placement(None, first.pk, {node.id: [0, 1]}, reason="test")
-    job_services.apply_placement(None, second.pk, {node.id: [2, 3]}, reason="test")
+    job_allocations.apply_placement(None, first.pk, {node.id: [0, 1]}, reason="test")
+    job_allocations.apply_placement(None, second.pk, {node.id: [2, 3]}, reason="test")
     assert operator_client.post(url(node, "drain"), {"reason": "PSU", "confirm": True}, format="json").json()["state"] == "draining"
 
-    job_services.finish_job(None, first.pk, succeeded=True)
+    job_allocations.finish_job(None, first.pk, succeeded=True)
     node.refresh_from_db()
     assert node.state == "draining"
 
@@ -164,7 +165,7 @@ def test_marking_a_node_failed_moves_its_jobs_to_recovering(fleet, submitter, op
     r1 = fleet[0]
     broken, partner, elsewhere = (r1.nodes.get(slot=s) for s in (0, 1, 2))
     hit = placed_job(submitter, [broken, partner], name="hit")
-    job_services.start_job(None, hit.pk)
+    job_allocations.start_job(None, hit.pk)
     bystander = placed_job(submitter, [elsewhere], name="bystander")
     version = rack_version(broken)
 
@@ -197,7 +198,7 @@ def test_two_nodes_failing_under_two_jobs_give_each_job_its_own_swap(fleet, subm
     first = placed_job(submitter, [r1.nodes.get(slot=0), r1.nodes.get(slot=1)], name="first")
     second = placed_job(submitter, [r1.nodes.get(slot=2), r1.nodes.get(slot=3)], name="second")
     for job in (first, second):
-        job_services.start_job(None, job.pk)
+        job_allocations.start_job(None, job.pk)
     for slot in (0, 2):
         node_services.mark_node_failed(operator, r1.nodes.get(slot=slot).pk, reason="XID 79")
     for job in (first, second):
@@ -213,7 +214,7 @@ def test_a_failed_node_moves_the_versions_of_every_rack_its_jobs_hold(fleet, sub
     (it stayed, and consoles showed the job running there until the next change)."""
     broken, other = fleet[0].nodes.get(slot=0), fleet[1].nodes.get(slot=0)
     job = placed_job(submitter, [broken, other], name="spread")
-    job_services.start_job(None, job.pk)
+    job_allocations.start_job(None, job.pk)
     versions = {n.rack_id: rack_version(n) for n in (broken, other)}
 
     response = operator_client.post(url(broken, "mark-failed"), {"reason": "XID 79", "confirm": True}, format="json")
@@ -392,7 +393,7 @@ def test_the_api_lists_the_moves_each_state_allows_and_every_other_pair_is_refus
 def test_marking_a_busy_node_failed_needs_confirming_and_names_what_it_interrupts(fleet, submitter, operator_client):
     nodes = list(fleet[0].nodes.order_by("slot")[:2])
     job = placed_job(submitter, nodes, name="llama-70b")
-    job_services.start_job(None, job.pk)
+    job_allocations.start_job(None, job.pk)
     version = rack_version(nodes[0])
 
     response = operator_client.post(url(nodes[0], "mark-failed"), {"reason": "XID 79"}, format="json")

@@ -80,7 +80,7 @@ def test_a_viewer_reads_every_console_page(browser, viewer, fleet, path):
 
 
 def test_approve_and_reject_buttons_are_rendered_for_operators_only(browser, fragmented, viewer, operator):
-    from fleet.services.defrag import plan_defrag
+    from fleet.services.decisions.defrag import plan_defrag
 
     action = plan_defrag(operator).action
     browser.force_login(viewer)
@@ -128,7 +128,7 @@ def test_the_console_snapshot_hides_other_tenants_job_names_from_a_submitter(fra
 
 
 def test_the_chart_reads_recorded_samples(fleet, viewer_client):
-    from fleet.services.metrics import record_sample
+    from fleet.services.read.metrics import record_sample
 
     record_sample()
     samples = viewer_client.get("/api/console/samples/?hours=6").json()["samples"]

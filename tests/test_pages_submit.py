@@ -13,8 +13,9 @@ from django.utils import timezone
 
 from fleet.choices import ActionKind
 from fleet.models import Job, Node
-from fleet.services import actions as action_services
-from fleet.services.jobs import JobSpec, apply_placement, start_job, submit_job
+from fleet.services.actions import propose as action_services
+from fleet.services.jobs.allocations import apply_placement, start_job
+from fleet.services.jobs.submit import JobSpec, submit_job
 
 SUBMIT = "/jobs/submit/"
 

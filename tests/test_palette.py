@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from fleet import palette
 from fleet.events import rack_state
 from fleet.models import Node
-from fleet.services.jobs import JobSpec, apply_placement, submit_job
+from fleet.services.jobs.allocations import apply_placement
+from fleet.services.jobs.submit import JobSpec, submit_job
 from tests.support import ROOT
 
 NODES, GPUS = 18, 4

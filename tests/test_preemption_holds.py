@@ -15,11 +15,13 @@ import pytest
 
 from fleet.choices import ActionKind, ActionState, JobState
 from fleet.models import Action, Job, Node, NodeHold
-from fleet.services import actions as action_services
-from fleet.services import nodes as node_services
-from fleet.services import scheduling
-from fleet.services.jobs import JobSpec, apply_placement, start_job, submit_job
-from fleet.services.recovery import plan_recovery
+from fleet.services.actions import propose as action_services
+from fleet.services.decisions import scheduling
+from fleet.services.decisions.recovery import plan_recovery
+from fleet.services.execution import execute as execution
+from fleet.services.jobs.allocations import apply_placement, start_job
+from fleet.services.jobs.submit import JobSpec, submit_job
+from fleet.services.nodes import moves as node_services
 from tests.support import InstantAdapter, nodes_of
 from tests.test_defrag_holds import FailAt
 
@@ -51,7 +53,7 @@ def preemption(fleet, submitter, operator):
 
 
 def _step(action_id: int, adapter=None) -> None:
-    action_services.execute_next_step(action_id, adapter=adapter or InstantAdapter())
+    execution.execute_next_step(action_id, adapter=adapter or InstantAdapter())
 
 
 def test_the_node_a_preemption_frees_is_held_for_its_swap(preemption, submitter):
@@ -66,7 +68,7 @@ def test_the_node_a_preemption_frees_is_held_for_its_swap(preemption, submitter)
     scheduling.schedule_pass()
     assert not set(nodes_of(small.pk)) & target, "the scheduler took the node the swap needs"
 
-    while action_services.execute_next_step(action.pk, adapter=InstantAdapter()).more:
+    while execution.execute_next_step(action.pk, adapter=InstantAdapter()).more:
         pass
     assert Action.objects.get(pk=action.pk).state == ActionState.SUCCEEDED
     assert Job.objects.get(pk=train.pk).state == JobState.RUNNING
@@ -77,7 +79,7 @@ def test_a_preemption_that_fails_after_stopping_its_victim_restarts_it_where_it_
     _train, filler, action = preemption
     before = set(nodes_of(filler.pk))
     adapter = FailAt(1)
-    while action_services.execute_next_step(action.pk, adapter=adapter).more:
+    while execution.execute_next_step(action.pk, adapter=adapter).more:
         pass
     action = Action.objects.get(pk=action.pk)
     assert action.state == ActionState.FAILED

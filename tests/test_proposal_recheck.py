@@ -18,13 +18,16 @@ from django.test import Client
 from fleet import engine
 from fleet.choices import ActionKind, ActionState, JobState, WebhookEvent
 from fleet.models import Action, AuditEvent, Job, Node, WebhookDelivery
-from fleet.services import action_lifecycle, proposals
-from fleet.services import actions as action_services
-from fleet.services import defrag as defrag_services
-from fleet.services import nodes as node_services
+from fleet.services.actions import lifecycle as action_lifecycle
+from fleet.services.actions import propose as action_services
+from fleet.services.decisions import defrag as defrag_services
+from fleet.services.decisions import recheck as proposals
+from fleet.services.decisions.recovery import plan_recovery
 from fleet.services.errors import Conflict
-from fleet.services.jobs import JobSpec, apply_placement, finish_job, start_job, submit_job
-from fleet.services.recovery import plan_recovery
+from fleet.services.execution import execute as execution
+from fleet.services.jobs.allocations import apply_placement, finish_job, start_job
+from fleet.services.jobs.submit import JobSpec, submit_job
+from fleet.services.nodes import moves as node_services
 from rackwise.asgi import application
 from tests.sockets import run_socket_test
 from tests.support import InstantAdapter, nodes_of, wait_for, workers
@@ -111,7 +114,7 @@ def _finished_deliveries(action_id: int) -> list[dict]:
 
 
 def _execute(action_id: int) -> None:
-    while action_services.execute_next_step(action_id, adapter=InstantAdapter()).more:
+    while execution.execute_next_step(action_id, adapter=InstantAdapter()).more:
         pass
 
 

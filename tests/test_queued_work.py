@@ -16,9 +16,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from fleet import locks
+from fleet import dispatch, locks
 from fleet.models import Action
-from fleet.services import dispatch
 from fleet.tasks import reconcile_once, sync_cluster
 from rackwise.celery import app
 from tests.support import flush_broker

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 from fleet.choices import NodeState
 from fleet.models import GPU, Job, Node
-from fleet.services import jobs as job_services
-from fleet.services import nodes as node_services
-from fleet.services.inventory import create_rack
+from fleet.services.jobs import allocations as job_allocations
+from fleet.services.jobs import submit as job_services
+from fleet.services.nodes import moves as node_services
+from fleet.services.nodes.inventory import create_rack
 
 
 def place(owner, placement: dict[Node, list[int]], name: str = "job") -> Job:
     num_gpus = sum(len(idx) for idx in placement.values())
     spec = job_services.JobSpec(name=name, num_gpus=num_gpus)
     job = job_services.submit_job(owner, spec)
-    return job_services.apply_placement(None, job.pk, {n.id: idx for n, idx in placement.items()}, reason="test")
+    return job_allocations.apply_placement(None, job.pk, {n.id: idx for n, idx in placement.items()}, reason="test")
 
 
 def by_name(response) -> dict[str, dict]:

@@ -1,4 +1,4 @@
-"""Read models (fleet.services.read_models): the summary and fragmentation figures
+"""Read models (fleet.services.read.read_models): the summary and fragmentation figures
 are computed once per committed change and shared through the cache; a busy
 fleet recomputes at most once per RACKWISE_READ_MODEL_MAX_AGE_S; with the cache
 down every read computes. The API, the Fleet page and /metrics read the same."""
@@ -11,8 +11,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from fleet import read_cache
-from fleet.services import read_models
-from fleet.services.jobs import JobSpec, submit_job
+from fleet.services.jobs.submit import JobSpec, submit_job
+from fleet.services.read import read_models
 
 
 @pytest.fixture
@@ -30,7 +30,7 @@ def _submit(submitter, capture, name="waits"):
 
 
 def test_a_new_rack_is_seen_by_the_next_read(shared, django_capture_on_commit_callbacks):
-    from fleet.services.inventory import create_rack
+    from fleet.services.nodes.inventory import create_rack
 
     assert read_models.summary()["racks"] == 2
 
@@ -99,7 +99,7 @@ def test_the_api_and_metrics_read_the_same_figures(shared, viewer_client, submit
 def test_a_change_asks_a_worker_to_refresh_and_readers_then_find_it_computed(shared, settings, submitter, django_capture_on_commit_callbacks, monkeypatch):
     """Off the request path: the bump on commit queues one refresh per interval,
     and after it a reader computes nothing."""
-    from fleet.services import dispatch
+    from fleet import dispatch
 
     settings.RACKWISE_READ_MODEL_MAX_AGE_S = 10.0
     queued: list[float] = []
@@ -124,7 +124,7 @@ def test_a_change_asks_a_worker_to_refresh_and_readers_then_find_it_computed(sha
 def test_with_nobody_reading_a_change_asks_for_no_refresh(shared, submitter, django_capture_on_commit_callbacks, monkeypatch):
     from django.core.cache import cache
 
-    from fleet.services import dispatch
+    from fleet import dispatch
 
     queued: list[float] = []
     monkeypatch.setattr(dispatch, "refresh_read_models_in", queued.append)

@@ -12,9 +12,10 @@ import pytest
 
 from fleet.choices import JobState, RackKind
 from fleet.models import Allocation, Job, Node
-from fleet.services.inventory import create_rack
-from fleet.services.jobs import JobSpec, apply_placement, start_job, submit_job
-from fleet.services.scheduling import schedule_pass
+from fleet.services.decisions.scheduling import schedule_pass
+from fleet.services.jobs.allocations import apply_placement, start_job
+from fleet.services.jobs.submit import JobSpec, submit_job
+from fleet.services.nodes.inventory import create_rack
 from fleet.views import waiting_reason
 
 URL = "/api/jobs/what-if/"

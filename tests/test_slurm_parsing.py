@@ -34,7 +34,7 @@ from fleet.cluster.slurm_cli import (
     node_state,
     parse_show_topology,
 )
-from fleet.services.slurm_sync import node_change
+from fleet.services.execution.slurm_sync import node_change
 
 
 def _n(value: int) -> dict:

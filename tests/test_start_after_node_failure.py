@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import pytest
 
+from fleet import steps as st
 from fleet.choices import ActionKind, ActionState, JobState
-from fleet.cluster import steps as st
-from fleet.services import actions as action_services
-from fleet.services import jobs as job_services
-from fleet.services.nodes import mark_node_failed
+from fleet.services.actions import propose as action_services
+from fleet.services.execution import execute as execution
+from fleet.services.jobs import submit as job_services
+from fleet.services.nodes.moves import mark_node_failed
 from tests.support import InstantAdapter
 
 pytestmark = pytest.mark.django_db
@@ -30,12 +31,12 @@ def test_a_placed_job_whose_node_failed_is_not_started_by_its_placement(fleet, s
     if action.state == ActionState.PROPOSED:
         action_services.approve(operator, action.pk, "")
     adapter = InstantAdapter()
-    action_services.execute_next_step(action.pk, adapter=adapter)  # allocate
+    execution.execute_next_step(action.pk, adapter=adapter)  # allocate
     job.refresh_from_db()
     assert job.state == JobState.PLACED
 
     mark_node_failed(None, held[1].pk, "XID 79")
-    while action_services.execute_next_step(action.pk, adapter=adapter).more:
+    while execution.execute_next_step(action.pk, adapter=adapter).more:
         pass
 
     job.refresh_from_db()

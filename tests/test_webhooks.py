@@ -18,10 +18,12 @@ from django.utils import timezone
 
 from fleet.choices import ActionKind, ActionState, DeliveryState, JobState, WebhookEvent
 from fleet.models import Job, Node, WebhookDelivery
-from fleet.services import actions as action_services
-from fleet.services import scheduling
 from fleet.services import webhooks as webhook_services
-from fleet.services.jobs import JobSpec, apply_placement, start_job, submit_job
+from fleet.services.actions import propose as action_services
+from fleet.services.decisions import scheduling
+from fleet.services.execution import execute as execution
+from fleet.services.jobs.allocations import apply_placement, start_job
+from fleet.services.jobs.submit import JobSpec, submit_job
 from fleet.tasks import sweep_webhooks
 from tests.support import InstantAdapter, Worker, flush_broker, wait_for
 from tests.webhook_receiver import ALLOW_LOOPBACK_ENV, deliver_all, subscribe
@@ -108,7 +110,7 @@ def test_an_action_sends_proposed_approved_and_finished_with_its_final_state(
         operator_client.post(f"/api/actions/{action.pk}/approve/", {"note": "go"}, format="json").status_code
         == 200
     )
-    while action_services.execute_next_step(action.pk, adapter=InstantAdapter()).more:
+    while execution.execute_next_step(action.pk, adapter=InstantAdapter()).more:
         pass
 
     deliver_all()

@@ -10,18 +10,17 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from fleet import redact
+from fleet import redact, steps
 from fleet.api.serializers import MAX_INT32, FiniteFloatField
 from fleet.choices import ActionKind, ApprovalMode
-from fleet.cluster import steps
 from fleet.filtersets import ActionFilterSet
 from fleet.locks import Busy, decisions
 from fleet.models import Action, HoldRole
 from fleet.permissions import tenant_ids_of, visible_actions
-from fleet.services import actions as action_services
-from fleet.services import callbacks as callback_services
-from fleet.services import defrag as defrag_services
-from fleet.services.action_lifecycle import HOLD_KINDS
+from fleet.services.actions import propose as action_services
+from fleet.services.actions.lifecycle import HOLD_KINDS
+from fleet.services.decisions import defrag as defrag_services
+from fleet.services.execution import callbacks as callback_services
 
 # The schema's bound; RACKWISE_DEFRAG_MAX_BUDGET_GPU_HOURS (checked by the service) may be lower.
 MAX_BUDGET_GPU_HOURS = 1e9
@@ -285,7 +284,7 @@ class StepKindSerializer(serializers.Serializer):
 
 
 class StepKindsView(APIView):
-    """The kinds of step an action is made of (fleet.cluster.steps), for any
+    """The kinds of step an action is made of (fleet.steps), for any
     signed-in reader; the console's action page draws plans from this list."""
 
     @extend_schema(responses=StepKindSerializer(many=True))

@@ -26,7 +26,7 @@ from rest_framework.views import APIView
 from fleet.api.auth import TokenAuthentication
 from fleet.choices import GpuHealth, NodeState
 from fleet.models import Node
-from fleet.services import health
+from fleet.services.intake import health
 
 
 class AgentTokenAuthentication(BaseAuthentication):
@@ -89,7 +89,7 @@ class IsNodeAgent(BasePermission):
 
 
 class HeartbeatGpuSerializer(serializers.Serializer):
-    # Documentation of the bounds fleet.services.health enforces (it names the
+    # Documentation of the bounds fleet.services.intake.health enforces (it names the
     # field of every violation in its 400).
     index = serializers.IntegerField(min_value=0, help_text="One of the node's GPU indices, each at most once.")
     state = serializers.ChoiceField(choices=GpuHealth.choices)
@@ -111,7 +111,7 @@ class HeartbeatGpuSerializer(serializers.Serializer):
 
 
 class HeartbeatSerializer(serializers.Serializer):
-    """A heartbeat. Only documents the body: fleet.services.health validates it.
+    """A heartbeat. Only documents the body: fleet.services.intake.health validates it.
     A refused body (400) still counts as a sign of life: ``last_heartbeat_at``
     is stamped before the report is read."""
 

@@ -17,8 +17,8 @@ from rest_framework.views import APIView
 from fleet.events import rack_state, visible_to
 from fleet.models import Rack
 from fleet.permissions import sees_all_tenants
-from fleet.services.metrics import chart_markers, samples_since
 from fleet.services.racks import change_cursor
+from fleet.services.read.metrics import chart_markers, samples_since
 
 MAX_SAMPLE_HOURS = 720.0
 MAX_RACK_ID = 2**63 - 1  # the id column is a bigint

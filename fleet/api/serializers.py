@@ -10,8 +10,8 @@ from rest_framework import serializers
 from fleet.choices import Locality
 from fleet.models import GPU, AuditEvent, Job, Node, Rack
 from fleet.permissions import sees_all_tenants
-from fleet.services import jobs as job_services
-from fleet.services.nodes import MOVES, moves_for
+from fleet.services.jobs import allocations as job_allocations
+from fleet.services.nodes.moves import MOVES, moves_for
 
 MAX_INT32 = 2**31 - 1  # the range of the integer columns sizes and counts land in
 
@@ -195,7 +195,7 @@ class JobSerializer(serializers.ModelSerializer):
     def get_placement(self, job: Job) -> dict:
         if self.context.get("just_submitted"):
             return {}
-        return job_services.placement_of(job, job.allocations.all())
+        return job_allocations.placement_of(job, job.allocations.all())
 
     def get_allocated(self, job: Job) -> list[dict]:
         """The GPUs the job holds now, grouped by node."""

@@ -18,12 +18,13 @@ from fleet.export import export_job
 from fleet.filtersets import AuditEventFilterSet, JobFilterSet, NodeFilterSet, RackFilterSet
 from fleet.models import GPU, Allocation, AuditEvent, Job, Node, Rack
 from fleet.permissions import may_cancel, role_of, sees_all_tenants, visible_audit_events, visible_jobs
-from fleet.services import attention as attention_services
-from fleet.services import jobs as job_services
-from fleet.services import nodes as node_services
-from fleet.services import read_models
-from fleet.services import scheduling as scheduling_services
-from fleet.services.summary import rack_summaries
+from fleet.services.decisions import scheduling as scheduling_services
+from fleet.services.jobs import allocations as job_allocations
+from fleet.services.jobs import submit as job_services
+from fleet.services.nodes import moves as node_services
+from fleet.services.read import attention as attention_services
+from fleet.services.read import read_models
+from fleet.services.read.summary import rack_summaries
 
 # Bodies the API accepts, in the schema (and so in /api/docs/ and for fuzzers).
 JOB_EXAMPLES = [
@@ -52,7 +53,7 @@ class JobViewSet(
 
     def get_queryset(self):
         qs = Job.objects.select_related("owner", "tenant").prefetch_related(
-            Prefetch("allocations", queryset=job_services.held_or_last_allocations())
+            Prefetch("allocations", queryset=job_allocations.held_or_last_allocations())
         )
         return visible_jobs(self.request.user, qs)
 

@@ -1,6 +1,6 @@
 """Adapters to the cluster Rackwise manages: one module per cluster kind
 (``simulated``, ``webhook``, ``slurm``), behind the interface in
-:mod:`fleet.cluster.base`, carrying out the typed steps of :mod:`fleet.cluster.steps`.
+:mod:`fleet.cluster.base`, carrying out the typed steps of :mod:`fleet.steps`.
 
 Adapters act on the outside world and report what it says. They never import
 ``fleet.tasks``: services call them, and what the cluster reports (a job ended,

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from fleet.cluster.steps import Step
     from fleet.models import Action, Job
+    from fleet.steps import Step
 
 DONE = "done"
 WAITING = "waiting"  # the step goes on outside (a callback, a job still starting)
@@ -100,7 +100,7 @@ class ClusterAdapter(Protocol):
     def reports_fleet(self) -> bool:
         """Whether this cluster reports its nodes' states, the jobs held for
         Rackwise to adopt and its topology: then its own sync
-        (``fleet.services.slurm_sync``) runs with every cluster sync."""
+        (``fleet.services.execution.slurm_sync``) runs with every cluster sync."""
 
     def after_step(self, action: Action, index: int, step: Step) -> None:
         """Called once the step's database change has committed."""

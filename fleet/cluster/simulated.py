@@ -4,11 +4,11 @@ fail by injection (``RACKWISE_SIM_FAILURE_RATE``, or given steps for certain:
 ``fail_at``). A job ends in this cluster
 once its expected duration (times ``RACKWISE_SIM_TIME_SCALE``) has passed since
 it started: :meth:`SimulatedAdapter.job_states` reports it completed, and the
-sync service (:mod:`fleet.services.cluster_sync`) finishes it in Rackwise, as
+sync service (:mod:`fleet.services.execution.cluster_sync`) finishes it in Rackwise, as
 it would a job a real cluster reports ended.
 
 So that demo jobs end on time without a fast beat, the start of a job asks for
-a sync at the moment it is due to end (:func:`fleet.services.dispatch.sync_cluster_in`,
+a sync at the moment it is due to end (:func:`fleet.dispatch.sync_cluster_in`,
 a task sent by name: this module never imports ``fleet.tasks``). The periodic
 sync (``RACKWISE_CLUSTER_SYNC_S``) catches an end whose message was lost.
 """
@@ -23,6 +23,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
+from fleet import dispatch
 from fleet.choices import JobState
 from fleet.cluster.base import (
     DONE,
@@ -35,9 +36,8 @@ from fleet.cluster.base import (
     Progress,
     StepFailed,
 )
-from fleet.cluster.steps import Allocate, Restart, Start, Step
 from fleet.models import Action, Job
-from fleet.services import dispatch
+from fleet.steps import Allocate, Restart, Start, Step
 
 # Relative duration of each op (times RACKWISE_SIM_STEP_SECONDS).
 SIM_DURATIONS = {

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 
 from django.conf import settings
 
-from fleet.cluster import steps as st
+from fleet import steps as st
 from fleet.cluster.base import (
     DONE,
     NODE_DRAINING,

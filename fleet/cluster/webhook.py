@@ -4,7 +4,7 @@ signed callback to ``/api/actions/<id>/callback/`` whose body echoes the step's
 ``action_id`` and ``step_index`` (signed with the body, so a callback cannot be
 replayed to another action or step), and may name the job's id in its cluster
 (``external_id``). The callback is recorded by
-:func:`fleet.services.callbacks.record_callback`; this adapter reads it on the
+:func:`fleet.services.execution.callbacks.record_callback`; this adapter reads it on the
 next call. A step with no callback within ``RACKWISE_WEBHOOK_TIMEOUT_S`` fails.
 
 A receiver that cannot be reached, or answers 5xx, is :class:`ClusterUnavailable`
@@ -39,8 +39,8 @@ from fleet.cluster.base import (
     Progress,
     StepFailed,
 )
-from fleet.cluster.steps import Step
 from fleet.models import Action, Job
+from fleet.steps import Step
 
 
 class WebhookAdapter:

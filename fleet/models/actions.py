@@ -11,7 +11,7 @@ from fleet.choices import DEFAULT_APPROVAL, ActionKind, ActionState, ApprovalMod
 
 class Action(models.Model):
     """One decision (a placement, a recovery, a defrag plan, a drain) as ordered
-    steps. States move only through ``fleet.services.action_lifecycle.transition``
+    steps. States move only through ``fleet.services.actions.lifecycle.transition``
     (row lock and check), so a redelivered task is harmless::
 
         proposed -> approved -> executing -> succeeded | failed
@@ -54,10 +54,10 @@ class Action(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     # A proposal waiting for an operator was last found still the best decision
-    # at this time (fleet.services.proposals re-checks it as the fleet changes).
+    # at this time (fleet.services.decisions.recheck re-checks it as the fleet changes).
     checked_at = models.DateTimeField(null=True, blank=True)
     # The plan this one was made to replace, when the fleet moved away from that
-    # one (a re-plan keeps its request; fleet.services.defrag.replan).
+    # one (a re-plan keeps its request; fleet.services.decisions.defrag.replan).
     replaces = models.ForeignKey(
         "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="replacements"
     )
@@ -109,7 +109,7 @@ class NodeHold(models.Model):
     end: the nodes it empties and the nodes it fills. The scheduler, recovery and
     other plans see a held node as taking no new work (``fleet.engine``), and the
     services refuse to place anything else there. Taken and released only by
-    ``fleet.services.action_lifecycle``, in the transaction that approves or ends
+    ``fleet.services.actions.lifecycle``, in the transaction that approves or ends
     the action; the row goes with the action, so no crash leaves a hold behind.
 
     A node is held by one action at most (the primary key): two plans can never

@@ -55,7 +55,7 @@ class Job(models.Model):
     state_reason = models.CharField(max_length=500, blank=True, default="")
     # What the engine decided that allocation rows cannot say: {"segments":
     # [[node id, ...], ...], "reason": "...", "choices": [...]}. Where the job
-    # runs is its allocations (fleet.services.jobs.placement_of shows both).
+    # runs is its allocations (fleet.services.jobs.allocations.placement_of shows both).
     # Allocation rows are the truth for which GPUs are held; this keeps the why.
     placement = models.JSONField(default=dict, blank=True)
     # Incremented each time the job's processes (re)start; a simulated completion

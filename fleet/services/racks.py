@@ -8,10 +8,9 @@ from django.db import connection
 from django.db.models import F
 from django.db.models.expressions import RawSQL
 
-from fleet import events
+from fleet import dispatch, events
 from fleet.choices import ActionState
 from fleet.models import Action, Allocation, Rack
-from fleet.services import dispatch
 
 
 def bump_versions(rack_ids: Iterable[int]) -> None:

@@ -34,11 +34,11 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from fleet import signing
+from fleet import dispatch, signing
 from fleet.choices import OPEN_DELIVERY_STATES, WEBHOOK_PING, DeliveryState, Role, WebhookEvent
 from fleet.models import Action, Job, Node, Tenant, WebhookDelivery, WebhookEndpoint
 from fleet.permissions import has_role
-from fleet.services import audit, dispatch, webhook_targets
+from fleet.services import audit, webhook_targets
 from fleet.services.errors import Conflict, InvalidInput, NotAllowed
 
 EVENT_HEADER = "X-Rackwise-Event"

@@ -299,6 +299,7 @@ def fetch_nodes(
 ) -> dict[str, Any]:
     """Read ``/api/v1/nodes`` through the official client, page by page as kubectl
     does, and return it shaped like ``kubectl get nodes -o json``."""
+    # The official client is loaded only for a live read (`--from kubernetes-live`).
     from kubernetes import client, config
     from kubernetes.client.exceptions import ApiException
     from kubernetes.config.config_exception import ConfigException

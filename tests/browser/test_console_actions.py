@@ -9,8 +9,8 @@ import pytest
 from fleet import locks
 from fleet.choices import ActionKind, ActionState
 from fleet.models import Action
-from fleet.services.actions import propose
-from fleet.services.defrag import plan_defrag
+from fleet.services.actions.propose import propose
+from fleet.services.decisions.defrag import plan_defrag
 from tests.browser.helpers import grid_cells, in_thread, log_in_as, open_live, post_api
 
 pytestmark = pytest.mark.browser

@@ -10,7 +10,7 @@ import pytest
 
 from fleet.choices import ActionKind, ActionState, ApprovalMode
 from fleet.models import Action, ApprovalPolicy
-from fleet.services.actions import propose
+from fleet.services.actions.propose import propose
 from tests.browser.helpers import grid_cells, in_thread, log_in_as, open_live, post_api
 
 pytestmark = pytest.mark.browser

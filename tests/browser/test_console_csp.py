@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleet.services.defrag import plan_defrag
+from fleet.services.decisions.defrag import plan_defrag
 from tests.browser.helpers import in_thread, log_in_as
 
 pytestmark = pytest.mark.browser

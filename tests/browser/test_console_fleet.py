@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleet.services.inventory import create_rack
+from fleet.services.nodes.inventory import create_rack
 from fleet.services.users import ensure_user
 from tests.browser.helpers import (
     grid_cells,
@@ -100,8 +100,9 @@ def test_a_job_submitted_through_the_api_appears_on_the_grid_without_a_reload(pa
 def _eight_racks_with_big_jobs(submitter):
     from fleet.choices import RackKind
     from fleet.models import Node
-    from fleet.services.inventory import create_rack
-    from fleet.services.jobs import JobSpec, apply_placement, start_job, submit_job
+    from fleet.services.jobs.allocations import apply_placement, start_job
+    from fleet.services.jobs.submit import JobSpec, submit_job
+    from fleet.services.nodes.inventory import create_rack
 
     for i in range(8):
         rack = create_rack(None, name=f"wall-{i:02d}", kind=RackKind.NVL72, site="dc1", row="A", position=i)

@@ -9,8 +9,8 @@ import pytest
 
 from fleet import read_cache
 from fleet.models import Node
-from fleet.services.inventory import create_rack
-from fleet.services.nodes import mark_node_failed
+from fleet.services.nodes.inventory import create_rack
+from fleet.services.nodes.moves import mark_node_failed
 from tests.browser.helpers import grid_cells, in_thread, log_in_as, open_live, post_api
 
 pytestmark = pytest.mark.browser

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from fleet.models import Node
-from fleet.services.jobs import JobSpec, apply_placement, requeue_job, start_job, submit_job
+from fleet.services.jobs.allocations import apply_placement, requeue_job, start_job
+from fleet.services.jobs.submit import JobSpec, submit_job
 from tests.browser.helpers import in_thread, log_in_as, open_live
 
 pytestmark = pytest.mark.browser

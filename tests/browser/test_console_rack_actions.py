@@ -11,8 +11,9 @@ import pytest
 
 from fleet.choices import NodeState
 from fleet.models import Node
-from fleet.services.jobs import JobSpec, apply_placement, submit_job
-from fleet.services.nodes import drain_node
+from fleet.services.jobs.allocations import apply_placement
+from fleet.services.jobs.submit import JobSpec, submit_job
+from fleet.services.nodes.moves import drain_node
 from tests.browser.helpers import grid_cells, in_thread, log_in_as, open_live, post_api
 
 pytestmark = pytest.mark.browser

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from fleet.models import Node, Rack
-from fleet.services import nodes as node_services
-from fleet.services.topology import import_topology
+from fleet.services.intake.topology import import_topology
+from fleet.services.nodes import moves as node_services
 from fleet.topology import DesiredDomain, DesiredNode, Topology
 from tests.browser.helpers import in_thread, log_in_as, open_live, rack_version
 

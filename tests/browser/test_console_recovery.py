@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from fleet.models import Node
-from fleet.services.jobs import JobSpec, apply_placement, start_job, submit_job
+from fleet.services.jobs.allocations import apply_placement, start_job
+from fleet.services.jobs.submit import JobSpec, submit_job
 from tests.browser.helpers import hover_cell, log_in_as, open_live, post_api
 
 pytestmark = pytest.mark.browser

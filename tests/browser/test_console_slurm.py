@@ -15,7 +15,7 @@ from django.core.management import call_command
 
 from fleet.choices import ActionKind, ActionState, JobState
 from fleet.models import Action, Allocation, Job, Node
-from fleet.services import cluster_sync
+from fleet.services.execution import cluster_sync
 from tests.browser.helpers import log_in_as, open_live
 from tests.support import wait_for, workers
 
@@ -42,7 +42,7 @@ def test_a_node_down_in_slurm_is_swapped_in_place_and_the_grid_shows_it(
     call_command("import_topology", "--from", "slurm-live", stdout=io.StringIO())
     env = cluster.env | {"RACKWISE_CLUSTER": "slurm"}
     with workers(1, env):
-        from fleet.services.jobs import JobSpec, submit_job
+        from fleet.services.jobs.submit import JobSpec, submit_job
 
         job = submit_job(
             submitter,

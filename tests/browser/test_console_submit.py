@@ -10,7 +10,7 @@ import re
 import pytest
 
 from fleet.models import Job
-from fleet.services.jobs import JobSpec, submit_job
+from fleet.services.jobs.submit import JobSpec, submit_job
 from tests.browser.helpers import log_in_as, open_live, post_api
 
 pytestmark = pytest.mark.browser

@@ -10,7 +10,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from fleet.models import Job
-from fleet.services.jobs import JobSpec, submit_job
+from fleet.services.jobs.submit import JobSpec, submit_job
 from tests.browser.helpers import in_thread, log_in_as
 
 pytestmark = pytest.mark.browser

@@ -11,8 +11,8 @@ import pytest
 
 from placement.model import Fleet, JobRequest
 from placement.place import place
-from placement.sim import FAIL, SimConfig, Simulation
-from placement.trace import TraceJob, read_trace
+from placement.sim.simulation import FAIL, SimConfig, Simulation
+from placement.sim.trace import TraceJob, read_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 # No random failures (MTBF 0 turns them off), one 18-node rack unless said otherwise.
@@ -151,7 +151,7 @@ def test_locality_fills_in_rows_that_have_none(tmp_path: Path) -> None:
         assert sim.jobs["a"].job.locality == loc
         assert sim.jobs["b"].job.locality == "none"
     assert _replay(trace, "rackwise").jobs["a"].job.locality == "required"
-    res = subprocess.run([sys.executable, "-m", "placement.simulate", str(path), "--racks",
+    res = subprocess.run([sys.executable, "-m", "placement.sim.cli", str(path), "--racks",
                           "1", "--locality", "preferred"], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)
     assert res.returncode == 0, res.stderr

@@ -16,8 +16,8 @@ from placement.model import Allocation, Fleet, JobRequest
 from placement.place import place, schedule
 from placement.queues import Backfill
 from placement.recover import apply_recovery, recover
-from placement.sim import SimConfig, Simulation
-from placement.trace import TraceJob
+from placement.sim.simulation import SimConfig, Simulation
+from placement.sim.trace import TraceJob
 from placement.validate import validate, validate_indexes
 
 # CI replays the same examples every run (a submission must not fail by luck);

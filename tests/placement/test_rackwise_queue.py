@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from placement.model import JobRequest
 from placement.queues import Hold, expansion_factor
-from placement.sim import FAIL, SimConfig, Simulation
-from placement.trace import TraceJob
+from placement.sim.simulation import FAIL, SimConfig, Simulation
+from placement.sim.trace import TraceJob
 
 QUIET = dict(racks=1, node_mtbf_hours=0.0, defrag_after_s=None)
 

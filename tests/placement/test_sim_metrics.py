@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from placement.model import JobRequest
-from placement.sim import SIZE_CLASSES, SimConfig, Simulation, simulate, size_class
-from placement.simulate import JSON_KEYS, table
-from placement.trace import TraceJob
+from placement.sim.cli import JSON_KEYS, table
+from placement.sim.simulation import SIZE_CLASSES, SimConfig, Simulation, simulate, size_class
+from placement.sim.trace import TraceJob
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -182,7 +182,7 @@ def test_the_real_trace_benchmark_runs_on_small_traces(tmp_path: Path,
 def test_held_gpu_time_is_useful_work_plus_the_losses(policy: str) -> None:
     # Every job completes and holds exactly its GPUs (powers of two), so GPU-seconds
     # held = useful + span slowdown + failures + migrations, to rounding.
-    from placement.tracegen import generate
+    from placement.sim.tracegen import generate
 
     rows = generate(400, 0.95, racks=4, seed=1)
     trace = _trace(*[(str(r["job_id"]), float(r["submit_time"]), float(r["duration"]),  # type: ignore[arg-type]

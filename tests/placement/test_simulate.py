@@ -9,18 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from placement.sim import SimConfig, simulate
-from placement.sim_state import config_overrides
-from placement.simulate import JSON_KEYS
-from placement.trace import read_trace, write_trace
-from placement.tracegen import generate
+from placement.sim.cli import JSON_KEYS
+from placement.sim.simulation import SimConfig, simulate
+from placement.sim.state import config_overrides
+from placement.sim.trace import read_trace, write_trace
+from placement.sim.tracegen import generate
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADER = "job_id,submit_time,duration,num_gpus,locality,extra\n"
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "placement.simulate", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "placement.sim.cli", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
 
 

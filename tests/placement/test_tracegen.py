@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from placement.trace import COLUMNS, read_trace
-from placement.tracegen import ITP, SIZE_MIX, generate
+from placement.sim.trace import COLUMNS, read_trace
+from placement.sim.tracegen import ITP, SIZE_MIX, generate
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,7 +38,7 @@ def test_sizes_run_from_single_gpus_to_multi_rack_gangs() -> None:
 
 def test_the_cli_writes_a_trace_the_simulator_can_read(tmp_path: Path) -> None:
     out = tmp_path / "t.csv"
-    subprocess.run([sys.executable, "-m", "placement.tracegen", "--jobs", "50", "--load",
+    subprocess.run([sys.executable, "-m", "placement.sim.tracegen", "--jobs", "50", "--load",
                     "high", "--seed", "5", "-o", str(out)], check=True, cwd=ROOT)
     with open(out, newline="") as fh:
         assert next(csv.reader(fh)) == list(COLUMNS)
@@ -72,7 +72,7 @@ def test_the_itp_preset_follows_the_itp_size_mix_durations_and_bursts() -> None:
 
 def test_the_cli_mix_itp_writes_a_readable_bare_trace(tmp_path: Path) -> None:
     out = tmp_path / "itp.csv"
-    subprocess.run([sys.executable, "-m", "placement.tracegen", "--jobs", "200", "--mix",
+    subprocess.run([sys.executable, "-m", "placement.sim.tracegen", "--jobs", "200", "--mix",
                     "itp", "--racks", "4", "--seed", "2", "-o", str(out)], check=True, cwd=ROOT)
     jobs = read_trace(out)
     assert len(jobs) == 200 and max(j.job.num_gpus for j in jobs) <= 64

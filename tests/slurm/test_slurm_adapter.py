@@ -12,8 +12,8 @@ import time
 import pytest
 from django.core.management import call_command
 
+from fleet import steps as st
 from fleet.choices import JobState, NodeState
-from fleet.cluster import steps as st
 from fleet.cluster.base import (
     DONE,
     JOB_CANCELLED,
@@ -27,8 +27,9 @@ from fleet.cluster.base import (
 )
 from fleet.cluster.slurm import SlurmAdapter
 from fleet.models import Job, Node, Rack, Tenant
-from fleet.services import jobs as job_services
-from fleet.services import slurm_sync
+from fleet.services.execution import slurm_sync
+from fleet.services.jobs import allocations as job_allocations
+from fleet.services.jobs import submit as job_services
 
 pytestmark = pytest.mark.django_db(transaction=False)
 
@@ -68,7 +69,7 @@ def place(operator, nodes: dict[str, Node], hosts: list[str], *, name="train", s
         job_services.JobSpec(name=name, tenant="llm", num_nodes=len(hosts), gpus_per_node=4),
     )
     Job.objects.filter(pk=job.pk).update(cluster_spec={"slurm": {"script": f"#!/bin/bash\n{script}\n"}})
-    job_services.apply_placement(operator, job.pk, {nodes[h].pk: [0, 1, 2, 3] for h in hosts}, reason="test")
+    job_allocations.apply_placement(operator, job.pk, {nodes[h].pk: [0, 1, 2, 3] for h in hosts}, reason="test")
     return Job.objects.get(pk=job.pk)
 
 
@@ -91,7 +92,7 @@ def hosts_of(cluster, job_id: str) -> list[str]:
 
 def start(adapter, job: Job) -> None:
     assert adapter.perform(None, 1, st.Start(job=job.pk)).status == DONE
-    job_services.start_job(None, job.pk)
+    job_allocations.start_job(None, job.pk)
 
 
 def test_the_live_import_makes_one_rack_per_block_and_the_sync_keeps_it(cluster, adapter, fleet_of_slurm):
@@ -160,7 +161,7 @@ def test_a_swap_after_slurm_marks_a_node_down_runs_on_the_spare(cluster, adapter
     )
     assert adapter.perform(None, 0, swap).status == DONE
     assert adapter.perform(None, 0, swap).status == DONE  # idempotent
-    job_services.swap_job_nodes(None, job.pk, swap.swaps, reason="test swap")
+    job_allocations.swap_job_nodes(None, job.pk, swap.swaps, reason="test swap")
     assert adapter.perform(None, 1, st.Restart(job=job.pk)).status == DONE
     took = time.monotonic() - t0
     assert hosts_of(cluster, sid) == ["r01n01", "r01n03", "r01n04", "r01n10"]
@@ -180,8 +181,8 @@ def test_a_migration_requeueholds_repins_and_releases(cluster, adapter, fleet_of
     assert adapter.perform(None, 1, st.Stop(job=job.pk)).status == DONE
     held = squeue_job(cluster, sid)
     assert "PENDING" in held["job_state"] and held["hold"] is True
-    job_services.requeue_job(None, job.pk, reason="moving", action="job.stop")
-    job_services.apply_placement(None, job.pk, {fleet_of_slurm[h].pk: [0, 1, 2, 3] for h in new}, reason="move")
+    job_allocations.requeue_job(None, job.pk, reason="moving", action="job.stop")
+    job_allocations.apply_placement(None, job.pk, {fleet_of_slurm[h].pk: [0, 1, 2, 3] for h in new}, reason="move")
     assert allocate(adapter, job, fleet_of_slurm, new) == sid
     assert adapter.perform(None, 3, st.Start(job=job.pk)).status == DONE
     took = time.monotonic() - t0
@@ -226,7 +227,7 @@ def test_job_states_after_scancel_and_after_a_job_ends(cluster, adapter, fleet_o
     short = place(operator, fleet_of_slurm, ["r02n01"], name="short", script="sleep 0.5")
     long = place(operator, fleet_of_slurm, ["r02n02"], name="long")
     for job in (short, long):
-        allocate(adapter, job, fleet_of_slurm, [job_services.placement_of(job)["nodes"][0]])
+        allocate(adapter, job, fleet_of_slurm, [job_allocations.placement_of(job)["nodes"][0]])
         start(adapter, job)
     cluster.run("scancel", long.external_id)
     cluster.wait_job_state(long.external_id, "CANCELLED")
@@ -265,7 +266,7 @@ def test_a_held_sbatch_job_is_adopted_placed_and_released(cluster, adapter, flee
     assert job.cluster_spec["slurm"]["adopted"] is True
 
     chosen = ["r02n05", "r02n06"]
-    job_services.apply_placement(None, job.pk, {fleet_of_slurm[h].pk: [0, 1, 2, 3] for h in chosen}, reason="test")
+    job_allocations.apply_placement(None, job.pk, {fleet_of_slurm[h].pk: [0, 1, 2, 3] for h in chosen}, reason="test")
     assert allocate(adapter, job, fleet_of_slurm, chosen) == sid
     start(adapter, job)
     assert hosts_of(cluster, sid) == chosen

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from fleet.choices import ActionKind, ActionState, JobState, NodeState
 from fleet.models import Action, Allocation, Job, Node, Rack
-from fleet.services import cluster_sync
+from fleet.services.execution import cluster_sync
 from fleet.tasks import reconcile_once
 from tests.support import Worker, consistent_violations, flush_broker, wait_for, workers
 

@@ -10,7 +10,7 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from fleet.services import invariants
+from fleet.services.read import invariants
 
 
 class Command(BaseCommand):

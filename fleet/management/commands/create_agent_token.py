@@ -1,7 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
 from fleet.models import Node
-from fleet.services.health import issue_agent_token
+from fleet.services.intake.health import issue_agent_token
 
 
 class Command(BaseCommand):

@@ -7,7 +7,7 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from fleet.services.errors import ServiceError
-from fleet.services.topology import export_slurm_topology
+from fleet.services.intake.topology import export_slurm_topology
 
 
 class Command(BaseCommand):

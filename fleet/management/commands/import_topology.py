@@ -7,8 +7,10 @@ import json
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from fleet.cluster.base import ClusterUnavailable, StepFailed
+from fleet.cluster.slurm import SlurmAdapter
 from fleet.services.errors import ServiceError
-from fleet.services.topology import import_topology
+from fleet.services.intake.topology import import_topology
 from fleet.topology import Topology, TopologyError, slurm
 from fleet.topology import kubernetes as k8s
 from fleet.topology.model import read_text
@@ -108,9 +110,6 @@ class Command(BaseCommand):
 
 def _slurm_live(max_gpus: int) -> Topology:
     """Blocks and nodes from the running Slurm, through the adapter's CLI."""
-    from fleet.cluster.base import ClusterUnavailable, StepFailed
-    from fleet.cluster.slurm import SlurmAdapter
-
     try:
         return SlurmAdapter.from_settings().topology(max_gpus=max_gpus)
     except (ClusterUnavailable, StepFailed) as exc:

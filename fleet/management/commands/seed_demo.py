@@ -5,7 +5,7 @@ from django.core.management.base import BaseCommand
 
 from fleet.choices import RackKind, Role
 from fleet.models import Rack
-from fleet.services.inventory import create_rack
+from fleet.services.nodes.inventory import create_rack
 from fleet.services.users import ensure_user
 
 DEMO_PASSWORD = "rackwise-demo"
