@@ -178,7 +178,7 @@ def measure(racks: int, rates: list[float], seconds: float, live: bool) -> dict[
                   f"{pct(lat, .5) * 1000:>8.0f} {pct(lat, .95) * 1000:>8.0f} {max(lat, default=float('nan')) * 1000:>8.0f}",
                   flush=True)
             # Free the fleet for the next rate.
-            _manage("shell", "-c", "from fleet.models import Job\nfrom fleet.services.jobs import cancel_job\n"
+            _manage("shell", "-c", "from fleet.models import Job\nfrom fleet.services.jobs.submit import cancel_job\n"
                     "[cancel_job(None, j.pk) for j in Job.objects.exclude(state__in=['completed','failed','cancelled'])]")
     finally:
         stop_stack(procs)

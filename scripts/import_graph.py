@@ -24,9 +24,10 @@ PACKAGES = ("placement", "fleet", "rackwise")
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
     # The placement engine: pure Python, no Django, no fleet.
     ("engine", ("placement",)),
-    # Models, settings, the Celery app and the plain helpers every layer uses;
-    # the step dataclasses, service errors and the task dispatcher are shared words.
-    ("core", ("fleet", "rackwise", "fleet.steps", "fleet.services.errors", "fleet.dispatch")),
+    # Models, settings, the Celery app, the step dataclasses, the task
+    # dispatcher and the plain helpers every layer uses; service errors are
+    # shared words.
+    ("core", ("fleet", "rackwise", "fleet.services.errors")),
     # Cluster adapters act on the outside world and import no service.
     ("cluster", ("fleet.cluster",)),
     # Services, the owner rooms: each aggregate's lifecycle and the only

@@ -92,6 +92,19 @@ def test_placing_a_job_that_is_not_pending_is_refused_by_the_same_table(fleet, s
     assert _written(job=job) == before
 
 
+def test_a_batch_with_a_job_its_state_does_not_allow_is_refused_whole(fleet, submitter):
+    pending = job_services.submit_job(submitter, job_services.JobSpec(name="a", num_gpus=4))
+    running = job_services.submit_job(submitter, job_services.JobSpec(name="b", num_gpus=4))
+    Job.objects.filter(pk=running.pk).update(state=JobState.RUNNING)
+    jobs = list(Job.objects.filter(pk__in=[pending.pk, running.pk]).order_by("pk"))
+    before = (_written(job=pending), _written(job=running))
+
+    with pytest.raises(Conflict, match=f"job #{running.pk} is running, not pending"):
+        job_lifecycle.apply_many(None, jobs, "place", reason_of=lambda job: "")
+
+    assert (_written(job=pending), _written(job=running)) == before
+
+
 @pytest.mark.parametrize(("state", "move"), NODE_PAIRS)
 def test_a_node_move_its_state_does_not_allow_is_refused_and_writes_nothing(fleet, state, move):
     node = fleet[0].nodes.get(slot=2)

@@ -36,7 +36,8 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rackwise.settings")
 django.setup()
 from fleet.choices import HOLDING_JOB_STATES, JobState, NodeState
 from fleet.models import Job, Node
-from fleet.services import jobs, nodes
+from fleet.services.jobs import allocations, submit
+from fleet.services.nodes import moves as nodes
 from fleet.services.errors import Conflict, InvalidInput
 from fleet.services.decisions.scheduling import schedule_pass
 from fleet import locks
@@ -80,13 +81,13 @@ while time.monotonic() < deadline:
             if held:
                 job_id = rng.choice(held)
                 if op == "start":
-                    jobs.start_job(None, job_id)
+                    allocations.start_job(None, job_id)
                 elif op == "finish":
-                    jobs.finish_job(None, job_id, succeeded=True, reason="churn")
+                    allocations.finish_job(None, job_id, succeeded=True, reason="churn")
                 elif op == "cancel":
-                    jobs.cancel_job(None, job_id)
+                    submit.cancel_job(None, job_id)
                 else:
-                    jobs.requeue_job(None, job_id, reason="churn")
+                    allocations.requeue_job(None, job_id, reason="churn")
         done += 1
     except (Conflict, InvalidInput):
         pass

@@ -177,13 +177,17 @@ def apply_many(
     message_of: Callable[[Job], str] | None = None,
     fields: dict[str, Any] | None = None,
 ) -> None:
-    """Make ``move`` for jobs the caller locked and checked (:func:`refusal`) in
-    its transaction: one UPDATE per distinct reason for the state, reason and
+    """Make ``move`` for jobs the caller locked (and left out those
+    :func:`refusal` refuses: Conflict, nothing written, if one is left) in its
+    transaction: one UPDATE per distinct reason for the state, reason and
     ``fields``, one audit insert (``message_of`` each, default the reason), one
     live event. The caller moves the racks' versions (it knows them without a
     query). For batches: the scheduler's placements, the jobs a failed node
     interrupts."""
     spec = MOVES[move]
+    refused = [why for job in jobs if (why := refusal(job, move)) is not None]
+    if refused:
+        raise Conflict("; ".join(refused))
     fields = fields or {}
     befores = {job.pk: snapshot(job) for job in jobs}
     by_reason: dict[str, list[int]] = {}
