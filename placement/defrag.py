@@ -108,7 +108,7 @@ def _plan(fleet: Fleet, pending: list[JobRequest], target: Target | None,
     frag_before = fragmentation(fleet, shape_src).fraction if figures else 0.0
     racks_before = _whole_racks(fleet) if figures or isinstance(target, FreeRacks) else 0
     placeable_before = {j.id for j in pending if place(work, _local(j)).placed}
-    max_moves = math.inf if max_moves is None else max_moves
+    move_limit: float = math.inf if max_moves is None else max_moves
     moves: list[Move] = []
     cost = 0.0
     reasons: list[str] = []
@@ -129,9 +129,9 @@ def _plan(fleet: Fleet, pending: list[JobRequest], target: Target | None,
         goals = [(f"free rack {i + 1}", [(-1, 0)], False) for i in range(min(missing, clearable))]
         label = f"free {target.count} whole racks"
     elif isinstance(target, RoomFor):
-        held = sum(r.size for r in fleet.groups.get(target.gpus_per_node, []))
-        if target.nodes > held:
-            unreachable = f"the fleet has {held} nodes of {target.gpus_per_node} GPUs"
+        of_size = sum(r.size for r in fleet.groups.get(target.gpus_per_node, []))
+        if target.nodes > of_size:
+            unreachable = f"the fleet has {of_size} nodes of {target.gpus_per_node} GPUs"
         else:
             goals = [(f"room for {target.nodes} nodes", _segments(
                 fleet, target.nodes, target.gpus_per_node), False)]
@@ -175,7 +175,7 @@ def _plan(fleet: Fleet, pending: list[JobRequest], target: Target | None,
             gpus, gpn = -segs[0][0], segs[0][1]
             clock = (restart_minutes, now)
             room = _best_node(work, gpus, gpn, targeted, clock,
-                              (budget_gpu_hours - cost, max_moves - len(moves)), node_cache)
+                              (budget_gpu_hours - cost, move_limit - len(moves)), node_cache)
             if isinstance(room, str):
                 failed_goals.add(sig)
                 reasons.append(f"{name}: {room}")
@@ -201,7 +201,7 @@ def _plan(fleet: Fleet, pending: list[JobRequest], target: Target | None,
                 break
             rack, rack_moves, rack_cost = best
             if (cost + goal_cost + rack_cost > budget_gpu_hours
-                    or len(moves) + len(goal_moves) + len(rack_moves) > max_moves):
+                    or len(moves) + len(goal_moves) + len(rack_moves) > move_limit):
                 ok = False
                 reasons.append(f"{name}: would exceed the budget")
                 break

@@ -343,7 +343,8 @@ def _order(c: int | None) -> float:
 
 def all_assignments(fleet: Fleet, job: JobRequest, **kw: object) -> int:
     """How many valid assignments there are (for tests that want the count)."""
-    return sum(g.assignments for g in solve(fleet, job, **kw).groups)  # type: ignore[arg-type]
+    answer = solve(fleet, job, **kw)  # type: ignore[arg-type]
+    return sum(g.assignments for g in answer.groups)
 
 
 __all__ = ["Answer", "GroupAnswer", "RackRoom", "all_assignments", "check_plan", "largest_free",

@@ -35,7 +35,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,7 +101,7 @@ def decide(fleet: Fleet, job: JobRequest, fn: PolicyFn, racks_by_gpn: dict[int, 
     return best or not_placed(job, name, "; ".join(reasons) or "no rack of a usable shape")
 
 
-def _distinct(values: Iterator[float]) -> Iterator[float]:
+def _distinct(values: Iterable[float]) -> Iterator[float]:
     """Sorted ``values`` without repeats (read lazily: a search stops early)."""
     last = None
     for v in values:
@@ -188,7 +188,7 @@ class Backfill:
 
     def _try_start(self, job: JobRequest, duration: float) -> PlacementPlan:
         held = self.held_during(self.now, self.now + duration)
-        groups = self.fleet.groups
+        groups: dict[int, list[Any]] = self.fleet.groups  # racks, or views of them (HeldView)
         if held and not any(job.is_small(gpn) for gpn in groups):
             return self._start_around(job, held)
         if held:
@@ -409,7 +409,8 @@ class Backfill:
                     break
             else:
                 return kept
-        del self.kept[job.id]
+        if self.kept is not None:
+            del self.kept[job.id]
         return None
 
     def _first_room(self, block: tuple[list[str], int, int | None]) -> float:
@@ -523,19 +524,19 @@ class Backfill:
         # Nodes with reservations: try the times jobs and holds end.
         for nid, holds in on_node.items():
             node = self.fleet.nodes[nid]
-            pos = self._node_pos.get(nid)
-            if pos is None or node.health != HEALTHY or node.gpus < g:
+            at = self._node_pos.get(nid)
+            if at is None or node.health != HEALTHY or node.gpus < g:
                 continue
             jobs = jobs_on(self.fleet, node)
             cands = sorted({earliest} | {e for e, _ in jobs if earliest < e <= horizon}
                            | {e for _, e, _ in holds if earliest < e <= horizon})
             for t in cands:
-                if best is not None and (t, pos) >= best[:2]:
+                if best is not None and (t, at) >= best[:2]:
                     break
                 used = (sum(x for e, x in jobs if e > t)
                         + sum(x for s0, e, x in holds if s0 < t + duration and e > t))
                 if node.gpus - used >= g:
-                    best = (t, pos, node)
+                    best = (t, at, node)
                     break
         if best is None:
             return None

@@ -14,7 +14,7 @@ from placement.model import HEALTHY, Fleet, Node, Rack
 def jobs_on(fleet: Fleet, node: Node) -> list[tuple[float, int]]:
     """(expected end, GPUs held) of each job running on ``node`` (None: never ends)."""
     allocs = fleet.allocations
-    return [(math.inf if allocs[j].expected_end is None else allocs[j].expected_end,
+    return [(math.inf if (end := allocs[j].expected_end) is None else end,
              len(allocs[j].nodes[node.id])) for j in node.jobs]
 
 

@@ -465,8 +465,8 @@ def _small(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) -> Pl
     else:
         for p, rack in enumerate(racks):
             if rack.free and rack.id not in ctx.reserved:
-                key = (rack.free_count, p)
-                if brack is None or key < brack[:2]:
+                rkey = (rack.free_count, p)
+                if brack is None or rkey < brack[:2]:
                     brack = (rack.free_count, p, rack)
     if brack is None:
         return not_placed(job, NAME, f"no node has {g} free GPUs")
@@ -496,10 +496,10 @@ def rack_room(job: JobRequest, racks: list[Rack]) -> Callable[[dict[str, int]], 
         # there are segments, must hold them.
         m = -(-n // seg)
 
-        def test(avail: dict[str, int]) -> bool:
+        def in_segments(avail: dict[str, int]) -> bool:
             return fewest_racks(heapq.nlargest(m, (avail[r] for r in ids)), n, seg) is not None
-        test.blocks = [(ids, n, seg)]  # type: ignore[attr-defined]
-        return test
+        in_segments.blocks = [(ids, n, seg)]  # type: ignore[attr-defined]
+        return in_segments
     k = min_racks(n, size, seg)
 
     def test(avail: dict[str, int]) -> bool:

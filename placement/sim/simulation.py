@@ -187,7 +187,7 @@ class Simulation(QueuePasses):
     def _check(self, t: float) -> None:
         # Jobs on a node that failed this instant were recovered already, so the
         # whole fleet must be clean; blind baselines cannot honour topology rules.
-        bad = validate(self.fleet, topology=self.policy not in ("first-fit", "random"))
+        bad: list[object] = list(validate(self.fleet, topology=self.policy not in ("first-fit", "random")))
         bad += validate_indexes(self.fleet)
         if self.node_ends is not None:
             # The node ends kept across backfill cycles equal ones built afresh.

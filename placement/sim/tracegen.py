@@ -176,8 +176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         load = LOADS[args.load] if args.load in LOADS else float(args.load)
     except ValueError:
         ap.error(f"--load must be a number or one of {', '.join(LOADS)}")
-    pre = PRESETS[args.mix]
-    if args.median_minutes is not None:
+    pre: Preset | None = PRESETS[args.mix]
+    if pre is not None and args.median_minutes is not None:
         pre = Preset(pre.mix, args.median_minutes, pre.sigma, pre.same_instant, pre.gap_cv,
                      pre.bare)
     if args.mix == "default" and args.median_minutes is None:

@@ -7,7 +7,6 @@ allocation rows in the same transaction; and reading where a job runs
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 
@@ -16,20 +15,13 @@ from django.db.models import OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 
 from fleet import steps as st
-from fleet.choices import (
-    HOLDING_JOB_STATES,
-    JobState,
-    NodeState,
-)
+from fleet.choices import HOLDING_JOB_STATES, JobState, NodeState
 from fleet.models import GPU, Allocation, Job, Node
 from fleet.services import audit, webhooks
 from fleet.services.errors import Conflict
 from fleet.services.jobs import lifecycle as job_lifecycle
 from fleet.services.nodes import lifecycle as node_lifecycle
 from fleet.services.racks import bump_versions
-
-log = logging.getLogger(__name__)
-
 
 
 def apply_placement(

@@ -6,16 +6,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 from dataclasses import asdict, dataclass
 
 from django.db import IntegrityError, transaction
 
 from fleet import dispatch, events
-from fleet.choices import (
-    Locality,
-    Role,
-)
+from fleet.choices import Locality, Role
 from fleet.models import Job, Tenant
 from fleet.permissions import role_of
 from fleet.services import audit
@@ -23,9 +19,6 @@ from fleet.services.errors import Conflict, InvalidInput, NotAllowed
 from fleet.services.jobs import allocations
 from fleet.services.jobs import lifecycle as job_lifecycle
 from fleet.services.jobs.capacity import fleet_capacity, normalise_shape
-
-log = logging.getLogger(__name__)
-
 
 
 @dataclass
