@@ -169,7 +169,11 @@ def execute_action(action_id: int) -> str:
                     return result.message
                 lock.extend(settings.RACKWISE_STALL_S, replace_ttl=True)
     except locks.Busy:
-        return "another worker is executing it"
+        # Another worker is in a step of it. This message may carry news that
+        # one has not seen (a webhook callback arriving while the step that
+        # posted it finishes): it is sent again shortly rather than dropped.
+        dispatch.send_once("fleet.tasks.execute_action", action_id, countdown=1)
+        return "another worker is executing it; trying again shortly"
 
 
 @shared_task(name="fleet.tasks.sync_cluster", **TASK_OPTIONS)

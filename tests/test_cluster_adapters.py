@@ -373,6 +373,27 @@ def test_the_execute_action_task_sends_itself_again_with_the_backoff_as_countdow
     assert node.state == "healthy", "the cluster did not drain it, so Rackwise did not either"
 
 
+def test_an_execute_action_that_finds_the_action_busy_is_sent_again_not_dropped(fleet, monkeypatch):
+    """A webhook callback can arrive while the worker that posted the step still
+    holds the action's lock; the message the callback sends must not be lost
+    (the suite saw a webhook job wait for reconcile, past 30 s)."""
+    from fleet import dispatch, locks, tasks
+
+    node = fleet[0].nodes.first()
+    action = action_services.propose(kind=ActionKind.DRAIN, title="x", steps=[st.Drain(node=node.pk)], jobs=[])
+    Action.objects.filter(pk=action.pk).update(state=ActionState.EXECUTING)
+    sent = []
+    monkeypatch.setattr(dispatch, "_send", lambda name, args, countdown=None: sent.append((name, args, countdown)))
+    dispatch.taken("fleet.tasks.execute_action", action.pk)
+
+    with locks.action_lock(action.pk):  # another worker, in a step
+        message = tasks.execute_action(action.pk)
+
+    assert message == "another worker is executing it; trying again shortly"
+    assert sent == [("fleet.tasks.execute_action", (action.pk,), 1)]
+    dispatch.taken("fleet.tasks.execute_action", action.pk)
+
+
 def test_the_webhook_cluster_unreachable_is_cluster_unavailable(fleet):
     node = fleet[0].nodes.first()
     action = action_services.propose(kind=ActionKind.DRAIN, title="x", steps=[st.Drain(node=node.pk)], jobs=[])
