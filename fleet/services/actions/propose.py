@@ -9,7 +9,6 @@ lifecycle (:mod:`fleet.services.actions.lifecycle`); carrying the steps out is
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -27,9 +26,6 @@ from fleet.services.actions import rules as step_rules
 from fleet.services.errors import Conflict, InvalidInput, NotAllowed
 from fleet.steps import Step, StepError
 from placement.validate import validate
-
-log = logging.getLogger(__name__)
-
 
 
 def fleet_version() -> int:

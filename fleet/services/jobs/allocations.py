@@ -108,7 +108,7 @@ def placement_of(job: Job, allocations: Iterable[Allocation] | None = None) -> d
     ``allocations``: the rows if the caller has them (gpu, node, rack loaded);
     else they are read."""
     if allocations is None:
-        allocations = _last_allocations([job.pk]).get(job.pk, [])
+        allocations = held_or_last_allocations().filter(job=job)
     rows = list(allocations)
     held = [a for a in rows if a.released_at is None]
     if not held and rows:
@@ -126,13 +126,6 @@ def held_or_last_allocations() -> QuerySet[Allocation]:
     return Allocation.objects.filter(Q(released_at__isnull=True) | Q(released_at=Subquery(last))).select_related(
         "gpu__node__rack"
     )
-
-
-def _last_allocations(job_ids: list[int]) -> dict[int, list[Allocation]]:
-    out: dict[int, list[Allocation]] = {}
-    for row in held_or_last_allocations().filter(job_id__in=job_ids):
-        out.setdefault(row.job_id, []).append(row)
-    return out
 
 
 def _placement_view(stored: dict, nodes: Iterable[Node]) -> dict:

@@ -37,7 +37,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from fleet import dispatch, events
-from fleet.choices import ACTIVE_JOB_STATES, HOLDING_JOB_STATES, JobState
+from fleet.choices import ACTIVE_JOB_STATES, FINISHED_JOB_STATES, HOLDING_JOB_STATES, JobState
 from fleet.cluster.registry import get_adapter
 from fleet.models import Job
 from fleet.services import audit
@@ -99,9 +99,8 @@ def snapshot(job: Job) -> dict[str, object]:
 def refusal(job: Job, move: str) -> str | None:
     """Why ``job`` cannot make ``move`` now, or None if it can."""
     spec = MOVES[move]
-    allowed = job.state in spec.allowed_from
-    if allowed and move == "finish" and job.state == S.PENDING:
-        allowed = cluster_may_end(job)
+    # A pending job finishes only when it has a job in the cluster that ended.
+    allowed = cluster_may_end(job) if move == "finish" else job.state in spec.allowed_from
     return None if allowed else spec.refusal.format(id=job.pk, state=job.state)
 
 
@@ -148,7 +147,7 @@ def transition(
             job.started_at = job.started_at or timezone.now()
             job.attempt += 1
             update += ["started_at", "attempt"]
-        elif job.state in (S.CANCELLED, S.COMPLETED, S.FAILED):
+        elif job.state in FINISHED_JOB_STATES:
             job.finished_at = job.finished_at or timezone.now()
             update.append("finished_at")
         job.save(update_fields=update)
