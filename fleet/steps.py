@@ -76,6 +76,7 @@ _READERS: dict[str, Callable[[Any], Any]] = {
     "dict[int, int]": lambda v: {int(k): int(n) for k, n in v.items()},
     "dict[str, str]": lambda v: {str(k): str(n) for k, n in v.items()},
     "list[str]": lambda v: [str(x) for x in v],
+    "list[str] | None": lambda v: [str(x) for x in v],
     "list[list[int]] | None": lambda v: [list(segment) for segment in v],
     "list[dict] | None": list,
 }
@@ -105,7 +106,19 @@ class Allocate(Step):
 
 
 @dataclass(frozen=True)
-class Start(Step):
+class _OnHosts(Step):
+    """A step on a job where it is. ``hostnames`` (and ``segments``, node ids
+    per segment) are not stored with the plan: the executor fills them from
+    the job's allocation rows when it hands the step to the cluster adapter
+    (:func:`fleet.services.execution.execute.as_handed`), so an adapter takes
+    them from the step and never reads them from rows."""
+
+    hostnames: list[str] | None = None
+    segments: list[list[int]] | None = None
+
+
+@dataclass(frozen=True)
+class Start(_OnHosts):
     """The job's processes start on its allocation (placed -> running)."""
 
     op: ClassVar[str] = "start"
@@ -113,7 +126,7 @@ class Start(Step):
 
 
 @dataclass(frozen=True)
-class Restart(Step):
+class Restart(_OnHosts):
     """Start again after a swap, from the last checkpoint (recovering -> running)."""
 
     op: ClassVar[str] = "restart"
@@ -159,7 +172,9 @@ class Requeue(Step):
 @dataclass(frozen=True)
 class Swap(Step):
     """Replace a job's failed nodes by spares in the same rack, keeping the rest.
-    ``swaps`` maps node id -> node id, ``hostname_swaps`` the same by hostname."""
+    ``swaps`` maps node id -> node id, ``hostname_swaps`` the same by hostname;
+    ``hostnames``, the job's hosts as the step begins, is filled in when the
+    step is handed to the cluster adapter (see :class:`_OnHosts`)."""
 
     op: ClassVar[str] = "swap"
     label: ClassVar[str] = "Swap nodes"
@@ -167,6 +182,7 @@ class Swap(Step):
     required: ClassVar[tuple[str, ...]] = ("job", "swaps")
     swaps: dict[int, int] = field(default_factory=dict)
     hostname_swaps: dict[str, str] = field(default_factory=dict)
+    hostnames: list[str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = super().to_dict()

@@ -332,6 +332,40 @@ def test_a_step_the_cluster_could_not_be_reached_for_is_retried_with_backoff_and
     assert [e["status"] for e in action.log] == ["retrying", "done", "done"]
 
 
+class HandedAdapter(InstantAdapter):
+    """Records each step as it is handed over."""
+
+    def __init__(self) -> None:
+        self.handed: list[st.Step] = []
+
+    def perform(self, action, index, step, report=None):
+        self.handed.append(step)
+        return super().perform(action, index, step, report)
+
+
+def test_the_adapter_is_handed_the_hosts_the_job_holds_and_the_stored_steps_stay_as_planned(fleet, submitter):
+    job, action = _placement(fleet, submitter, "handed", nodes=2)
+    action.refresh_from_db()
+    stored = action.steps
+    adapter = HandedAdapter()
+    while execution.execute_next_step(action.pk, adapter=adapter).more:
+        pass
+    allocate, start = adapter.handed
+    hosts = sorted(n.hostname for n in fleet[0].nodes.order_by("slot")[:2])
+    assert sorted(allocate.hostnames) == hosts
+    job.refresh_from_db()
+    assert start == st.Start(job=job.pk, hostnames=hosts, segments=job.placement["segments"])
+    action.refresh_from_db()
+    assert action.state == ActionState.SUCCEEDED and action.steps == stored
+
+    # A swap is handed the job's hosts as it begins and the pairs by name; a
+    # node step its hostname.
+    spare = fleet[0].nodes.order_by("slot")[5]
+    swap = execution.as_handed(st.Swap(job=job.pk, swaps={fleet[0].nodes.order_by("slot")[0].pk: spare.pk}))
+    assert swap.hostnames == hosts and swap.hostname_swaps == {hosts[0]: spare.hostname}
+    assert execution.as_handed(st.Drain(node=spare.pk)).hostname == spare.hostname
+
+
 class WatchingAdapter(InstantAdapter):
     """Records, after each step commits, what another reader would see."""
 

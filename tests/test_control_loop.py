@@ -38,6 +38,10 @@ def test_a_submitted_job_is_placed_started_and_completed_by_a_worker(fleet, subm
     assert not nodes_of(job_id)
     action = Action.objects.get(jobs=job_id)
     assert (action.kind, action.state, action.step_index) == (ActionKind.PLACEMENT, ActionState.SUCCEEDED, 2)
+    # One record of the placement: the allocate step (and the rows it wrote),
+    # no copy of the engine's plan beside it.
+    assert set(action.plan) == {"steps"}
+    assert {int(n) for n in action.steps[0]["nodes"]} == {a.gpu.node_id for a in Allocation.objects.filter(job_id=job_id)}
 
 
 def test_a_failed_node_is_swapped_for_a_spare_in_the_same_rack_keeping_the_others(

@@ -140,3 +140,11 @@ def test_the_adapters_write_no_rows():
             and "objects" in ast.unparse(node.func.value)
         ]
         assert writes == []
+
+
+def test_the_adapters_read_no_placement_from_rows():
+    """Hosts and segments come in the step they are handed (the executor's
+    ``as_handed``), not from ``Allocation`` rows or ``Job.placement``."""
+    for path in sorted(ROOT.joinpath("fleet", "cluster").glob("*.py")):
+        text = path.read_text()
+        assert "Allocation" not in text and ".placement" not in text, path.name

@@ -66,7 +66,7 @@ from fleet.cluster.slurm_cli import (
     number,
     parse_show_topology,
 )
-from fleet.models import Allocation, Job, Node
+from fleet.models import Job, Node
 from fleet.topology import slurm as slurm_topology
 
 if TYPE_CHECKING:
@@ -124,7 +124,7 @@ class SlurmAdapter:
             step = st.Step.from_dict(step)
         self.cli.ping()
         if isinstance(step, st.Drain | st.Undrain):
-            hostname = step.hostname or _hostname_of(step.node)
+            hostname = step.hostname or _no_hosts(step)
             state = NODE_DRAINING if isinstance(step, st.Drain) else NODE_HEALTHY
             self.set_node_state(hostname, state, step.reason or (action and f"action #{action.pk}") or "")
             return Outcome(DONE)
@@ -277,7 +277,7 @@ class SlurmAdapter:
     # --- steps ------------------------------------------------------------------
 
     def _allocate(self, job: Job, step: st.Allocate) -> Outcome:
-        hosts = list(step.hostnames) or _hostnames_of(list(step.nodes))
+        hosts = list(step.hostnames) or _no_hosts(step)
         found = self.find(job)
         if found is None:
             _may_submit(job)
@@ -317,7 +317,7 @@ class SlurmAdapter:
         ]
         if job.num_nodes is not None:
             args += ["--exclusive", f"--gpus-per-node={job.gpus_per_node}"]
-            segment = segment_size(len(hosts), segments or (job.placement or {}).get("segments"), _one_rack(hosts))
+            segment = segment_size(len(hosts), segments, _one_rack(hosts))
             if segment:
                 args.append(f"--segment={segment}")
         else:
@@ -384,14 +384,9 @@ class SlurmAdapter:
                     raise
             time.sleep(self.poll_s)
 
-    def _intended(self, job: Job) -> list[str]:
-        """Where Rackwise has the job: the hosts of its active allocations."""
-        return sorted(
-            set(Allocation.objects.filter(job=job, released_at__isnull=True).values_list("gpu__node__hostname", flat=True))
-        )
-
-    def _start(self, job: Job, step: st.Step) -> Outcome:
-        hosts = self._intended(job)
+    def _start(self, job: Job, step: st.Start | st.Restart) -> Outcome:
+        # Where Rackwise has the job (its allocation, handed in the step).
+        hosts = list(step.hostnames or [])
         found = self.find(job)
         if found is None:
             # Placed without an allocate step of this adapter (the scheduler
@@ -399,7 +394,7 @@ class SlurmAdapter:
             if not hosts:
                 raise StepFailed(f"job #{job.pk} has no Slurm job and holds no nodes to start on")
             _may_submit(job)
-            found = self._get(self._submit(job, hosts, None))
+            found = self._get(self._submit(job, hosts, step.segments))
         if found.ended:
             raise StepFailed(_ended(job, found))
         if found.state == "RUNNING":
@@ -437,13 +432,11 @@ class SlurmAdapter:
         return Outcome(DONE, external_id=found.job_id)
 
     def _swap(self, job: Job, step: st.Swap) -> Outcome:
-        swaps = dict(step.hostname_swaps) or {
-            _hostname_of(old): _hostname_of(new) for old, new in step.swaps.items()
-        }
+        swaps = dict(step.hostname_swaps) or _no_hosts(step)
         found = self.find(job)
         if found is None or found.ended:
             raise StepFailed(f"job #{job.pk} has no live Slurm job to swap nodes in")
-        old = self._intended(job) or list(found.required or found.nodes)
+        old = list(step.hostnames or found.required or found.nodes)
         # Also right for a retried step whose database side is done (old already
         # holds the spares and not the failed nodes).
         new = sorted((set(old) - set(swaps)) | set(swaps.values()))
@@ -516,15 +509,10 @@ def _job(pk: int | None) -> Job:
     return job
 
 
-def _hostname_of(node_id: int) -> str:
-    name = Node.objects.filter(pk=node_id).values_list("hostname", flat=True).first()
-    if name is None:
-        raise StepFailed(f"node {node_id} no longer exists")
-    return name
-
-
-def _hostnames_of(node_ids: list[int]) -> list[str]:
-    return sorted(Node.objects.filter(pk__in=node_ids).values_list("hostname", flat=True))
+def _no_hosts(step: st.Step):
+    """A step handed without the hostnames it acts on (the executor names
+    them: ``fleet.services.execution.execute.as_handed``)."""
+    raise StepFailed(f"the {step.op} step names no hosts: {step.describe()}")
 
 
 def _one_rack(hosts: list[str]) -> bool:

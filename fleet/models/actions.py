@@ -25,7 +25,10 @@ class Action(models.Model):
     # Every job the plan touches (placed, recovered, moved or preempted). The
     # scheduler leaves a job alone while an open action holds it.
     jobs = models.ManyToManyField("fleet.Job", related_name="actions", blank=True)
-    # {"steps": [{"op": ..., ...}], "engine": <the engine's plan as a dict>}
+    # {"steps": [{"op": ..., ...}], "engine": {...}, "request": {...}}: the typed
+    # steps (fleet.steps) are the plan; "engine" keeps only what steps cannot
+    # say (a recovery's or defrag's moves with their costs; a placement has
+    # none: its allocate step is the whole record); "request" what was asked.
     plan = models.JSONField(default=dict)
     cost_gpu_hours = models.FloatField(default=0.0)
     # {"jobs_made_placeable": [...], "fragmentation_before": x, "fragmentation_after": y, ...}

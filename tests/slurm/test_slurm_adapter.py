@@ -2,7 +2,8 @@
 
 Rackwise's fleet is imported from the live cluster (``import_topology --from
 slurm-live``), jobs are placed in the test database through the job services,
-and the adapter's steps are called directly, as the action service calls them."""
+and the adapter's steps are called directly, handed as the action service
+hands them (``as_handed``: with the hosts the job holds now)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from fleet.cluster.base import (
 from fleet.cluster.slurm import SlurmAdapter
 from fleet.models import Job, Node, Rack, Tenant
 from fleet.services.execution import slurm_sync
+from fleet.services.execution.execute import as_handed
 from fleet.services.jobs import allocations as job_allocations
 from fleet.services.jobs import submit as job_services
 
@@ -91,7 +93,7 @@ def hosts_of(cluster, job_id: str) -> list[str]:
 
 
 def start(adapter, job: Job) -> None:
-    assert adapter.perform(None, 1, st.Start(job=job.pk)).status == DONE
+    assert adapter.perform(None, 1, as_handed(st.Start(job=job.pk))).status == DONE
     job_allocations.start_job(None, job.pk)
 
 
@@ -129,7 +131,7 @@ def test_a_placed_job_runs_on_exactly_the_chosen_nodes_in_one_block(cluster, ada
     blocks = [line for line in cluster.run("scontrol", "show", "topology").stdout.splitlines() if "rack01" in line]
     assert blocks and all(h.startswith("r01") for h in hosts_of(cluster, sid))
     # start again (a redelivered task): already running there, nothing done.
-    assert adapter.perform(None, 1, st.Start(job=job.pk)).status == DONE
+    assert adapter.perform(None, 1, as_handed(st.Start(job=job.pk))).status == DONE
     assert squeue_job(cluster, sid)["job_state"] == ["RUNNING"]
 
     report = adapter.job_states([job])[job.pk]
@@ -159,10 +161,10 @@ def test_a_swap_after_slurm_marks_a_node_down_runs_on_the_spare(cluster, adapter
         swaps={fleet_of_slurm["r01n02"].pk: fleet_of_slurm["r01n10"].pk},
         hostname_swaps={"r01n02": "r01n10"},
     )
-    assert adapter.perform(None, 0, swap).status == DONE
-    assert adapter.perform(None, 0, swap).status == DONE  # idempotent
+    assert adapter.perform(None, 0, as_handed(swap)).status == DONE
+    assert adapter.perform(None, 0, as_handed(swap)).status == DONE  # idempotent
     job_allocations.swap_job_nodes(None, job.pk, swap.swaps, reason="test swap")
-    assert adapter.perform(None, 1, st.Restart(job=job.pk)).status == DONE
+    assert adapter.perform(None, 1, as_handed(st.Restart(job=job.pk))).status == DONE
     took = time.monotonic() - t0
     assert hosts_of(cluster, sid) == ["r01n01", "r01n03", "r01n04", "r01n10"]
     assert squeue_job(cluster, sid)["job_state"] == ["RUNNING"]
@@ -184,7 +186,7 @@ def test_a_migration_requeueholds_repins_and_releases(cluster, adapter, fleet_of
     job_allocations.requeue_job(None, job.pk, reason="moving", action="job.stop")
     job_allocations.apply_placement(None, job.pk, {fleet_of_slurm[h].pk: [0, 1, 2, 3] for h in new}, reason="move")
     assert allocate(adapter, job, fleet_of_slurm, new) == sid
-    assert adapter.perform(None, 3, st.Start(job=job.pk)).status == DONE
+    assert adapter.perform(None, 3, as_handed(st.Start(job=job.pk))).status == DONE
     took = time.monotonic() - t0
     assert hosts_of(cluster, sid) == new
     assert (cluster.jobs_dir / f"ckpt-{sid}").read_text().startswith("checkpoint")

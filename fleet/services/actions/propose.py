@@ -49,6 +49,7 @@ class Proposal:
     title: str
     steps: list[Step | dict]  # typed steps; stored dicts (tests, old callers) pass as they are
     jobs: list[int]
+    # What the steps cannot say (a recovery's or defrag's moves with their costs).
     engine_plan: dict | None = None
     cost_gpu_hours: float = 0.0
     benefit: dict | None = None
@@ -85,7 +86,11 @@ def propose_many(proposals: list[Proposal], *, actor=None, version: int | None =
             Action(
                 kind=p.kind,
                 title=p.title[:300],
-                plan={"steps": steps, "engine": p.engine_plan or {}, **({"request": p.request} if p.request else {})},
+                plan={
+                    "steps": steps,
+                    **({"engine": p.engine_plan} if p.engine_plan else {}),
+                    **({"request": p.request} if p.request else {}),
+                },
                 replaces_id=p.replaces,
                 cost_gpu_hours=round(p.cost_gpu_hours, 4),
                 benefit=p.benefit or {},

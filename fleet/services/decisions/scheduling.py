@@ -160,7 +160,6 @@ def _record(plan, pending: list[Job], requests: dict, snap: engine.Snapshot, che
                 Start(job=job.pk),
             ],
             jobs=[job.pk],
-            engine_plan=placement_plan.to_dict(),
         )
         if modes[kind] == ApprovalMode.MANUAL:
             manual.append(proposal)

@@ -13,22 +13,24 @@ action lifecycle, so a task delivered twice does the work once.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from django.db import transaction
 from django.utils import timezone
 
 from fleet import events
+from fleet import steps as st
 from fleet.choices import FINISHED_JOB_STATES, ActionKind, ActionState
 from fleet.cluster.base import WAITING, ClusterAdapter, ClusterUnavailable, StepFailed
 from fleet.cluster.registry import get_adapter
-from fleet.models import Action, Job
+from fleet.models import Action, Job, Node
 from fleet.services import audit
 from fleet.services.actions import lifecycle
 from fleet.services.actions import rules as step_rules
 from fleet.services.actions.propose import check_plan, expire, log_entry, redecide
 from fleet.services.errors import ServiceError
 from fleet.services.execution import cluster_sync, rollback
+from fleet.services.jobs import allocations as job_allocations
 from fleet.services.jobs import submit as job_services
 from fleet.steps import Step, StepError
 
@@ -146,7 +148,7 @@ def execute_next_step(action_id: int, adapter: ClusterAdapter | None = None, *, 
     if ended is not None:
         return _commit_step(action.pk, index, steps, step, skipped=ended)
     try:
-        outcome = adapter.perform(action, index, step, lambda done: lifecycle.step_progress(action, index, done))
+        outcome = adapter.perform(action, index, as_handed(step), lambda done: lifecycle.step_progress(action, index, done))
     except StepFailed as exc:
         _fail(action.pk, index, step.op, str(exc), adapter)
         if step.job is not None:
@@ -169,6 +171,32 @@ def execute_next_step(action_id: int, adapter: ClusterAdapter | None = None, *, 
     if result.message != DONE_ELSEWHERE:
         adapter.after_step(action, index, step)
     return result
+
+
+def as_handed(step: Step) -> Step:
+    """``step`` as the cluster adapter is handed it: naming the hosts it acts
+    on, read from the fleet now (the job's allocation rows, the nodes' names).
+    A plan stores where it puts a job (its allocate step) but not where the job
+    is when a later step runs; the rows say that, and adapters read no rows for
+    it."""
+    if isinstance(step, st.Start | st.Restart | st.Swap) and step.job is not None:
+        hosts, segments = job_allocations.hosts_held(step.job)
+        if isinstance(step, st.Swap):
+            pairs = step.hostname_swaps or {_hostname(a): _hostname(b) for a, b in step.swaps.items()}
+            return replace(step, hostnames=hosts, hostname_swaps=pairs)
+        return replace(step, hostnames=hosts, segments=segments)
+    if isinstance(step, st.Allocate) and not step.hostnames:
+        return replace(step, hostnames=[_hostname(n) for n in step.nodes])
+    if isinstance(step, st.Drain | st.Undrain) and not step.hostname:
+        return replace(step, hostname=_hostname(step.node))
+    return step
+
+
+def _hostname(node_id: int) -> str:
+    name = Node.objects.filter(pk=node_id).values_list("hostname", flat=True).first()
+    if name is None:
+        raise StepFailed(f"node {node_id} no longer exists")
+    return name
 
 
 # Plans that stop or move jobs to make room: a job that ends by itself while

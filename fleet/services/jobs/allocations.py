@@ -119,6 +119,16 @@ def placement_of(job: Job, allocations: Iterable[Allocation] | None = None) -> d
     return _placement_view(job.placement or {}, [a.gpu.node for a in held])
 
 
+def hosts_held(job_id: int) -> tuple[list[str], list[list[int]] | None]:
+    """Where the job runs now: the hostnames of its active allocation rows,
+    sorted, and its segments (node ids) as the engine chose them."""
+    hosts = sorted(
+        set(Allocation.objects.filter(job_id=job_id, released_at__isnull=True).values_list("gpu__node__hostname", flat=True))
+    )
+    placement = Job.objects.filter(pk=job_id).values_list("placement", flat=True).first() or {}
+    return hosts, placement.get("segments") or None
+
+
 def held_or_last_allocations() -> QuerySet[Allocation]:
     """Allocation rows jobs hold, and those each job released last (what
     :func:`placement_of` reads), with their GPU, node and rack."""
