@@ -30,14 +30,28 @@ def main() -> int:
     parser.add_argument("--chains", type=int, default=200, help="stateful chains per persona (200)")
     args = parser.parse_args()
     env = {
-        "DEBUG": "0", "SECRET_KEY": "insecure-fuzz-key", "ALLOWED_HOSTS": "127.0.0.1,localhost,testserver",
-        "SECURE_SSL_REDIRECT": "0", "SESSION_COOKIE_SECURE": "0", "CSRF_COOKIE_SECURE": "0", "LOG_LEVEL": "ERROR",
+        "DEBUG": "0",
+        "SECRET_KEY": "insecure-fuzz-key",
+        "ALLOWED_HOSTS": "127.0.0.1,localhost,testserver",
+        "SECURE_SSL_REDIRECT": "0",
+        "SESSION_COOKIE_SECURE": "0",
+        "CSRF_COOKIE_SECURE": "0",
+        "LOG_LEVEL": "ERROR",
         **os.environ,
         "RACKWISE_FUZZ_EXAMPLES": str(args.examples),
         "RACKWISE_FUZZ_STATEFUL_EXAMPLES": str(args.chains),
     }
-    command = [sys.executable, "-m", "pytest", "tests/test_api_fuzz.py", "-s", "-q", "-p", "no:cacheprovider",
-               "--no-header"]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "tests/test_api_fuzz.py",
+        "-s",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--no-header",
+    ]
     return subprocess.run(command, cwd=ROOT, env=env).returncode
 
 

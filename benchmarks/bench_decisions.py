@@ -29,8 +29,10 @@ def main() -> None:
     ap.add_argument("--racks", type=int, default=1000)
     ap.add_argument("--samples", type=int, default=300)
     args = ap.parse_args()
-    print(f"fleet: {args.racks} racks x 18 nodes x 4 GPUs = {args.racks * 72:,} GPUs; "
-          f"{args.samples} decisions per cell")
+    print(
+        f"fleet: {args.racks} racks x 18 nodes x 4 GPUs = {args.racks * 72:,} GPUs; "
+        f"{args.samples} decisions per cell"
+    )
     print(f"{'occupancy':>9}  {'policy':<11}  {'p50 ms':>7}  {'p99 ms':>7}  {'max ms':>7}")
     states: dict[float, Fleet] = {}
     for occ in (0.5, 0.7, 0.9):
@@ -49,10 +51,11 @@ def main() -> None:
                 t = time.perf_counter()
                 place(fleet, job, policy, rng=prng)
                 times.append(time.perf_counter() - t)
-            print(f"{held:>8.0%}  {policy:<11}  {ms(pct(times, .5)):>7}  "
-                  f"{ms(pct(times, .99)):>7}  {ms(max(times)):>7}")
-        print(f"{'':>9}  (filling the fleet took {fill_s:.1f} s, "
-              f"{len(fleet.allocations):,} jobs)")
+            print(
+                f"{held:>8.0%}  {policy:<11}  {ms(pct(times, 0.5)):>7}  "
+                f"{ms(pct(times, 0.99)):>7}  {ms(max(times)):>7}"
+            )
+        print(f"{'':>9}  (filling the fleet took {fill_s:.1f} s, {len(fleet.allocations):,} jobs)")
 
     fleet = states[0.7]
     rng = random.Random(3)
@@ -65,8 +68,10 @@ def main() -> None:
         plan = recover(fleet, jid, [node])
         times.append(time.perf_counter() - t)
         actions[plan.action] = actions.get(plan.action, 0) + 1
-    print(f"\nrecover() at 70 % occupancy, {len(times)} single-node failures: "
-          f"p50 {ms(pct(times, .5))} ms, p99 {ms(pct(times, .99))} ms; actions {actions}")
+    print(
+        f"\nrecover() at 70 % occupancy, {len(times)} single-node failures: "
+        f"p50 {ms(pct(times, 0.5))} ms, p99 {ms(pct(times, 0.99))} ms; actions {actions}"
+    )
 
     for occ in (0.7, 0.9):
         fleet = states[occ]
@@ -74,9 +79,11 @@ def main() -> None:
         t = time.perf_counter()
         plan = defragment(fleet, target=FreeRacks(whole + 5))
         dt = time.perf_counter() - t
-        print(f"defragment(target={whole} + 5 whole free racks), rackwise-filled fleet at "
-              f"{occ:.0%}: {dt * 1000:.0f} ms, feasible={plan.feasible}, "
-              f"{len(plan.moves)} moves, {plan.cost_gpu_hours:.1f} GPU-h")
+        print(
+            f"defragment(target={whole} + 5 whole free racks), rackwise-filled fleet at "
+            f"{occ:.0%}: {dt * 1000:.0f} ms, feasible={plan.feasible}, "
+            f"{len(plan.moves)} moves, {plan.cost_gpu_hours:.1f} GPU-h"
+        )
     # Defrag needs stranded capacity: fill fleets with the topology-blind random policy
     # (rackwise keeps racks whole by itself, so there is little to defragment).
     for occ in (0.7, 0.9):
@@ -86,24 +93,30 @@ def main() -> None:
         t = time.perf_counter()
         plan = defragment(fleet, pending)
         dt = time.perf_counter() - t
-        print(f"defragment() for 10 pending 16-node gangs, random-filled fleet at {occ:.0%}: "
-              f"{dt * 1000:.0f} ms, feasible={plan.feasible}, {len(plan.moves)} moves, "
-              f"{plan.cost_gpu_hours:.1f} GPU-h, made placeable "
-              f"{len(plan.jobs_made_placeable)}, fragmentation "
-              f"{plan.fragmentation_before:.3f} -> {plan.fragmentation_after:.3f}")
+        print(
+            f"defragment() for 10 pending 16-node gangs, random-filled fleet at {occ:.0%}: "
+            f"{dt * 1000:.0f} ms, feasible={plan.feasible}, {len(plan.moves)} moves, "
+            f"{plan.cost_gpu_hours:.1f} GPU-h, made placeable "
+            f"{len(plan.jobs_made_placeable)}, fragmentation "
+            f"{plan.fragmentation_before:.3f} -> {plan.fragmentation_after:.3f}"
+        )
         whole = sum(1 for r in fleet.racks if r.free_count == r.healthy)
         t = time.perf_counter()
         plan = defragment(fleet, target=FreeRacks(whole + 5))
         dt = time.perf_counter() - t
-        print(f"defragment(target={whole} + 5 whole free racks), random-filled at {occ:.0%}: "
-              f"{dt * 1000:.0f} ms, feasible={plan.feasible}, {len(plan.moves)} moves, "
-              f"{plan.cost_gpu_hours:.1f} GPU-h")
+        print(
+            f"defragment(target={whole} + 5 whole free racks), random-filled at {occ:.0%}: "
+            f"{dt * 1000:.0f} ms, feasible={plan.feasible}, {len(plan.moves)} moves, "
+            f"{plan.cost_gpu_hours:.1f} GPU-h"
+        )
         t = time.perf_counter()
         rep = fragmentation(fleet)
         dt = time.perf_counter() - t
-        print(f"fragmentation(), random-filled fleet at {occ:.0%}: {dt * 1000:.1f} ms "
-              f"(fraction {rep.fraction:.3f}, largest rack-local job {rep.largest_job_gpus} "
-              "GPUs)")
+        print(
+            f"fragmentation(), random-filled fleet at {occ:.0%}: {dt * 1000:.1f} ms "
+            f"(fraction {rep.fraction:.3f}, largest rack-local job {rep.largest_job_gpus} "
+            "GPUs)"
+        )
 
     # GPU-level fragmentation: 1- and 2-GPU jobs on every node, no node with 4 free GPUs.
     fleet = Fleet.uniform(args.racks)
@@ -120,9 +133,11 @@ def main() -> None:
         t = time.perf_counter()
         plan = defragment(fleet, pending)
         dt = time.perf_counter() - t
-        print(f"defragment() for {count} pending 4-GPU job(s), small jobs on every node "
-              f"({len(fleet.allocations):,}): {dt * 1000:.0f} ms, feasible={plan.feasible}, "
-              f"{len(plan.moves)} moves, made placeable {len(plan.jobs_made_placeable)}")
+        print(
+            f"defragment() for {count} pending 4-GPU job(s), small jobs on every node "
+            f"({len(fleet.allocations):,}): {dt * 1000:.0f} ms, feasible={plan.feasible}, "
+            f"{len(plan.moves)} moves, made placeable {len(plan.jobs_made_placeable)}"
+        )
 
 
 if __name__ == "__main__":

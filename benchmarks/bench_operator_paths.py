@@ -66,7 +66,9 @@ def main() -> None:
     calls = {
         "check a plan (approve, recheck)": lambda: actions.check_plan(action),
         "plan a recovery": lambda: recovery.recovery_proposal(job),
-        "plan a defrag (operator's request)": lambda: defrag_services.plan_defrag(operator, defrag_services.DefragGoal(free_racks=1)),
+        "plan a defrag (operator's request)": lambda: defrag_services.plan_defrag(
+            operator, defrag_services.DefragGoal(free_racks=1)
+        ),
         "fragmentation report": defrag_services.fragmentation_report,
     }
 
@@ -80,8 +82,10 @@ def main() -> None:
             times.append(time.perf_counter() - t)
         return statistics.median(times) * 1000
 
-    print(f"{'call':<36} {'full load':>10} {'in memory':>10} {'after a change':>15}   "
-          f"(median of {args.repeat}, ms)")
+    print(
+        f"{'call':<36} {'full load':>10} {'in memory':>10} {'after a change':>15}   "
+        f"(median of {args.repeat}, ms)"
+    )
     for name, call in calls.items():
         settings.RACKWISE_LIVE_FLEET = False
         full = median_ms(call)
@@ -91,8 +95,10 @@ def main() -> None:
         changed = median_ms(call, before=one_rack_changed)
         print(f"{name:<36} {full:>10.0f} {unchanged:>10.0f} {changed:>15.0f}")
     snap = engine.load_snapshot()
-    print(f"fleet: {len(snap.fleet.racks)} racks, {len(snap.fleet.nodes)} nodes, "
-          f"{len(snap.fleet.allocations)} running jobs")
+    print(
+        f"fleet: {len(snap.fleet.racks)} racks, {len(snap.fleet.nodes)} nodes, "
+        f"{len(snap.fleet.allocations)} running jobs"
+    )
 
 
 if __name__ == "__main__":

@@ -37,8 +37,10 @@ def instance(rng: random.Random, spares: int) -> tuple[Fleet, list[JobRequest]]:
         for node in rng.sample(r.nodes, rng.randint(0, 2)):
             fleet.set_health(node.id, "failed")
     sizes = [1, 2, 3, 4, 6, 8, 12, 16, 18]
-    batch = [JobRequest(f"b{i}", num_gpus=4 * rng.choice(sizes), locality="required",
-                        submit_time=0.0) for i in range(rng.randint(6, 16))]
+    batch = [
+        JobRequest(f"b{i}", num_gpus=4 * rng.choice(sizes), locality="required", submit_time=0.0)
+        for i in range(rng.randint(6, 16))
+    ]
     return fleet, batch
 
 
@@ -79,11 +81,13 @@ def main() -> None:
             t_opt += time.perf_counter() - t
             ratios.append(1.0 if best == 0 else got / best)
         mean = statistics.fmean(ratios)
-        print(f"spare_nodes={spares}: rackwise / optimum over {len(ratios)} instances: "
-              f"mean {mean:.4f}, min {min(ratios):.4f}, "
-              f"optimal in {sum(r >= 0.9999 for r in ratios)}/{len(ratios)}; "
-              f"time rackwise {t_rw * 1000 / len(ratios):.2f} ms, "
-              f"HiGHS {t_opt * 1000 / len(ratios):.1f} ms per instance")
+        print(
+            f"spare_nodes={spares}: rackwise / optimum over {len(ratios)} instances: "
+            f"mean {mean:.4f}, min {min(ratios):.4f}, "
+            f"optimal in {sum(r >= 0.9999 for r in ratios)}/{len(ratios)}; "
+            f"time rackwise {t_rw * 1000 / len(ratios):.2f} ms, "
+            f"HiGHS {t_opt * 1000 / len(ratios):.1f} ms per instance"
+        )
 
 
 if __name__ == "__main__":

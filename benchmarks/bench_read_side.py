@@ -60,17 +60,24 @@ def fill(racks: int, rng: random.Random):
         target = round(0.7 * len(nodes))
         used = 0
         while used < target:
-            take = nodes[used:used + min(target - used, rng.choice([2, 4, 4, 8, 16]))]
-            job = job_services.submit_job(user, job_services.JobSpec(name=f"j{jobs}", tenant="bench", num_nodes=len(take), gpus_per_node=4))
-            job_allocations.apply_placement(None, job.pk, {node: [0, 1, 2, 3] for node in take}, reason="bench")
+            take = nodes[used : used + min(target - used, rng.choice([2, 4, 4, 8, 16]))]
+            job = job_services.submit_job(
+                user,
+                job_services.JobSpec(name=f"j{jobs}", tenant="bench", num_nodes=len(take), gpus_per_node=4),
+            )
+            job_allocations.apply_placement(
+                None, job.pk, {node: [0, 1, 2, 3] for node in take}, reason="bench"
+            )
             job_allocations.start_job(None, job.pk)
             used += len(take)
             jobs += 1
         busy += used
     for node_id in rng.sample(list(Node.objects.values_list("id", flat=True)), 20):
         node_services.mark_node_failed(user, node_id, reason="bench")
-    print(f"fleet: {racks} racks, {total} nodes, {jobs} running jobs, {busy} busy nodes, 20 failed "
-          f"(built in {time.perf_counter() - t:.0f} s)")
+    print(
+        f"fleet: {racks} racks, {total} nodes, {jobs} running jobs, {busy} busy nodes, 20 failed "
+        f"(built in {time.perf_counter() - t:.0f} s)"
+    )
     return user
 
 
@@ -144,22 +151,30 @@ def main() -> None:
             after_change.append(timed(path)[0])
         shared = statistics.median(timed(path)[0] for _ in range(args.repeat))
         rows.append((path, computed, statistics.median(no_worker), statistics.median(after_change), shared))
-    print(f"{'request':<28} {'computed':>10} {'after a change:':>16} {'no worker':>10} {'refresh queued':>15} "
-          f"{'unchanged':>10}   (median of {args.repeat}, ms)")
+    print(
+        f"{'request':<28} {'computed':>10} {'after a change:':>16} {'no worker':>10} {'refresh queued':>15} "
+        f"{'unchanged':>10}   (median of {args.repeat}, ms)"
+    )
     for path, computed, no_worker, first, shared in rows:
-        print(f"{path:<28} {computed * 1000:>10.0f} {'':>16} {no_worker * 1000:>10.0f} {first * 1000:>15.1f} "
-              f"{shared * 1000:>10.1f}")
+        print(
+            f"{path:<28} {computed * 1000:>10.0f} {'':>16} {no_worker * 1000:>10.0f} {first * 1000:>15.1f} "
+            f"{shared * 1000:>10.1f}"
+        )
     refresh = []
     for _ in range(args.repeat):
         t = time.perf_counter()
         read_models.refresh()
         refresh.append(time.perf_counter() - t)
-    print(f"the worker's refresh (summary and fragmentation, once per change burst): "
-          f"{statistics.median(refresh) * 1000:.0f} ms")
+    print(
+        f"the worker's refresh (summary and fragmentation, once per change burst): "
+        f"{statistics.median(refresh) * 1000:.0f} ms"
+    )
     plain_s, plain = timed("/api/console/racks/")
     zipped_s, zipped = timed("/api/console/racks/", accept_encoding="gzip")
-    print(f"console snapshot: {plain / 1024:.0f} KB plain ({plain_s * 1000:.0f} ms), "
-          f"{zipped / 1024:.0f} KB gzip ({zipped_s * 1000:.0f} ms)")
+    print(
+        f"console snapshot: {plain / 1024:.0f} KB plain ({plain_s * 1000:.0f} ms), "
+        f"{zipped / 1024:.0f} KB gzip ({zipped_s * 1000:.0f} ms)"
+    )
     assert gzip.decompress(client.get("/api/console/racks/", headers={"accept-encoding": "gzip"}).content)
 
 

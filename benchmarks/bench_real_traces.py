@@ -63,6 +63,8 @@ def default_traces() -> Path:
             if (main / ".." / "shared" / "traces" / "itp").is_dir():
                 return main / ".." / "shared" / "traces" / "itp"
     return DEFAULT_TRACES
+
+
 NODES, GPN = 18, 4
 LOADS = (("moderate", 0.65), ("high", 0.9))
 SCALES = (1, 4)
@@ -89,8 +91,7 @@ def load(path: str, scale: int, max_jobs: int | None, locality: str) -> list[Tra
         trace = read_trace(path, gpus_per_node=GPN)[:max_jobs]
         out = []
         for tj in trace:
-            job = dataclasses.replace(tj.job, num_gpus=tj.job.num_gpus * scale,
-                                      locality=locality)
+            job = dataclasses.replace(tj.job, num_gpus=tj.job.num_gpus * scale, locality=locality)
             out.append(TraceJob(job, tj.submit, tj.duration, tj.line))
         _CACHE[key] = out
     return _CACHE[key]
@@ -108,8 +109,9 @@ def worst_p95(m: dict[str, Any]) -> float:
     return max(m["p95_wait_s_by_size"].values())
 
 
-def class_excess(m: dict[str, Any], other_p95: dict[str, float], class_jobs: dict[str, int],
-                 min_jobs: int) -> tuple[float, str]:
+def class_excess(
+    m: dict[str, Any], other_p95: dict[str, float], class_jobs: dict[str, int], min_jobs: int
+) -> tuple[float, str]:
     """The highest ratio of ``m``'s p95 wait to ``other_p95`` over the size classes with at
     least ``min_jobs`` jobs, and its class ((0, "") if none has)."""
     worst, worst_cls = 0.0, ""
@@ -123,8 +125,14 @@ def class_excess(m: dict[str, Any], other_p95: dict[str, float], class_jobs: dic
 
 def run_task(task: dict[str, Any]) -> dict[str, Any]:
     trace = load(task["path"], task["scale"], task["max_jobs"], task["locality"])
-    cfg = SimConfig(racks=task["racks"], nodes_per_rack=NODES, gpus_per_node=GPN,
-                    node_mtbf_hours=task["mtbf"], seed=task["seed"], **task["config"])
+    cfg = SimConfig(
+        racks=task["racks"],
+        nodes_per_rack=NODES,
+        gpus_per_node=GPN,
+        node_mtbf_hours=task["mtbf"],
+        seed=task["seed"],
+        **task["config"],
+    )
     t0 = time.perf_counter()
     result = simulate(trace, task["policy"], cfg)
     m = dict(result.metrics, worst_p95=worst_p95(result.metrics))
@@ -144,26 +152,40 @@ def gmean(xs: list[float]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--traces", default=str(default_traces()),
-                    help="folder of trace CSVs (default ../shared/traces/itp)")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "--traces", default=str(default_traces()), help="folder of trace CSVs (default ../shared/traces/itp)"
+    )
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default 3)")
-    ap.add_argument("--mtbfs", default="", help="comma-separated node MTBFs in hours "
-                    "(default 12700,2000; --quick: 2000)")
-    ap.add_argument("--max-jobs", type=int, default=None,
-                    help="replay only each trace's first N jobs (default all; --quick 5000)")
+    ap.add_argument(
+        "--mtbfs", default="", help="comma-separated node MTBFs in hours (default 12700,2000; --quick: 2000)"
+    )
+    ap.add_argument(
+        "--max-jobs",
+        type=int,
+        default=None,
+        help="replay only each trace's first N jobs (default all; --quick 5000)",
+    )
     ap.add_argument("--only", default="", help="comma-separated trace names (itp01,...)")
     ap.add_argument("--baselines", default="slurm-block,kueue-tas")
     ap.add_argument("--locality", default="required", choices=("required", "preferred", "none"))
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                    help="override a SimConfig field for every replay (repeatable), e.g. "
-                         "--set defrag_after_s=None --set rackwise_order=fifo (ablations)")
-    ap.add_argument("--min-class-jobs", type=int, default=20,
-                    help="size classes with fewer jobs in the trace are left out of the "
-                         "worst class p95 ratio (a p95 of 2 jobs is their max)")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a SimConfig field for every replay (repeatable), e.g. "
+        "--set defrag_after_s=None --set rackwise_order=fifo (ablations)",
+    )
+    ap.add_argument(
+        "--min-class-jobs",
+        type=int,
+        default=20,
+        help="size classes with fewer jobs in the trace are left out of the "
+        "worst class p95 ratio (a p95 of 2 jobs is their max)",
+    )
     args = ap.parse_args(argv)
     baselines = [b for b in args.baselines.split(",") if b]
     bad = [b for b in baselines if b not in POLICY_NAMES or b == "rackwise"]
@@ -174,8 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         ap.error(str(e))
     seeds = list(range(args.seeds if args.seeds is not None else (1 if args.quick else 3)))
-    mtbfs = (tuple(float(x) for x in args.mtbfs.split(",")) if args.mtbfs
-             else (2000.0,) if args.quick else MTBFS)
+    mtbfs = (
+        tuple(float(x) for x in args.mtbfs.split(",")) if args.mtbfs else (2000.0,) if args.quick else MTBFS
+    )
     max_jobs = args.max_jobs if args.max_jobs is not None else (5000 if args.quick else None)
     paths = sorted(Path(args.traces).glob("*.csv"))
     if args.only:
@@ -197,8 +220,7 @@ def main(argv: list[str] | None = None) -> int:
                 if racks in sized:
                     # Both loads give the same fleet (the 2-rack or largest-job floor):
                     # the same replay, counted once.
-                    merged.append(f"{p.stem} x{scale} {load_name} = {sized[racks]} "
-                                  f"({racks} racks)")
+                    merged.append(f"{p.stem} x{scale} {load_name} = {sized[racks]} ({racks} racks)")
                     continue
                 sized[racks] = load_name
                 for mtbf in mtbfs:
@@ -206,12 +228,22 @@ def main(argv: list[str] | None = None) -> int:
                         counts = {c: 0 for c in SIZE_CLASSES}
                         for tj in trace:
                             counts[size_class(tj.job, GPN, NODES)] += 1
-                        cells.append({"trace": p.stem, "path": str(p), "scale": scale,
-                                      "class_jobs": counts,
-                                      "load": load_name, "racks": racks, "mtbf": mtbf,
-                                      "seed": seed, "max_jobs": max_jobs,
-                                      "locality": args.locality, "jobs": len(trace),
-                                      "config": config})
+                        cells.append(
+                            {
+                                "trace": p.stem,
+                                "path": str(p),
+                                "scale": scale,
+                                "class_jobs": counts,
+                                "load": load_name,
+                                "racks": racks,
+                                "mtbf": mtbf,
+                                "seed": seed,
+                                "max_jobs": max_jobs,
+                                "locality": args.locality,
+                                "jobs": len(trace),
+                                "config": config,
+                            }
+                        )
     tasks = [dict(c, policy=pol) for c in cells for pol in POLICY_NAMES]
     # Biggest first, so the pool does not end waiting on one long replay.
     tasks.sort(key=lambda t: (-t["jobs"] * (t["scale"] + 1), t["trace"], t["policy"]))
@@ -230,18 +262,22 @@ def main(argv: list[str] | None = None) -> int:
         by_cell.setdefault(ckey(r), {})[r["policy"]] = r["metrics"]
 
     heads = [h for _, h, _, _ in RATIOS]
-    print(f"# Real-trace replay: rackwise / best of {', '.join(baselines)} (below 1: "
-          f"rackwise better)\n")
-    print(f"{len(paths)} traces, {len(cells)} cells x {len(POLICY_NAMES)} policies, "
-          f"seeds {seeds}, MTBF {', '.join(f'{m:,.0f}' for m in mtbfs)} h, locality "
-          f"{args.locality}, {'first ' + str(max_jobs) + ' jobs' if max_jobs else 'whole traces'}; "
-          f"{wall:.0f} s wall on {args.workers} workers\n")
+    print(f"# Real-trace replay: rackwise / best of {', '.join(baselines)} (below 1: rackwise better)\n")
+    print(
+        f"{len(paths)} traces, {len(cells)} cells x {len(POLICY_NAMES)} policies, "
+        f"seeds {seeds}, MTBF {', '.join(f'{m:,.0f}' for m in mtbfs)} h, locality "
+        f"{args.locality}, {'first ' + str(max_jobs) + ' jobs' if max_jobs else 'whole traces'}; "
+        f"{wall:.0f} s wall on {args.workers} workers\n"
+    )
     if config:
         print("SimConfig overrides: " + ", ".join(f"{k}={v!r}" for k, v in config.items()) + "\n")
     if merged:
         print("Counted once (both loads give the same fleet): " + "; ".join(merged) + "\n")
-    print("| trace | GPUs | load | racks | MTBF h | seed | " + " | ".join(heads)
-          + " | worst class p95 | goodput pp |")
+    print(
+        "| trace | GPUs | load | racks | MTBF h | seed | "
+        + " | ".join(heads)
+        + " | worst class p95 | goodput pp |"
+    )
     print("|---" * (len(heads) + 8) + "|")
     per_metric: dict[str, list[float]] = {h: [] for h in heads}
     class_worst: list[float] = []
@@ -258,24 +294,31 @@ def main(argv: list[str] | None = None) -> int:
             per_metric[head].append(x)
             row.append(f"{x:.2f}")
         worst, worst_cls = class_excess(
-            rw, {k: min(ms[b]["p95_wait_s_by_size"][k] for b in baselines) for k in SIZE_CLASSES},
-            c["class_jobs"], args.min_class_jobs)
+            rw,
+            {k: min(ms[b]["p95_wait_s_by_size"][k] for b in baselines) for k in SIZE_CLASSES},
+            c["class_jobs"],
+            args.min_class_jobs,
+        )
         class_worst.append(worst)
         if worst > 1.05:
             # Which baseline waits less there, and what that costs its other classes.
             by = min(baselines, key=lambda b: ms[b]["p95_wait_s_by_size"][worst_cls])
-            other = class_excess(ms[by], rw["p95_wait_s_by_size"], c["class_jobs"],
-                                 args.min_class_jobs)
-            over.append(f"{c['trace']} x{c['scale']} {c['load']} MTBF {c['mtbf']:,.0f} "
-                        f"seed {c['seed']}: {worst_cls} {worst:.2f} (p95 "
-                        f"{rw['p95_wait_s_by_size'][worst_cls]:,.0f} s against {by}'s "
-                        f"{ms[by]['p95_wait_s_by_size'][worst_cls]:,.0f} s; {by}'s "
-                        f"{other[1]} p95 is {other[0]:.2f}x rackwise's)")
+            other = class_excess(ms[by], rw["p95_wait_s_by_size"], c["class_jobs"], args.min_class_jobs)
+            over.append(
+                f"{c['trace']} x{c['scale']} {c['load']} MTBF {c['mtbf']:,.0f} "
+                f"seed {c['seed']}: {worst_cls} {worst:.2f} (p95 "
+                f"{rw['p95_wait_s_by_size'][worst_cls]:,.0f} s against {by}'s "
+                f"{ms[by]['p95_wait_s_by_size'][worst_cls]:,.0f} s; {by}'s "
+                f"{other[1]} p95 is {other[0]:.2f}x rackwise's)"
+            )
         gp = 100 * (rw["goodput"] - max(ms[b]["goodput"] for b in baselines))
         gp_diff.append(gp)
-        print(f"| {c['trace']} | x{c['scale']} | {c['load']} | {c['racks']} | "
-              f"{c['mtbf']:,.0f} | {c['seed']} | " + " | ".join(row)
-              + f" | {worst:.2f} {worst_cls} | {gp:+.2f} |")
+        print(
+            f"| {c['trace']} | x{c['scale']} | {c['load']} | {c['racks']} | "
+            f"{c['mtbf']:,.0f} | {c['seed']} | "
+            + " | ".join(row)
+            + f" | {worst:.2f} {worst_cls} | {gp:+.2f} |"
+        )
 
     print(f"\n## Geometric means over {len(cells)} cells\n")
     print("| metric (rackwise / best baseline) | geo mean | min | max |")
@@ -283,32 +326,60 @@ def main(argv: list[str] | None = None) -> int:
     for head in heads:
         xs = per_metric[head]
         print(f"| {head} | {gmean(xs):.3f} | {min(xs):.2f} | {max(xs):.2f} |")
-    print(f"| worst size-class p95 (classes of >= {args.min_class_jobs} jobs) | "
-          f"{gmean(class_worst):.3f} | {min(class_worst):.2f} | "
-          f"{max(class_worst):.2f} |")
-    print(f"| goodput (pp, rackwise - best) | {sum(gp_diff) / len(gp_diff):+.3f} (mean) | "
-          f"{min(gp_diff):+.2f} | {max(gp_diff):+.2f} |")
-    print(f"\nCells with a size class's p95 wait above 1.05x the best baseline's: "
-          f"{len(over)} of {len(cells)}" + ("".join(f"\n- {o}" for o in over)))
+    print(
+        f"| worst size-class p95 (classes of >= {args.min_class_jobs} jobs) | "
+        f"{gmean(class_worst):.3f} | {min(class_worst):.2f} | "
+        f"{max(class_worst):.2f} |"
+    )
+    print(
+        f"| goodput (pp, rackwise - best) | {sum(gp_diff) / len(gp_diff):+.3f} (mean) | "
+        f"{min(gp_diff):+.2f} | {max(gp_diff):+.2f} |"
+    )
+    print(
+        f"\nCells with a size class's p95 wait above 1.05x the best baseline's: "
+        f"{len(over)} of {len(cells)}" + ("".join(f"\n- {o}" for o in over))
+    )
 
     # The same test between every pair: no policy has every class within 1.05x of
     # another's in every cell unless it dominates it, so this shows who trades what.
     pair = ["rackwise", *baselines]
-    print(f"\nCells where the row's policy has a size class (of >= {args.min_class_jobs} "
-          "jobs) whose p95 wait is above 1.05x the column's:\n")
+    print(
+        f"\nCells where the row's policy has a size class (of >= {args.min_class_jobs} "
+        "jobs) whose p95 wait is above 1.05x the column's:\n"
+    )
     print("| policy | " + " | ".join(pair) + " |")
     print("|---" * (len(pair) + 1) + "|")
     for a in pair:
-        counts = ["-" if a == b else str(sum(1 for c in cells if class_excess(
-            by_cell[ckey(c)][a], by_cell[ckey(c)][b]["p95_wait_s_by_size"],
-            c["class_jobs"], args.min_class_jobs)[0] > 1.05)) for b in pair]
+        counts = [
+            "-"
+            if a == b
+            else str(
+                sum(
+                    1
+                    for c in cells
+                    if class_excess(
+                        by_cell[ckey(c)][a],
+                        by_cell[ckey(c)][b]["p95_wait_s_by_size"],
+                        c["class_jobs"],
+                        args.min_class_jobs,
+                    )[0]
+                    > 1.05
+                )
+            )
+            for b in pair
+        ]
         print(f"| {a} | " + " | ".join(counts) + " |")
 
     print("\n## Each policy, geometric mean over the cells\n")
-    keys = [("mean_jct_s", "JCT s"), ("gpu_hour_weighted_wait_s", "GPU-h wait s"),
-            ("bounded_slowdown_mean", "bsld"), ("worst_p95", "worst p95 s"),
-            ("rack_local_fraction", "rack-local"), ("useful_utilization", "useful util"),
-            ("goodput", "goodput")]
+    keys = [
+        ("mean_jct_s", "JCT s"),
+        ("gpu_hour_weighted_wait_s", "GPU-h wait s"),
+        ("bounded_slowdown_mean", "bsld"),
+        ("worst_p95", "worst p95 s"),
+        ("rack_local_fraction", "rack-local"),
+        ("useful_utilization", "useful util"),
+        ("goodput", "goodput"),
+    ]
     print("| policy | " + " | ".join(h for _, h in keys) + " |")
     print("|---" * (len(keys) + 1) + "|")
     for pol in POLICY_NAMES:
@@ -320,10 +391,14 @@ def main(argv: list[str] | None = None) -> int:
             vals.append(f"{g:,.0f}" if k.endswith("_s") or k == "worst_p95" else f"{g:.3f}")
         print(f"| {pol} | " + " | ".join(vals) + " |")
     decisions = hashlib.sha256("".join(sorted(r["fingerprint"] for r in results)).encode()).hexdigest()[:16]
-    print(f"\ndecisions over all {len(results)} replays: {decisions} (equal: the same decisions in every replay)")
+    print(
+        f"\ndecisions over all {len(results)} replays: {decisions} (equal: the same decisions in every replay)"
+    )
     slow = sorted(results, key=lambda r: -r["wall"])[:3]
-    print("\nslowest replays: " + ", ".join(
-        f"{r['trace']} x{r['scale']} {r['load']} {r['policy']} {r['wall']:.1f} s" for r in slow))
+    print(
+        "\nslowest replays: "
+        + ", ".join(f"{r['trace']} x{r['scale']} {r['load']} {r['policy']} {r['wall']:.1f} s" for r in slow)
+    )
     return 0
 
 

@@ -47,8 +47,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import stack
 
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
 READY = "document.body.dataset.ws === 'open' && document.body.dataset.ready === '1'"
 
 # Records, for every rack event the page applies, when the next frame ran
@@ -151,9 +157,11 @@ def fill(racks: int, busy: float, rng: random.Random) -> None:
         target = round(busy * len(nodes))
         used = 0
         while used < target:
-            take = nodes[used:used + min(target - used, rng.choice([2, 4, 4, 8, 16]))]
-            run({n: [0, 1, 2, 3] for n in take},
-                job_services.JobSpec(name=f"g{jobs}", tenant="bench", num_nodes=len(take), gpus_per_node=4))
+            take = nodes[used : used + min(target - used, rng.choice([2, 4, 4, 8, 16]))]
+            run(
+                {n: [0, 1, 2, 3] for n in take},
+                job_services.JobSpec(name=f"g{jobs}", tenant="bench", num_nodes=len(take), gpus_per_node=4),
+            )
             used += len(take)
         used_nodes += used
         # A node shared by single-GPU jobs, where there is room for one.
@@ -163,8 +171,11 @@ def fill(racks: int, busy: float, rng: random.Random) -> None:
     failed = max(1, racks // 50)
     for node_id in rng.sample([n for ns in nodes_of.values() for n in ns], failed):
         node_services.mark_node_failed(user, node_id, reason="bench")
-    print(f"fleet: {racks} racks, {sum(map(len, nodes_of.values()))} nodes, {jobs} running jobs, "
-          f"{used_nodes} nodes held by gangs, {failed} failed (built in {time.perf_counter() - t:.0f} s)", flush=True)
+    print(
+        f"fleet: {racks} racks, {sum(map(len, nodes_of.values()))} nodes, {jobs} running jobs, "
+        f"{used_nodes} nodes held by gangs, {failed} failed (built in {time.perf_counter() - t:.0f} s)",
+        flush=True,
+    )
 
 
 def load(page, url: str, painted: str) -> tuple[float, float]:
@@ -184,9 +195,12 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=20.0, help="changes per second")
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--db", default="rackwise_repaint_bench", help="database to create (dropped first)")
-    parser.add_argument("--reuse", action="store_true",
-                        help="keep the database a previous run built (same --racks, --busy) instead of building it again, "
-                             "to compare two checkouts on the same fleet")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="keep the database a previous run built (same --racks, --busy) instead of building it again, "
+        "to compare two checkouts on the same fleet",
+    )
     args = parser.parse_args()
 
     setup(args.db, fresh=not (args.reuse and _built(args.db)))
@@ -214,14 +228,20 @@ def main() -> None:
     client.force_login(viewer)
     session = client.cookies["sessionid"].value
     # Drains and undrains from the healthy nodes; a reused fleet's nodes a run left drained start it again.
-    node_ids = list(Node.objects.filter(state__in=["healthy", "draining", "drained"]).values_list("id", flat=True))
+    node_ids = list(
+        Node.objects.filter(state__in=["healthy", "draining", "drained"]).values_list("id", flat=True)
+    )
     connection.close()
 
     port = stack.free_port()
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
         [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "rackwise.asgi:application"],
-        cwd=ROOT, env=_env(args.db), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        cwd=ROOT,
+        env=_env(args.db),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     commits: dict[str, float] = {}
     try:
@@ -291,14 +311,22 @@ def main() -> None:
     missing = len(commits) - len(lat)
     q = statistics.quantiles(lat, n=100) if len(lat) >= 2 else lat * 99
     print(f"racks: {args.racks}; changes: {len(commits)} at {args.rate:g}/s for {args.seconds:g} s")
-    print(f"fleet page ready (snapshot applied, live feed open): {fleet_ready * 1000:.0f} ms "
-          f"(first load after start: {cold_ready * 1000:.0f} ms); {fleet_drawn} grids on screen painted by {fleet_painted * 1000:.0f} ms")
-    print(f"kiosk at 3840x2160: ready {kiosk_ready * 1000:.0f} ms, {dom['grids']} grids painted at {dom['cell']} px cells "
-          f"by {kiosk_painted * 1000:.0f} ms ({'every rack on screen' if fits else 'the fleet does not fit the screen'})")
-    print(f"DOM elements per rack grid: mean {dom['mean']:.1f} (min {dom['min']}, max {dom['max']}); "
-          f"all grids {dom['sum']}; whole document {dom['document']}")
-    print(f"commit -> repaint (kiosk): p50 {q[49]:.0f} ms, p95 {q[94]:.0f} ms, max {lat[-1]:.0f} ms; "
-          f"not repainted at their own version: {missing} (covered by a later version); gaps seen by the page: {gaps}")
+    print(
+        f"fleet page ready (snapshot applied, live feed open): {fleet_ready * 1000:.0f} ms "
+        f"(first load after start: {cold_ready * 1000:.0f} ms); {fleet_drawn} grids on screen painted by {fleet_painted * 1000:.0f} ms"
+    )
+    print(
+        f"kiosk at 3840x2160: ready {kiosk_ready * 1000:.0f} ms, {dom['grids']} grids painted at {dom['cell']} px cells "
+        f"by {kiosk_painted * 1000:.0f} ms ({'every rack on screen' if fits else 'the fleet does not fit the screen'})"
+    )
+    print(
+        f"DOM elements per rack grid: mean {dom['mean']:.1f} (min {dom['min']}, max {dom['max']}); "
+        f"all grids {dom['sum']}; whole document {dom['document']}"
+    )
+    print(
+        f"commit -> repaint (kiosk): p50 {q[49]:.0f} ms, p95 {q[94]:.0f} ms, max {lat[-1]:.0f} ms; "
+        f"not repainted at their own version: {missing} (covered by a later version); gaps seen by the page: {gaps}"
+    )
 
 
 if __name__ == "__main__":

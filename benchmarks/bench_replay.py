@@ -35,8 +35,13 @@ def main() -> None:
     ap.add_argument("--load", type=float, default=0.85)
     ap.add_argument("--policy", default="rackwise")
     ap.add_argument("--no-defrag", action="store_true")
-    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                    help="override a SimConfig field (repeatable)")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a SimConfig field (repeatable)",
+    )
     ap.add_argument("--repeat", type=int, default=1)
     args = ap.parse_args()
     try:
@@ -50,8 +55,10 @@ def main() -> None:
         t = time.perf_counter()
         write_trace(path, generate(args.jobs, args.load, racks=args.racks, seed=0))
         trace = read_trace(path)
-        print(f"trace: {args.jobs:,} jobs, load {args.load}, {args.racks} racks "
-              f"(generated and parsed in {time.perf_counter() - t:.1f} s)")
+        print(
+            f"trace: {args.jobs:,} jobs, load {args.load}, {args.racks} racks "
+            f"(generated and parsed in {time.perf_counter() - t:.1f} s)"
+        )
     policies = list(POLICY_NAMES) if args.policy == "all" else [args.policy]
     cfg = SimConfig(racks=args.racks, **overrides)
     for policy in policies:
@@ -62,10 +69,12 @@ def main() -> None:
             m = result.metrics
             walls.append(time.perf_counter() - t)
         wall = statistics.median(walls)
-        print(f"{policy:<11} replay {wall:6.1f} s ({args.jobs / wall:,.0f} jobs/s); "
-              f"completed {m['completed']:,}, rejected {m['rejected']}, "
-              f"util {m['gpu_utilization']:.3f}, mean wait {m['mean_wait_s']:.0f} s, "
-              f"failures {m['failures']}; decisions {result.fingerprint}")
+        print(
+            f"{policy:<11} replay {wall:6.1f} s ({args.jobs / wall:,.0f} jobs/s); "
+            f"completed {m['completed']:,}, rejected {m['rejected']}, "
+            f"util {m['gpu_utilization']:.3f}, mean wait {m['mean_wait_s']:.0f} s, "
+            f"failures {m['failures']}; decisions {result.fingerprint}"
+        )
 
 
 if __name__ == "__main__":

@@ -96,12 +96,24 @@ def main() -> None:
         nodes = {n.hostname: n for n in Node.objects.all()}
         hosts = [f"r01n{i:02d}" for i in range(1, 9)]
 
-        job = job_services.submit_job(user, job_services.JobSpec(name="bench", tenant="bench", num_nodes=8, gpus_per_node=4))
-        Job.objects.filter(pk=job.pk).update(
-            cluster_spec={"slurm": {"script": "#!/bin/bash\ntrap 'echo ckpt' USR1\nwhile true; do sleep 5 & wait $!; done\n"}}
+        job = job_services.submit_job(
+            user, job_services.JobSpec(name="bench", tenant="bench", num_nodes=8, gpus_per_node=4)
         )
-        job_allocations.apply_placement(user, job.pk, {nodes[h].pk: [0, 1, 2, 3] for h in hosts}, reason="bench")
-        out = adapter.perform(None, 0, st.Allocate(job=job.pk, nodes={nodes[h].pk: [0, 1, 2, 3] for h in hosts}, hostnames=hosts))
+        Job.objects.filter(pk=job.pk).update(
+            cluster_spec={
+                "slurm": {
+                    "script": "#!/bin/bash\ntrap 'echo ckpt' USR1\nwhile true; do sleep 5 & wait $!; done\n"
+                }
+            }
+        )
+        job_allocations.apply_placement(
+            user, job.pk, {nodes[h].pk: [0, 1, 2, 3] for h in hosts}, reason="bench"
+        )
+        out = adapter.perform(
+            None,
+            0,
+            st.Allocate(job=job.pk, nodes={nodes[h].pk: [0, 1, 2, 3] for h in hosts}, hostnames=hosts),
+        )
         Job.objects.filter(pk=job.pk).update(external_id=out.external_id)
         adapter.perform(None, 1, st.Start(job=job.pk))
         job_allocations.start_job(None, job.pk)
@@ -111,7 +123,9 @@ def main() -> None:
         times: list[float] = []
         for n in range(args.rounds):
             failed = hosts[n % len(hosts)]
-            cli.run("scontrol", "update", f"NodeName={failed}", "State=DOWN", "Reason=bench: fell off the bus")
+            cli.run(
+                "scontrol", "update", f"NodeName={failed}", "State=DOWN", "Reason=bench: fell off the bus"
+            )
             slurm_sync.sync_nodes(adapter)
             assert Job.objects.get(pk=job.pk).state == "recovering"
             action = recovery.plan_recovery(job.pk)
@@ -124,7 +138,11 @@ def main() -> None:
             action.refresh_from_db()
             running = cli.job(sid)
             new_hosts = sorted(
-                set(Allocation.objects.filter(job=job, released_at__isnull=True).values_list("gpu__node__hostname", flat=True))
+                set(
+                    Allocation.objects.filter(job=job, released_at__isnull=True).values_list(
+                        "gpu__node__hostname", flat=True
+                    )
+                )
             )
             (spare,) = set(new_hosts) - set(hosts)
             ok = (
@@ -134,7 +152,11 @@ def main() -> None:
             )
             hosts = new_hosts
             times.append(took)
-            verdict = "RUNNING on the new nodes" if ok else f"NOT as planned: {action.state}, {running['job_state']}, {running['nodes']}"
+            verdict = (
+                "RUNNING on the new nodes"
+                if ok
+                else f"NOT as planned: {action.state}, {running['job_state']}, {running['nodes']}"
+            )
             print(f"swap {n + 1:2d}: {failed} -> {spare}  {took:5.2f} s  {verdict}")
             cli.run("scontrol", "update", f"NodeName={failed}", "State=RESUME")
             deadline = time.monotonic() + 10

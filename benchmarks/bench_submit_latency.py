@@ -42,7 +42,9 @@ SHAPES = [{"num_gpus": 1}, {"num_gpus": 2}, {"num_gpus": 4}, {"num_nodes": 2, "g
 
 def _env(**extra: str) -> dict[str, str]:
     # One user submitting at benchmark rates.
-    return stack.app_env(DB, redis_db=14, RACKWISE_SIM_STEP_SECONDS="0", RACKWISE_THROTTLE_USER="1000000/min", **extra)
+    return stack.app_env(
+        DB, redis_db=14, RACKWISE_SIM_STEP_SECONDS="0", RACKWISE_THROTTLE_USER="1000000/min", **extra
+    )
 
 
 def _manage(*args: str) -> str:
@@ -65,7 +67,9 @@ def setup(racks: int) -> str:
             f"for i in range({racks}): create_rack(None, name=f'b{{i:04d}}', site='bench', row=str(i // 10), position=i % 10)\n"
         )
         _manage("shell", "-c", script)
-        token_file.write_text(_manage("create_api_user", "bench", "--role", "submitter", "--tenant", "bench").strip())
+        token_file.write_text(
+            _manage("create_api_user", "bench", "--role", "submitter", "--tenant", "bench").strip()
+        )
         print(f"  (built {racks} racks in {time.perf_counter() - t:.0f} s, kept for the next run)")
 
     dbcache.fresh_database(DB, f"submit-latency {racks}", build)
@@ -83,7 +87,9 @@ def run_rate(url: str, token: str, rate: float, seconds: float, seed: int) -> li
 
     def submit(body: dict) -> None:
         request = urllib.request.Request(
-            f"{url}/api/jobs/", data=json.dumps(body).encode(), method="POST",
+            f"{url}/api/jobs/",
+            data=json.dumps(body).encode(),
+            method="POST",
             headers={"Authorization": f"Token {token}", "Content-Type": "application/json"},
         )
         with urllib.request.urlopen(request, timeout=60) as response:
@@ -130,16 +136,40 @@ def pct(values: list[float], q: float) -> float:
 def start_stack(port: int, env: dict[str, str]) -> list[subprocess.Popen]:
     def celery(name: str, queue: str) -> subprocess.Popen:
         return subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "rackwise", "worker", "-n", f"{name}@%h", "-Q", queue,
-             "--concurrency", "1", "-l", os.environ.get("BENCH_CELERY_LOG", "warning"), "--without-gossip", "--without-mingle"],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=(ROOT / "var" / f"bench-{name}.log").open("w"),
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "rackwise",
+                "worker",
+                "-n",
+                f"{name}@%h",
+                "-Q",
+                queue,
+                "--concurrency",
+                "1",
+                "-l",
+                os.environ.get("BENCH_CELERY_LOG", "warning"),
+                "--without-gossip",
+                "--without-mingle",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=(ROOT / "var" / f"bench-{name}.log").open("w"),
             start_new_session=True,
         )
 
     return [
-        subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "rackwise.asgi:application"],
-                         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=(ROOT / "var" / "bench-web.log").open("w"),
-                         start_new_session=True),
+        subprocess.Popen(
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "rackwise.asgi:application"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=(ROOT / "var" / "bench-web.log").open("w"),
+            start_new_session=True,
+        ),
         celery("scheduler", "scheduler"),
         celery("worker", "celery,control"),
     ]
@@ -173,13 +203,19 @@ def measure(racks: int, rates: list[float], seconds: float, live: bool) -> dict[
         for k, rate in enumerate(rates):
             ids = run_rate(url, token, rate, seconds, seed=k)
             lat = latencies(ids)
-            out[rate] = (pct(lat, .5), pct(lat, .95))
-            print(f"{racks:>6} {'on' if live else 'off':>5} {rate:>7.0f} {len(ids):>6} {len(lat):>7} "
-                  f"{pct(lat, .5) * 1000:>8.0f} {pct(lat, .95) * 1000:>8.0f} {max(lat, default=float('nan')) * 1000:>8.0f}",
-                  flush=True)
+            out[rate] = (pct(lat, 0.5), pct(lat, 0.95))
+            print(
+                f"{racks:>6} {'on' if live else 'off':>5} {rate:>7.0f} {len(ids):>6} {len(lat):>7} "
+                f"{pct(lat, 0.5) * 1000:>8.0f} {pct(lat, 0.95) * 1000:>8.0f} {max(lat, default=float('nan')) * 1000:>8.0f}",
+                flush=True,
+            )
             # Free the fleet for the next rate.
-            _manage("shell", "-c", "from fleet.models import Job\nfrom fleet.services.jobs.submit import cancel_job\n"
-                    "[cancel_job(None, j.pk) for j in Job.objects.exclude(state__in=['completed','failed','cancelled'])]")
+            _manage(
+                "shell",
+                "-c",
+                "from fleet.models import Job\nfrom fleet.services.jobs.submit import cancel_job\n"
+                "[cancel_job(None, j.pk) for j in Job.objects.exclude(state__in=['completed','failed','cancelled'])]",
+            )
     finally:
         stop_stack(procs)
     return out
@@ -194,21 +230,33 @@ def main() -> None:
     args = parser.parse_args()
     (ROOT / "var").mkdir(exist_ok=True)
     modes = {"both": [True, False], "on": [True], "off": [False]}[args.live_fleet]
-    print(f"NVL72 racks (18 nodes x 4 GPUs); scheduler worker + one worker + daphne; shapes {[list(s.values()) for s in SHAPES]}")
-    print(f"{'racks':>6} {'live':>5} {'rate/s':>7} {'jobs':>6} {'placed':>7} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8}")
-    results = {(racks, live): measure(racks, args.rates, args.seconds, live) for live in modes for racks in args.racks}
+    print(
+        f"NVL72 racks (18 nodes x 4 GPUs); scheduler worker + one worker + daphne; shapes {[list(s.values()) for s in SHAPES]}"
+    )
+    print(
+        f"{'racks':>6} {'live':>5} {'rate/s':>7} {'jobs':>6} {'placed':>7} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8}"
+    )
+    results = {
+        (racks, live): measure(racks, args.rates, args.seconds, live)
+        for live in modes
+        for racks in args.racks
+    }
     small, big = min(args.racks), max(args.racks)
     if small != big:
         print(f"\np95 at {big} racks over p95 at {small} racks (must be <= 1.5):")
         for live in modes:
-            ratios = "  ".join(f"{rate:.0f}/s {results[(big, live)][rate][1] / results[(small, live)][rate][1]:.2f}x"
-                               for rate in args.rates)
+            ratios = "  ".join(
+                f"{rate:.0f}/s {results[(big, live)][rate][1] / results[(small, live)][rate][1]:.2f}x"
+                for rate in args.rates
+            )
             print(f"  live fleet {'on' if live else 'off'}: {ratios}")
     if len(modes) == 2:
         print("\np95 with the live fleet over p95 without (same fleet, same rate):")
         for racks in args.racks:
-            ratios = "  ".join(f"{rate:.0f}/s {results[(racks, True)][rate][1] / results[(racks, False)][rate][1]:.2f}x"
-                               for rate in args.rates)
+            ratios = "  ".join(
+                f"{rate:.0f}/s {results[(racks, True)][rate][1] / results[(racks, False)][rate][1]:.2f}x"
+                for rate in args.rates
+            )
             print(f"  {racks} racks: {ratios}")
 
 

@@ -17,9 +17,15 @@ def random_job(rng: random.Random, jid: str, max_gpus: int | None = None) -> Job
     sizes = [g for g in SIZE_MIX if max_gpus is None or g <= max_gpus]
     g = rng.choices(sizes, [SIZE_MIX[s] for s in sizes])[0]
     loc = "none" if g <= 4 else rng.choice(["preferred", "preferred", "required", "none"])
-    return JobRequest(jid, num_gpus=g, locality=loc,
-                      preemptible=rng.random() < 0.8, priority=int(rng.random() < 0.1),
-                      expected_duration=rng.uniform(600, 36000), submit_time=0.0)
+    return JobRequest(
+        jid,
+        num_gpus=g,
+        locality=loc,
+        preemptible=rng.random() < 0.8,
+        priority=int(rng.random() < 0.1),
+        expected_duration=rng.uniform(600, 36000),
+        submit_time=0.0,
+    )
 
 
 def fill(fleet: Fleet, occupancy: float, seed: int = 0, policy: str = "rackwise") -> int:

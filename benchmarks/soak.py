@@ -59,8 +59,13 @@ def fresh_checkout(dest: Path, ref: str | None = None) -> Path:
         archive = subprocess.run(["git", "archive", ref], cwd=ROOT, capture_output=True, check=True).stdout
         subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
         return dest
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
-                           capture_output=True, check=True).stdout.decode().split("\0")
+    files = (
+        subprocess.run(
+            ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True, check=True
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for name in filter(None, files):
         src = ROOT / name
         if name.startswith("var/") or not src.exists():
@@ -87,8 +92,16 @@ class Api:
 
     def call(self, method: str, path: str, body: dict | None = None) -> tuple[int, object]:
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(self.base + path, data=data, method=method, headers={
-            "Authorization": f"Token {self.token}", "Content-Type": "application/json", "Accept": "application/json"})
+        request = urllib.request.Request(
+            self.base + path,
+            data=data,
+            method=method,
+            headers={
+                "Authorization": f"Token {self.token}",
+                "Content-Type": "application/json",
+                "Accept": "application/json",
+            },
+        )
         try:
             with urllib.request.urlopen(request, timeout=60) as response:
                 status, raw = response.status, response.read()
@@ -118,8 +131,14 @@ class Stack:
 
     def start(self, timeout: float = 600.0) -> Stack:
         log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(["./scripts/run", "--port", str(self.port)], cwd=self.checkout, env=self.env,
-                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            ["./scripts/run", "--port", str(self.port)],
+            cwd=self.checkout,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -134,10 +153,18 @@ class Stack:
 
     def manage(self, *args: str, timeout: float = 120.0) -> str:
         """``scripts/manage ARGS`` in the checkout: the running stack's database."""
-        result = subprocess.run(["scripts/manage", *args], cwd=self.checkout, env=self.env,
-                                capture_output=True, text=True, timeout=timeout)
+        result = subprocess.run(
+            ["scripts/manage", *args],
+            cwd=self.checkout,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         if result.returncode:
-            raise RuntimeError(f"scripts/manage {' '.join(args)} exited {result.returncode}: {result.stderr[-2000:]}")
+            raise RuntimeError(
+                f"scripts/manage {' '.join(args)} exited {result.returncode}: {result.stderr[-2000:]}"
+            )
         return result.stdout
 
     def token(self, username: str, role: str) -> str:
@@ -197,12 +224,27 @@ class Figures:
             (not self.violations, f"invariants broken: {self.violations[:5]}"),
             (self.gpus_ever_held_twice == 0, f"{self.gpus_ever_held_twice} GPU(s) held twice at once"),
             (not self.stuck_jobs, f"jobs the fleet had room for left waiting: {self.stuck_jobs[:5]}"),
-            (not self.missed_jobs, f"jobs racks had idle room for that the engine could not place: {self.missed_jobs[:5]}"),
-            (self.gpu_hours_lost_to_failed_plans == 0, f"{self.gpu_hours_lost_to_failed_plans:.1f} GPU-hours lost to failed plans"),
-            (not self.expired_without_reason, f"expired without a reason: actions {self.expired_without_reason[:10]}"),
-            (not self.api_5xx and not self.web_5xx, f"5xx answers: {self.web_5xx} in the web log; {self.api_5xx[:3]}"),
+            (
+                not self.missed_jobs,
+                f"jobs racks had idle room for that the engine could not place: {self.missed_jobs[:5]}",
+            ),
+            (
+                self.gpu_hours_lost_to_failed_plans == 0,
+                f"{self.gpu_hours_lost_to_failed_plans:.1f} GPU-hours lost to failed plans",
+            ),
+            (
+                not self.expired_without_reason,
+                f"expired without a reason: actions {self.expired_without_reason[:10]}",
+            ),
+            (
+                not self.api_5xx and not self.web_5xx,
+                f"5xx answers: {self.web_5xx} in the web log; {self.api_5xx[:3]}",
+            ),
             (not self.tracebacks, f"tracebacks in {self.tracebacks}"),
-            (not self.fragmentation_disagreements, f"fragmentation figures disagree: {self.fragmentation_disagreements[:3]}"),
+            (
+                not self.fragmentation_disagreements,
+                f"fragmentation figures disagree: {self.fragmentation_disagreements[:3]}",
+            ),
             (self.jobs_started > 0, "no job started"),
             (self.samples > 0, "no sample taken"),
             (not unfinished, f"approved actions left unfinished: {unfinished}"),
@@ -213,8 +255,16 @@ class Figures:
 class Soak:
     """The operator client and the sampler, on a running :class:`Stack`."""
 
-    def __init__(self, stack: Stack, *, seed: int = 0, sample_s: float = 20.0, defrag_every_s: float = 60.0,
-                 fail_every_s: float = 45.0, gang_every_s: float = 50.0) -> None:
+    def __init__(
+        self,
+        stack: Stack,
+        *,
+        seed: int = 0,
+        sample_s: float = 20.0,
+        defrag_every_s: float = 60.0,
+        fail_every_s: float = 45.0,
+        gang_every_s: float = 50.0,
+    ) -> None:
         self.stack, self.rng = stack, random.Random(seed)
         self.sample_s, self.defrag_every_s, self.fail_every_s = sample_s, defrag_every_s, fail_every_s
         self.gang_every_s = gang_every_s
@@ -236,8 +286,11 @@ class Soak:
                 # reads its cost and approves it, which confirms it.
                 self.figures.approvals_reconfirmed += 1
                 action_id = body["action"]["id"]
-                status, body = self.api.call("POST", f"/api/actions/{action_id}/approve/",
-                                             {"note": f"soak: new cost {body['cost_gpu_hours']} GPU-h accepted"})
+                status, body = self.api.call(
+                    "POST",
+                    f"/api/actions/{action_id}/approve/",
+                    {"note": f"soak: new cost {body['cost_gpu_hours']} GPU-h accepted"},
+                )
             if status == 200:
                 self.figures.approvals += 1
                 self.approved.add(action_id)
@@ -248,8 +301,11 @@ class Soak:
         summary = self.api.get("/api/fleet/summary/")
         per_rack = summary.get("free_nodes_per_rack", []) if isinstance(summary, dict) else []
         racks = self.api.get("/api/racks/?limit=1000")
-        size = {r["id"]: r["nodes_per_domain"] for r in racks.get("results", [])} \
-            if isinstance(racks, dict) else {}
+        size = (
+            {r["id"]: r["nodes_per_domain"] for r in racks.get("results", [])}
+            if isinstance(racks, dict)
+            else {}
+        )
         free = sum(1 for r in per_rack if size.get(r["rack_id"]) and r["nodes_free"] >= size[r["rack_id"]])
         self.figures.defrag_requests += 1
         self.api.call("POST", "/api/actions/defrag/", {"free_racks": max(1, min(free + 1, len(per_rack)))})
@@ -258,12 +314,20 @@ class Soak:
         """An ML engineer's job the demo mix lacks: a gang in segments, each
         segment inside one rack (as Slurm's --segment), of each locality."""
         self.figures.gangs_submitted += 1
-        self.api.call("POST", "/api/jobs/", {
-            "name": f"segmented-{self.figures.gangs_submitted}", "tenant": "llm", "num_nodes": 12,
-            "gpus_per_node": 4, "segment_nodes": self.rng.choice([4, 6]),
-            "locality": self.rng.choice(["required", "preferred", "none"]),
-            "expected_duration_s": self.rng.randint(90, 300), "preemptible": True,
-        })
+        self.api.call(
+            "POST",
+            "/api/jobs/",
+            {
+                "name": f"segmented-{self.figures.gangs_submitted}",
+                "tenant": "llm",
+                "num_nodes": 12,
+                "gpus_per_node": 4,
+                "segment_nodes": self.rng.choice([4, 6]),
+                "locality": self.rng.choice(["required", "preferred", "none"]),
+                "expected_duration_s": self.rng.randint(90, 300),
+                "preemptible": True,
+            },
+        )
 
     def fail_a_busy_node(self) -> None:
         """Mark a node that runs a job failed, as an operator would on an XID."""
@@ -272,11 +336,14 @@ class Soak:
         if not racks:
             return
         rack = self.api.get(f"/api/racks/{self.rng.choice(racks)['id']}/")
-        busy = [n for n in rack.get("nodes", []) if n["state"] == "healthy" and any(g["job"] for g in n["gpus"])]
+        busy = [
+            n for n in rack.get("nodes", []) if n["state"] == "healthy" and any(g["job"] for g in n["gpus"])
+        ]
         if busy:
             node = self.rng.choice(busy)
-            status, _ = self.api.call("POST", f"/api/nodes/{node['id']}/mark-failed/",
-                                      {"reason": "XID 79 (soak)", "confirm": True})
+            status, _ = self.api.call(
+                "POST", f"/api/nodes/{node['id']}/mark-failed/", {"reason": "XID 79 (soak)", "confirm": True}
+            )
             self.figures.nodes_failed_by_soak += status == 200
 
     # --- the sampler --------------------------------------------------------------
@@ -288,14 +355,20 @@ class Soak:
         now = time.monotonic()
         waiting = {w["job"]: w for w in report["waiting"]}
         for job, w in waiting.items():
-            if w["room_by_counts"] and not w["placed_alone"] and not any(
-                    m.startswith(f"#{job} ") for m in self.figures.missed_jobs):
+            if (
+                w["room_by_counts"]
+                and not w["placed_alone"]
+                and not any(m.startswith(f"#{job} ") for m in self.figures.missed_jobs)
+            ):
                 self.figures.missed_jobs.append(f"#{job} {w['name']}: {w['reason']}")
             if w["placed_by_pass"]:
                 first = self.first_room.setdefault(job, now)
                 if now - first > STUCK_AFTER_S and not any(
-                        m.startswith(f"#{job} ") for m in self.figures.stuck_jobs):
-                    self.figures.stuck_jobs.append(f"#{job} {w['name']} for {now - first:.0f} s: {w['reason']}")
+                    m.startswith(f"#{job} ") for m in self.figures.stuck_jobs
+                ):
+                    self.figures.stuck_jobs.append(
+                        f"#{job} {w['name']} for {now - first:.0f} s: {w['reason']}"
+                    )
             else:
                 self.first_room.pop(job, None)
         for job in set(self.first_room) - set(waiting):
@@ -311,7 +384,9 @@ class Soak:
             self.figures.fragmentation_disagreements.append("no figure in the API or /metrics")
             return
         if abs(float(api["fraction"]) - float(found.group(1))) > 1e-6:
-            self.figures.fragmentation_disagreements.append(f"API {api['fraction']} /metrics {found.group(1)}")
+            self.figures.fragmentation_disagreements.append(
+                f"API {api['fraction']} /metrics {found.group(1)}"
+            )
 
     # --- the run ------------------------------------------------------------------
 
@@ -361,18 +436,25 @@ class Soak:
                 f.gpu_hours_lost_to_failed_plans += float(action.get("lost_gpu_hours") or 0.0)
             done = (action.get("steps") or [])[: action.get("step_index") or 0]
             if action["state"] == "failed" and any(
-                    isinstance(s, dict) and s.get("op") in ("stop", "preempt", "requeue") for s in done):
-                f.failed_after_stopping_a_job.append(f"#{action_id} {action['kind']}: {action.get('error', '')[:120]}")
+                isinstance(s, dict) and s.get("op") in ("stop", "preempt", "requeue") for s in done
+            ):
+                f.failed_after_stopping_a_job.append(
+                    f"#{action_id} {action['kind']}: {action.get('error', '')[:120]}"
+                )
         f.approved_actions = dict(states)
         expired = self.api.get("/api/actions/?state=expired&limit=1000")
-        f.expired_without_reason = [a["id"] for a in expired.get("results", []) if not (a.get("error") or "").strip()]
+        f.expired_without_reason = [
+            a["id"] for a in expired.get("results", []) if not (a.get("error") or "").strip()
+        ]
         jobs = self.api.get("/api/jobs/?limit=1")
         f.jobs_submitted = jobs.get("count", 0)
         started = 0
         for state in ("running", "completed", "recovering"):
             started += self.api.get(f"/api/jobs/?state={state}&limit=1").get("count", 0)
         f.jobs_started = started
-        f.gpus_ever_held_twice = json.loads(self.stack.manage("check_fleet", "--json"))["gpus_ever_held_twice"]
+        f.gpus_ever_held_twice = json.loads(self.stack.manage("check_fleet", "--json"))[
+            "gpus_ever_held_twice"
+        ]
         f.api_5xx = list(self.api.errors)
 
     def read_logs(self) -> None:
@@ -384,8 +466,14 @@ class Soak:
                 self.figures.web_5xx += len(re.findall(r'" 5\d\d \d', text))
 
 
-def soak(minutes: float, *, keep: Path | None = None, port: int | None = None, seed: int = 0,
-         ref: str | None = None) -> Figures:
+def soak(
+    minutes: float,
+    *,
+    keep: Path | None = None,
+    port: int | None = None,
+    seed: int = 0,
+    ref: str | None = None,
+) -> Figures:
     with tempfile.TemporaryDirectory(prefix="rackwise-soak-") as tmp:
         checkout = fresh_checkout(keep or Path(tmp) / "rackwise", ref)
         stack = Stack(checkout, port).start()

@@ -49,6 +49,8 @@ def connect() -> None:
     User = get_user_model()
     user_logged_out.connect(_logged_out, dispatch_uid="rackwise-sockets-logout")
     for through in (User.groups.through, Tenant.members.through):
-        m2m_changed.connect(_membership_changed, sender=through, dispatch_uid=f"rackwise-sockets-{through.__name__}")
+        m2m_changed.connect(
+            _membership_changed, sender=through, dispatch_uid=f"rackwise-sockets-{through.__name__}"
+        )
     post_save.connect(_user_saved_or_deleted, sender=User, dispatch_uid="rackwise-sockets-user-saved")
     post_delete.connect(_user_saved_or_deleted, sender=User, dispatch_uid="rackwise-sockets-user-deleted")

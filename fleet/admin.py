@@ -84,7 +84,16 @@ class NodeInline(admin.TabularInline):
 
 @admin.register(Rack)
 class RackAdmin(AuditedAdmin):
-    list_display = ["name", "kind", "site", "row", "position", "nodes_per_domain", "gpus_per_node", "spare_nodes"]
+    list_display = [
+        "name",
+        "kind",
+        "site",
+        "row",
+        "position",
+        "nodes_per_domain",
+        "gpus_per_node",
+        "spare_nodes",
+    ]
     list_filter = ["kind", "site", "row"]
     search_fields = ["name", "external_id"]
     inlines = [NodeInline]
@@ -151,7 +160,18 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 @admin.register(Job)
 class JobAdmin(ReadOnlyAdmin):
-    list_display = ["id", "name", "tenant", "owner", "num_gpus", "num_nodes", "locality", "priority", "state", "submitted_at"]
+    list_display = [
+        "id",
+        "name",
+        "tenant",
+        "owner",
+        "num_gpus",
+        "num_nodes",
+        "locality",
+        "priority",
+        "state",
+        "submitted_at",
+    ]
     list_filter = ["state", "locality", "tenant"]
     search_fields = ["name", "owner__username"]
     actions = ["cancel"]

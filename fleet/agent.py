@@ -166,7 +166,9 @@ class NvmlGpus:
         for index, handle in zip(self._indices, self._handles, strict=True):
             reading = GpuReading(index=index, xids=xids.get(index, []))
             try:
-                reading.temperature_c = float(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))
+                reading.temperature_c = float(
+                    nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)
+                )
             except nvml.NVMLError_GpuIsLost:
                 reading.state, reading.error = "failed", "NVML: GPU is lost (fell off the bus)"
             except nvml.NVMLError as exc:
@@ -304,9 +306,13 @@ class Client:
         except urllib.error.HTTPError as exc:
             detail = _detail(exc)
             if exc.code in (401, 403):
-                raise Fatal(EXIT_TOKEN_REFUSED, f"server refused the token (HTTP {exc.code}): {detail}") from exc
+                raise Fatal(
+                    EXIT_TOKEN_REFUSED, f"server refused the token (HTTP {exc.code}): {detail}"
+                ) from exc
             if 400 <= exc.code < 500 and exc.code not in (408, 429):
-                raise Fatal(EXIT_REFUSED, f"server refused the heartbeat (HTTP {exc.code}): {detail}") from exc
+                raise Fatal(
+                    EXIT_REFUSED, f"server refused the heartbeat (HTTP {exc.code}): {detail}"
+                ) from exc
             raise Retryable(f"HTTP {exc.code}: {detail}") from exc
         except (urllib.error.URLError, OSError, ValueError) as exc:
             # ValueError: a reply that is not JSON (a proxy's error page, say).
@@ -373,7 +379,11 @@ class Agent:
         host, state = result.get("hostname", f"node {self.client.node_id}"), result.get("node_state", "?")
         for change in result.get("gpus_changed", []):
             log.warning(
-                "GPU %s: %s -> %s %s", change["index"], change["health_before"], change["health"], change["last_error"]
+                "GPU %s: %s -> %s %s",
+                change["index"],
+                change["health_before"],
+                change["health"],
+                change["last_error"],
             )
         if result.get("node_state_before") != state:
             log.warning("node %s is now %s", host, state)
@@ -416,7 +426,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _OneLineParser(
         prog="python -m fleet.agent", description="Report this node's GPU health to Rackwise."
     )
-    parser.add_argument("--server", required=True, help="Rackwise base URL, e.g. https://rackwise.example.com")
+    parser.add_argument(
+        "--server", required=True, help="Rackwise base URL, e.g. https://rackwise.example.com"
+    )
     parser.add_argument(
         "--token",
         default=os.environ.get("RACKWISE_AGENT_TOKEN"),

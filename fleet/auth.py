@@ -152,7 +152,8 @@ class ThrottledLoginMixin:
         wait = login_delay(limiter, username, address)
         if wait > 0:
             raise forms.ValidationError(
-                f"Too many failed attempts for this username; try again in {max(1, round(wait))} s.", code="throttled"
+                f"Too many failed attempts for this username; try again in {max(1, round(wait))} s.",
+                code="throttled",
             )
         try:
             cleaned = super().clean()

@@ -110,8 +110,12 @@ def load_snapshot() -> Snapshot:
         hostnames[nid] = hostname
         if held_for is not None:
             held[nid] = (held_for, ENGINE_HEALTH[state])
-        nodes_by_rack[rack_id].append(pm.Node(nid, str(rack_id), slot, gpus, engine_health(state, held_for), name=hostname))
-    for rack_id, name, spare_nodes in Rack.objects.order_by(*RACK_ORDER).values_list("id", "name", "spare_nodes"):
+        nodes_by_rack[rack_id].append(
+            pm.Node(nid, str(rack_id), slot, gpus, engine_health(state, held_for), name=hostname)
+        )
+    for rack_id, name, spare_nodes in Rack.objects.order_by(*RACK_ORDER).values_list(
+        "id", "name", "spare_nodes"
+    ):
         nodes = nodes_by_rack.get(rack_id)
         if not nodes:
             continue
@@ -246,9 +250,13 @@ class LiveFleet:
     def _apply(self, snap: Snapshot, changed: list[int]) -> None:
         fleet = snap.fleet
         rows: dict[str, list] = defaultdict(list)
-        for node_id, rack_id, slot, hostname, state, gpus, held_for in _node_rows(Node.objects.filter(rack_id__in=changed)):
+        for node_id, rack_id, slot, hostname, state, gpus, held_for in _node_rows(
+            Node.objects.filter(rack_id__in=changed)
+        ):
             hold = (held_for, ENGINE_HEALTH[state]) if held_for is not None else None
-            rows[str(rack_id)].append((str(node_id), slot, hostname, engine_health(state, held_for), gpus, hold))
+            rows[str(rack_id)].append(
+                (str(node_id), slot, hostname, engine_health(state, held_for), gpus, hold)
+            )
         affected: set[str] = set()
         for rid in map(str, changed):
             rack = fleet.rack_by_id.get(rid)
@@ -278,7 +286,10 @@ class LiveFleet:
                 if fleet.nodes[nid].health != health:
                     fleet.set_health(nid, health)
         snap.jobs.update(
-            _restore(fleet, Allocation.objects.filter(released_at__isnull=True, job_id__in=[int(j) for j in affected]))
+            _restore(
+                fleet,
+                Allocation.objects.filter(released_at__isnull=True, job_id__in=[int(j) for j in affected]),
+            )
         )
 
 
@@ -328,7 +339,9 @@ def verify(snap: Snapshot) -> None:
     if snap.hostnames != fresh.hostnames or snap.rack_names != fresh.rack_names:
         problems.append("host or rack names differ")
     if snap.held != fresh.held:
-        problems.append(f"held nodes differ: in memory {sorted(snap.held.items())}, in the rows {sorted(fresh.held.items())}")
+        problems.append(
+            f"held nodes differ: in memory {sorted(snap.held.items())}, in the rows {sorted(fresh.held.items())}"
+        )
     if problems:
         raise LiveFleetDrift("; ".join(problems[:5]))
 
@@ -374,4 +387,16 @@ def policy() -> str:
     return settings.RACKWISE_POLICY
 
 
-__all__ = ["ENGINE_HEALTH", "LiveFleet", "LiveFleetDrift", "Snapshot", "canonical", "engine_health", "job_request", "live_snapshot", "load_snapshot", "policy", "verify"]
+__all__ = [
+    "ENGINE_HEALTH",
+    "LiveFleet",
+    "LiveFleetDrift",
+    "Snapshot",
+    "canonical",
+    "engine_health",
+    "job_request",
+    "live_snapshot",
+    "load_snapshot",
+    "policy",
+    "verify",
+]

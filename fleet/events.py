@@ -88,7 +88,9 @@ def rack_state(rack_ids: Iterable[int]) -> list[dict]:
 
     ids = sorted(set(rack_ids))
     holder = dict(
-        Allocation.objects.filter(released_at__isnull=True, gpu__node__rack_id__in=ids).values_list("gpu_id", "job_id")
+        Allocation.objects.filter(released_at__isnull=True, gpu__node__rack_id__in=ids).values_list(
+            "gpu_id", "job_id"
+        )
     )
     jobs = {
         pk: {"name": name, "tenant": tenant, "state": state, "tenant_id": tenant_id}
@@ -98,7 +100,9 @@ def rack_state(rack_ids: Iterable[int]) -> list[dict]:
     }
     gpus: dict[int, list] = defaultdict(list)
     for gpu_id, node_id, health in (
-        GPU.objects.filter(node__rack_id__in=ids).order_by("node_id", "index").values_list("id", "node_id", "health")
+        GPU.objects.filter(node__rack_id__in=ids)
+        .order_by("node_id", "index")
+        .values_list("id", "node_id", "health")
     ):
         gpus[node_id].append([health, holder.get(gpu_id)])
     held: dict[int, dict[str, int]] = defaultdict(dict)
@@ -108,7 +112,9 @@ def rack_state(rack_ids: Iterable[int]) -> list[dict]:
         held[rack_id][str(node_id)] = action_id
     nodes: dict[int, list] = defaultdict(list)
     for node_id, rack_id, slot, hostname, state in (
-        Node.objects.filter(rack_id__in=ids).order_by("slot").values_list("id", "rack_id", "slot", "hostname", "state")
+        Node.objects.filter(rack_id__in=ids)
+        .order_by("slot")
+        .values_list("id", "rack_id", "slot", "hostname", "state")
     ):
         nodes[rack_id].append([node_id, slot, hostname, state, gpus[node_id]])
     out = []
@@ -143,7 +149,12 @@ def visible_to(event: dict, tenant_ids: set[int] | None) -> dict:
             if job["tenant_id"] not in tenant_ids:
                 job["name"] = job["tenant"] = None
     elif event["type"] == "job" and event["job"]["tenant_id"] not in tenant_ids:
-        event["job"] = {"id": event["job"]["id"], "state": event["job"]["state"], "name": None, "tenant": None}
+        event["job"] = {
+            "id": event["job"]["id"],
+            "state": event["job"]["state"],
+            "name": None,
+            "tenant": None,
+        }
     elif event["type"] == "action":
         event["action"] = _visible_action(event["action"], tenant_ids)
     return event
@@ -200,7 +211,10 @@ def jobs_changed(job_ids: Iterable[int]) -> None:
 
     def publish() -> None:
 
-        _send({"type": "job", "job": job_state(job)} for job in Job.objects.select_related("tenant").filter(pk__in=ids))
+        _send(
+            {"type": "job", "job": job_state(job)}
+            for job in Job.objects.select_related("tenant").filter(pk__in=ids)
+        )
 
     transaction.on_commit(publish, robust=True)
 

@@ -47,7 +47,9 @@ class UTCIsoDateTimeField(IsoDateTimeField):
         try:
             return parsed.astimezone(datetime.UTC)
         except (OverflowError, ValueError):
-            raise forms.ValidationError("a time between years 1 and 9999 (ISO 8601)", code="invalid") from None
+            raise forms.ValidationError(
+                "a time between years 1 and 9999 (ISO 8601)", code="invalid"
+            ) from None
 
 
 class UTCIsoDateTimeFilter(django_filters.IsoDateTimeFilter):
@@ -98,7 +100,9 @@ JOB_SORTS = {
 
 
 class JobPageFilterForm(_PageFilterForm):
-    state = forms.ChoiceField(required=False, choices=[("active", "active"), ("all", "all"), *JobState.choices])
+    state = forms.ChoiceField(
+        required=False, choices=[("active", "active"), ("all", "all"), *JobState.choices]
+    )
     tenant = forms.CharField(required=False, max_length=100)
     q = forms.CharField(required=False, max_length=200, strip=True)
     sort = forms.ChoiceField(required=False, choices=[(k, v[0]) for k, v in JOB_SORTS.items()])
@@ -120,7 +124,9 @@ class JobPageFilterForm(_PageFilterForm):
 
 
 class ActionPageFilterForm(_PageFilterForm):
-    state = forms.ChoiceField(required=False, choices=[("open", "open"), ("all", "all"), *ActionState.choices])
+    state = forms.ChoiceField(
+        required=False, choices=[("open", "open"), ("all", "all"), *ActionState.choices]
+    )
     kind = forms.ChoiceField(required=False, choices=[("", "any"), *ActionKind.choices])
 
     def clean_state(self) -> str:

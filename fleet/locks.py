@@ -52,7 +52,9 @@ def client() -> redis.Redis:
 
 
 @contextmanager
-def held(name: str, *, ttl: float, wait: float | None, thread_local: bool = True) -> Iterator[redis.lock.Lock]:
+def held(
+    name: str, *, ttl: float, wait: float | None, thread_local: bool = True
+) -> Iterator[redis.lock.Lock]:
     """Hold lock ``name`` for at most ``ttl`` seconds; wait up to ``wait`` seconds
     for it (None: don't wait). Raises Busy when it cannot be had. With
     ``thread_local=False`` other threads (a lease's renewer) may use its token."""

@@ -68,7 +68,9 @@ class SameOriginValidator(OriginValidator):
         trusted = {_parse(o) for o in settings.CSRF_TRUSTED_ORIGINS}
         if wanted in trusted:
             return True
-        allowed_hosts = settings.ALLOWED_HOSTS or (["localhost", "127.0.0.1", "[::1]"] if settings.DEBUG else [])
+        allowed_hosts = settings.ALLOWED_HOSTS or (
+            ["localhost", "127.0.0.1", "[::1]"] if settings.DEBUG else []
+        )
         if not host:
             # No Host header: not a browser (browsers always send one, and the
             # Origin check protects browsers), e.g. channels' test communicator.

@@ -28,8 +28,14 @@ WITHHELD = "withheld: this action also touches other tenants' jobs"
 _STEP_KEYS_KEPT = ("op", "job")
 # Benefit figures that are about the fleet, not about anyone's job.
 _BENEFIT_KEYS_KEPT = (
-    "target", "feasible", "jobs_made_placeable", "fragmentation_before", "fragmentation_after",
-    "free_racks_before", "free_racks_after", "racks",
+    "target",
+    "feasible",
+    "jobs_made_placeable",
+    "fragmentation_before",
+    "fragmentation_after",
+    "free_racks_before",
+    "free_racks_after",
+    "racks",
 )
 
 

@@ -8,7 +8,9 @@ from django.views.debug import SafeExceptionReporterFilter as DjangoFilter
 
 # scheme://user:password@host -> scheme://user:********@host (also a bare
 # ``:password@``, as Redis URLs have it).
-_URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:/@\s]*):(?P<password>[^@/\s]+)@", re.I)
+_URL_CREDENTIALS = re.compile(
+    r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:/@\s]*):(?P<password>[^@/\s]+)@", re.I
+)
 
 
 def mask_url_credentials(value: str) -> str:

@@ -19,7 +19,9 @@ DEFAULT_SCHEDULES: dict[str, tuple[str, int]] = {
     # is due to end.
     "cluster sync": (
         "fleet.tasks.sync_cluster",
-        settings.RACKWISE_SLURM_SYNC_S if settings.RACKWISE_CLUSTER == "slurm" else settings.RACKWISE_CLUSTER_SYNC_S,
+        settings.RACKWISE_SLURM_SYNC_S
+        if settings.RACKWISE_CLUSTER == "slurm"
+        else settings.RACKWISE_CLUSTER_SYNC_S,
     ),
     "defrag plan (hourly)": ("fleet.tasks.plan_defrag", 3600),
     "defrag thresholds": ("fleet.tasks.defrag_watch", 60),

@@ -240,7 +240,9 @@ def kinds() -> list[dict[str, Any]]:
                 "label": cls.label or op,
                 "description": " ".join((cls.__doc__ or "").split()),
                 "effect": cls.effect,
-                "fields": [f.name for f in fields(cls) if not (f.name == "job" and issubclass(cls, _NodeStep))],
+                "fields": [
+                    f.name for f in fields(cls) if not (f.name == "job" and issubclass(cls, _NodeStep))
+                ],
             }
         )
     return out

@@ -233,11 +233,15 @@ def reconcile_once(now=None) -> dict:
     # 3. Jobs stuck between steps with no action to carry them on.
     for job in Job.objects.filter(state=JobState.PLACED, placed_at__lte=now - stall).exclude(pk__in=busy):
         try:
-            job_allocations.requeue_job(None, job.pk, reason="placed but never started; requeued by reconcile")
+            job_allocations.requeue_job(
+                None, job.pk, reason="placed but never started; requeued by reconcile"
+            )
             done["requeued"].append(job.pk)
         except Conflict:
             pass
-    for job_id in Job.objects.filter(state=JobState.RECOVERING).exclude(pk__in=busy).values_list("pk", flat=True):
+    for job_id in (
+        Job.objects.filter(state=JobState.RECOVERING).exclude(pk__in=busy).values_list("pk", flat=True)
+    ):
         if dispatch.send_once("fleet.tasks.recover_job", job_id):
             done["recovering"].append(job_id)
 

@@ -107,8 +107,12 @@ class FleetView(RoleRequiredMixin, TemplateView):
         for rack in racks:
             groups.setdefault((rack.site, rack.row), []).append(rack)
         context["groups"] = [
-            {"site": site, "row": row, "racks": members,
-             "gpus_total": sum(r.nodes_per_domain * r.gpus_per_node for r in members)}
+            {
+                "site": site,
+                "row": row,
+                "racks": members,
+                "gpus_total": sum(r.nodes_per_domain * r.gpus_per_node for r in members),
+            }
             for (site, row), members in groups.items()
         ]
         context["open_limit"] = self.open_limit
@@ -130,19 +134,23 @@ class RackView(RoleRequiredMixin, TemplateView):
         rack = get_object_or_404(Rack, pk=kwargs["pk"])
         nodes = list(rack.nodes.order_by("slot"))
         busy = set(
-            Allocation.objects.filter(released_at__isnull=True, gpu__node__rack=rack).values_list("gpu__node_id", flat=True)
+            Allocation.objects.filter(released_at__isnull=True, gpu__node__rack=rack).values_list(
+                "gpu__node_id", flat=True
+            )
         )
         idle = [n for n in nodes if n.state == NodeState.HEALTHY and n.pk not in busy]
         # The same rule as the grid's legend: the rack's last spare_nodes idle nodes.
-        spares = idle[-rack.spare_nodes:] if rack.spare_nodes else []
+        spares = idle[-rack.spare_nodes :] if rack.spare_nodes else []
         job_ids = Allocation.objects.filter(released_at__isnull=True, gpu__node__rack=rack).values("job_id")
         node_ids = [str(n.pk) for n in nodes]
         for n in nodes:
             n.moves = node_services.moves_for(n.state)
         context.update(
             rack=rack,
-            node_moves=[{"name": m.name, "label": m.label, "from": list(m.allowed_from), "disruptive": m.disruptive}
-                        for m in node_services.MOVES.values()],
+            node_moves=[
+                {"name": m.name, "label": m.label, "from": list(m.allowed_from), "disruptive": m.disruptive}
+                for m in node_services.MOVES.values()
+            ],
             summary=rack_summaries(Rack.objects.filter(pk=rack.pk))[rack.pk],
             nodes=nodes,
             spares=spares,
@@ -176,24 +184,34 @@ class JobListView(FilteredPageMixin, RoleRequiredMixin, TemplateView):
                 qs = qs.filter(tenant__name=form.cleaned_data["tenant"])
             if q := form.cleaned_data["q"]:
                 job_id = form.job_id()
-                qs = qs.filter(Q(name__icontains=q) | Q(pk=job_id) if job_id is not None else Q(name__icontains=q))
+                qs = qs.filter(
+                    Q(name__icontains=q) | Q(pk=job_id) if job_id is not None else Q(name__icontains=q)
+                )
         else:
             state, qs = "active", qs.none()
             context["filter_errors"] = form.errors_text()
         total = qs.count()
         first = (page - 1) * PAGE_ROWS
         jobs = list(qs.order_by(*JOB_SORTS[sort][1])[first : first + PAGE_ROWS])
-        query = {k: v for k, v in (("state", state), ("tenant", params.get("tenant", "")), ("q", params.get("q", ""))) if v}
+        query = {
+            k: v
+            for k, v in (("state", state), ("tenant", params.get("tenant", "")), ("q", params.get("q", "")))
+            if v
+        }
         context.update(
             jobs=jobs,
             total=total,
             shown_from=first + 1 if jobs else 0,
             shown_to=first + len(jobs),
             previous_page=urlencode({**query, "sort": sort, "page": page - 1}) if page > 1 else "",
-            next_page=urlencode({**query, "sort": sort, "page": page + 1}) if first + len(jobs) < total else "",
+            next_page=urlencode({**query, "sort": sort, "page": page + 1})
+            if first + len(jobs) < total
+            else "",
             sort=sort,
             page_rows=PAGE_ROWS,
-            sorts=[(name, label, urlencode({**query, "sort": name})) for name, (label, _) in JOB_SORTS.items()],
+            sorts=[
+                (name, label, urlencode({**query, "sort": name})) for name, (label, _) in JOB_SORTS.items()
+            ],
             # For jobs.js, which keeps the rows live and must match new jobs as this view does.
             active_states=" ".join(ACTIVE_JOB_STATES),
             finished_states=FINISHED_JOB_STATES,
@@ -224,8 +242,10 @@ def waiting_reason(job: Job) -> str:
         need = job.segment_nodes or job.num_nodes
         words = f"needs {need} nodes in one rack; the largest free slice is {largest}"
         if job.num_nodes > need:
-            words = (f"needs {job.num_nodes} nodes in segments of {need}, each inside one rack; "
-                     f"the free racks hold {largest} nodes in whole segments of {need}")
+            words = (
+                f"needs {job.num_nodes} nodes in segments of {need}, each inside one rack; "
+                f"the free racks hold {largest} nodes in whole segments of {need}"
+            )
     else:
         words = f"needs {job.num_gpus} GPU(s) on one node"
     return f"{words}. {job.state_reason}".strip() if job.state_reason else words
@@ -305,7 +325,10 @@ def compact(action: Action) -> bool:
     """An automatic decision: a placement the policy ran without a person. The
     Actions page folds these into a compact table, so those that need someone
     stand out."""
-    return action.kind in (ActionKind.PLACEMENT, ActionKind.PLACEMENT_SPILL) and action.state != ActionState.PROPOSED
+    return (
+        action.kind in (ActionKind.PLACEMENT, ActionKind.PLACEMENT_SPILL)
+        and action.state != ActionState.PROPOSED
+    )
 
 
 def _for_page(actions: list[Action]) -> list[Action]:
@@ -314,7 +337,12 @@ def _for_page(actions: list[Action]) -> list[Action]:
     for a in actions:
         a.step_texts = [describe_step(step) for step in a.steps]
         a.plan_json = json.dumps(
-            {"steps": a.steps, "jobs": [j.pk for j in a.jobs.all()], "state": a.state, "step_index": a.step_index}
+            {
+                "steps": a.steps,
+                "jobs": [j.pk for j in a.jobs.all()],
+                "state": a.state,
+                "step_index": a.step_index,
+            }
         )
         # Jobs by name, except other tenants' (fleet.redact): those by id only.
         foreign = getattr(a, "foreign_jobs", set())

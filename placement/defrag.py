@@ -50,8 +50,9 @@ class _Step:
 def _whole_racks(fleet: Fleet) -> int:
     # Racks with an idle node and every healthy node idle (free_count == healthy),
     # found without counting each rack's healthy nodes: the first busy one decides.
-    return sum(1 for r in fleet.racks if r.free and all(
-        n.index in r.free or n.health != HEALTHY for n in r.nodes))
+    return sum(
+        1 for r in fleet.racks if r.free and all(n.index in r.free or n.health != HEALTHY for n in r.nodes)
+    )
 
 
 def _local(job: JobRequest) -> JobRequest:
@@ -92,19 +93,34 @@ def defragment(
     """
     # Planned on the fleet itself: the trial undoes every move on the way out.
     with fleet.trial():
-        return _plan(fleet, queue_order(pending_jobs), target, shapes, budget_gpu_hours,
-                     max_moves, restart_minutes, now, figures)
+        return _plan(
+            fleet,
+            queue_order(pending_jobs),
+            target,
+            shapes,
+            budget_gpu_hours,
+            max_moves,
+            restart_minutes,
+            now,
+            figures,
+        )
 
 
-def _plan(fleet: Fleet, pending: list[JobRequest], target: Target | None,
-          shapes: Mapping[int, float] | Sequence[JobRequest] | None,
-          budget_gpu_hours: float, max_moves: int | None, restart_minutes: float,
-          now: float | None, figures: bool) -> DefragPlan:
+def _plan(
+    fleet: Fleet,
+    pending: list[JobRequest],
+    target: Target | None,
+    shapes: Mapping[int, float] | Sequence[JobRequest] | None,
+    budget_gpu_hours: float,
+    max_moves: int | None,
+    restart_minutes: float,
+    now: float | None,
+    figures: bool,
+) -> DefragPlan:
     """:func:`defragment`'s steps, on ``fleet`` under a trial: the figures of the
     fleet as it was are read before the first move."""
     work = fleet  # what the moves change (undone when the trial ends)
-    shape_src: Mapping[int, float] | Sequence[JobRequest] | None = shapes or (
-        pending or None)
+    shape_src: Mapping[int, float] | Sequence[JobRequest] | None = shapes or (pending or None)
     frag_before = fragmentation(fleet, shape_src).fraction if figures else 0.0
     racks_before = _whole_racks(fleet) if figures or isinstance(target, FreeRacks) else 0
     placeable_before = {j.id for j in pending if place(work, _local(j)).placed}
@@ -133,8 +149,13 @@ def _plan(fleet: Fleet, pending: list[JobRequest], target: Target | None,
         if target.nodes > of_size:
             unreachable = f"the fleet has {of_size} nodes of {target.gpus_per_node} GPUs"
         else:
-            goals = [(f"room for {target.nodes} nodes", _segments(
-                fleet, target.nodes, target.gpus_per_node), False)]
+            goals = [
+                (
+                    f"room for {target.nodes} nodes",
+                    _segments(fleet, target.nodes, target.gpus_per_node),
+                    False,
+                )
+            ]
         label = f"room for a job of {target.nodes} nodes"
     else:
         label = "room for the pending jobs"
@@ -146,22 +167,41 @@ def _plan(fleet: Fleet, pending: list[JobRequest], target: Target | None,
                     goals.append((f"job {job.id}", [(-job.num_gpus, gpn)], job.preemptible))
                     break
                 if job.nodes_needed(gpn):
-                    goals.append((f"job {job.id}", _segments(
-                        fleet, job.nodes_needed(gpn), gpn, job.segment_nodes),
-                        job.preemptible))
+                    goals.append(
+                        (
+                            f"job {job.id}",
+                            _segments(fleet, job.nodes_needed(gpn), gpn, job.segment_nodes),
+                            job.preemptible,
+                        )
+                    )
                     break
     if unreachable and not goals:
-        return DefragPlan(label, False, f"cannot be met: {unreachable}",
-                          fragmentation_before=frag_before, fragmentation_after=frag_before,
-                          free_racks_before=racks_before, free_racks_after=racks_before,
-                          jobs_made_placeable=[])
+        return DefragPlan(
+            label,
+            False,
+            f"cannot be met: {unreachable}",
+            fragmentation_before=frag_before,
+            fragmentation_after=frag_before,
+            free_racks_before=racks_before,
+            free_racks_after=racks_before,
+            jobs_made_placeable=[],
+        )
     if not goals:
-        reason = "nothing to do: the target is already met" if target else (
-            "nothing to do: every pending job can already be placed rack-locally")
-        return DefragPlan(label, True, reason, fragmentation_before=frag_before,
-                          fragmentation_after=frag_before, free_racks_before=racks_before,
-                          free_racks_after=racks_before,
-                          jobs_made_placeable=[])
+        reason = (
+            "nothing to do: the target is already met"
+            if target
+            else ("nothing to do: every pending job can already be placed rack-locally")
+        )
+        return DefragPlan(
+            label,
+            True,
+            reason,
+            fragmentation_before=frag_before,
+            fragmentation_after=frag_before,
+            free_racks_before=racks_before,
+            free_racks_after=racks_before,
+            jobs_made_placeable=[],
+        )
     met = 0
     failed_goals: set[tuple[object, ...]] = set()  # an identical goal failed already
     held: list[Node] = []  # nodes given room for a small job: drained until the end
@@ -174,8 +214,15 @@ def _plan(fleet: Fleet, pending: list[JobRequest], target: Target | None,
         if segs[0][0] < 0 < segs[0][1]:  # GPUs on one node (a whole rack is (-1, 0))
             gpus, gpn = -segs[0][0], segs[0][1]
             clock = (restart_minutes, now)
-            room = _best_node(work, gpus, gpn, targeted, clock,
-                              (budget_gpu_hours - cost, move_limit - len(moves)), node_cache)
+            room = _best_node(
+                work,
+                gpus,
+                gpn,
+                targeted,
+                clock,
+                (budget_gpu_hours - cost, move_limit - len(moves)),
+                node_cache,
+            )
             if isinstance(room, str):
                 failed_goals.add(sig)
                 reasons.append(f"{name}: {room}")
@@ -186,8 +233,9 @@ def _plan(fleet: Fleet, pending: list[JobRequest], target: Target | None,
             moves += [st.move for st in node_moves]
             cost += node_cost
             met += 1
-            reasons.append(f"{name}: {len(node_moves)} move(s) free {gpus} GPUs on {node.label}, "
-                           f"{node_cost:.2f} GPU-h")
+            reasons.append(
+                f"{name}: {len(node_moves)} move(s) free {gpus} GPUs on {node.label}, {node_cost:.2f} GPU-h"
+            )
             continue
         goal_moves: list[_Step] = []
         goal_racks: list[str] = []
@@ -200,8 +248,10 @@ def _plan(fleet: Fleet, pending: list[JobRequest], target: Target | None,
                 reasons.append(f"{name}: no rack can be cleared by moving preemptible jobs")
                 break
             rack, rack_moves, rack_cost = best
-            if (cost + goal_cost + rack_cost > budget_gpu_hours
-                    or len(moves) + len(goal_moves) + len(rack_moves) > move_limit):
+            if (
+                cost + goal_cost + rack_cost > budget_gpu_hours
+                or len(moves) + len(goal_moves) + len(rack_moves) > move_limit
+            ):
                 ok = False
                 reasons.append(f"{name}: would exceed the budget")
                 break
@@ -223,13 +273,11 @@ def _plan(fleet: Fleet, pending: list[JobRequest], target: Target | None,
                 break
     for node in held:
         work.set_health(node.id, HEALTHY)
-    made = [j.id for j in pending if j.id not in placeable_before
-            and place(work, _local(j)).placed]
+    made = [j.id for j in pending if j.id not in placeable_before and place(work, _local(j)).placed]
     # Pending mode: success is every blocked job placeable (one goal's moves may serve
     # another); a target must have met each of its goals.
     blocked = [j for j in pending if j.id not in placeable_before]
-    feasible = not unreachable and (
-        met == len(goals) or (target is None and len(made) == len(blocked)))
+    feasible = not unreachable and (met == len(goals) or (target is None and len(made) == len(blocked)))
     if unreachable:
         reasons.append(f"cannot be met in full: {unreachable}")
     moves = _merged(moves)
@@ -263,13 +311,13 @@ def _merged(moves: list[Move]) -> list[Move]:
             out.append(m)
             continue
         i = first[m.job_id]
-        out[i] = dataclasses.replace(out[i], to_nodes=m.to_nodes, to_segments=m.to_segments,
-                                     reason=f"{out[i].reason}; then {m.reason}")
+        out[i] = dataclasses.replace(
+            out[i], to_nodes=m.to_nodes, to_segments=m.to_segments, reason=f"{out[i].reason}; then {m.reason}"
+        )
     return out
 
 
-def _segments(fleet: Fleet, nodes: int, gpn: int, seg: int | None = None) -> list[
-        tuple[int, int]]:
+def _segments(fleet: Fleet, nodes: int, gpn: int, seg: int | None = None) -> list[tuple[int, int]]:
     """Per-rack node counts a gang needs: one rack, or equal segments over the fewest."""
     racks = fleet.groups.get(gpn, [])
     size = max((r.size for r in racks), default=0)
@@ -291,9 +339,9 @@ def _need(rack: Rack, nodes: int, borrow: bool = False) -> int:
     return max(0, nodes - have)
 
 
-def _best_rack(work: Fleet, nodes: int, gpn: int, targeted: set[str],
-               clock: tuple[float, float | None], borrow: bool
-               ) -> tuple[Rack, list[_Step], float] | None:
+def _best_rack(
+    work: Fleet, nodes: int, gpn: int, targeted: set[str], clock: tuple[float, float | None], borrow: bool
+) -> tuple[Rack, list[_Step], float] | None:
     pool = work.groups.get(gpn, []) if gpn else work.racks
     racks = [r for r in pool if r.id not in targeted]
     racks.sort(key=lambda r: (_need(r, nodes, borrow), work.rack_pos[r.id]))
@@ -301,11 +349,15 @@ def _best_rack(work: Fleet, nodes: int, gpn: int, targeted: set[str],
     # The first racks with the nodes and whose preemptible occupants could free
     # enough, counted only as far as needed (each trial below is undone before the
     # next rack is counted).
-    for rack in itertools.islice((r for r in racks
-                                  if (r.healthy >= nodes if nodes >= 0
-                                      else r.free_count < r.healthy)
-                                  and _freeable(work, r) >= _need(r, nodes, borrow)),
-                                 CANDIDATE_RACKS):
+    for rack in itertools.islice(
+        (
+            r
+            for r in racks
+            if (r.healthy >= nodes if nodes >= 0 else r.free_count < r.healthy)
+            and _freeable(work, r) >= _need(r, nodes, borrow)
+        ),
+        CANDIDATE_RACKS,
+    ):
         if _need(rack, nodes, borrow) == 0:
             return rack, [], 0.0
         if any(not work.allocations[j].job.preemptible for n in rack.nodes for j in n.jobs):
@@ -324,13 +376,16 @@ def _best_rack(work: Fleet, nodes: int, gpn: int, targeted: set[str],
 def _freeable(work: Fleet, rack: Rack) -> int:
     """Busy healthy nodes of the rack whose jobs are all preemptible (an upper bound on
     what moves can free there)."""
-    return sum(1 for n in rack.nodes if n.jobs and n.health == "healthy" and all(
-        work.allocations[j].job.preemptible for j in n.jobs))
+    return sum(
+        1
+        for n in rack.nodes
+        if n.jobs and n.health == "healthy" and all(work.allocations[j].job.preemptible for j in n.jobs)
+    )
 
 
-def _clear(work: Fleet, rack: Rack, nodes: int, targeted: set[str],
-           clock: tuple[float, float | None], borrow: bool
-           ) -> tuple[list[_Step], float] | None:
+def _clear(
+    work: Fleet, rack: Rack, nodes: int, targeted: set[str], clock: tuple[float, float | None], borrow: bool
+) -> tuple[list[_Step], float] | None:
     """Move occupants out of ``rack`` (cheapest per node freed first) until it has room.
 
     The moves are applied to ``work``; on failure they are undone and None returned.
@@ -343,8 +398,10 @@ def _clear(work: Fleet, rack: Rack, nodes: int, targeted: set[str],
             if jid not in occupants:
                 a = work.allocations[jid]
                 here = sum(1 for n in a.nodes if work.nodes[n].rack == rack.id)
-                occupants[jid] = restart_cost_gpu_hours(
-                    a.job, a.gpus, restart_minutes, now=now, started_at=a.started_at) / here
+                occupants[jid] = (
+                    restart_cost_gpu_hours(a.job, a.gpus, restart_minutes, now=now, started_at=a.started_at)
+                    / here
+                )
     moves: list[_Step] = []
     cost = 0.0
     avoid = targeted | {rack.id}
@@ -363,17 +420,28 @@ def _clear(work: Fleet, rack: Rack, nodes: int, targeted: set[str],
         work.release(jid)
         plan = place(work, _local(alloc.job) if spread == 1 else alloc.job, exclude=avoid)
         # Nothing may land in a rack being cleared (not even on a partly used node).
-        if (not plan.placed or any(r in avoid for r in plan.racks)
-                or len(plan.racks) > spread):
+        if not plan.placed or any(r in avoid for r in plan.racks) or len(plan.racks) > spread:
             work.allocate(alloc, restore=True)
             _undo(work, moves)
             return None
         new = plan.allocation(alloc.job)
         work.allocate(new)
-        c = restart_cost_gpu_hours(alloc.job, alloc.gpus, restart_minutes, now=now,
-                                   started_at=alloc.started_at)
-        moves.append(_Step(Move(jid, list(alloc.nodes), dict(new.nodes), new.segments, c,
-                                f"move out of {rack.label}: {plan.reason}"), alloc))
+        c = restart_cost_gpu_hours(
+            alloc.job, alloc.gpus, restart_minutes, now=now, started_at=alloc.started_at
+        )
+        moves.append(
+            _Step(
+                Move(
+                    jid,
+                    list(alloc.nodes),
+                    dict(new.nodes),
+                    new.segments,
+                    c,
+                    f"move out of {rack.label}: {plan.reason}",
+                ),
+                alloc,
+            )
+        )
         cost += c
     if _need(rack, nodes, borrow) > 0:
         _undo(work, moves)
@@ -403,8 +471,11 @@ def _room_elsewhere(work: Fleet, alloc: Allocation, avoid: set[str], k: int) -> 
         group = work.groups[gpn]
         # The racks that hold the job, its nodes counted idle, and the k most idle of
         # the others that are not avoided.
-        idle = [c + work.rack_by_id[rid].free_count for rid, c in freed.items()
-                if work.rack_by_id[rid].gpus_per_node == gpn]
+        idle = [
+            c + work.rack_by_id[rid].free_count
+            for rid, c in freed.items()
+            if work.rack_by_id[rid].gpus_per_node == gpn
+        ]
         others = 0
         for f, p in reversed(index):
             if others == k:
@@ -437,9 +508,14 @@ def _undo(work: Fleet, steps: list[_Step]) -> None:
 _NodeMoves = tuple[int, float, list[str]] | None
 
 
-def _node_moves(work: Fleet, node: Node, need: int, restart_minutes: float,
-                now: float | None, cache: dict[tuple[str, int], tuple[object, _NodeMoves]]
-                ) -> _NodeMoves:
+def _node_moves(
+    work: Fleet,
+    node: Node,
+    need: int,
+    restart_minutes: float,
+    now: float | None,
+    cache: dict[tuple[str, int], tuple[object, _NodeMoves]],
+) -> _NodeMoves:
     """The fewest small preemptible jobs to move off ``node`` to free ``need`` more GPUs
     (then the cheapest such set): (moves, GPU-hours, job ids), or None if impossible.
     ``cache`` keeps answers per (node, need) while the node's jobs stay the same."""
@@ -457,9 +533,16 @@ def _node_moves(work: Fleet, node: Node, need: int, restart_minutes: float,
         cache[(node.id, need)] = (state, None)
         return None
     allocs = work.allocations
-    movable = [(g, restart_cost_gpu_hours(allocs[j].job, allocs[j].gpus, restart_minutes,
-                                          now=now, started_at=allocs[j].started_at), j)
-               for g, _, j in movable]
+    movable = [
+        (
+            g,
+            restart_cost_gpu_hours(
+                allocs[j].job, allocs[j].gpus, restart_minutes, now=now, started_at=allocs[j].started_at
+            ),
+            j,
+        )
+        for g, _, j in movable
+    ]
     k = next(i for i in range(1, len(sizes) + 1) if sum(sizes[:i]) >= need)
     best: tuple[float, list[str]] | None = None
     for combo in itertools.combinations(sorted(movable, key=lambda m: m[2]), k):
@@ -472,10 +555,15 @@ def _node_moves(work: Fleet, node: Node, need: int, restart_minutes: float,
     return k, best[0], best[1]
 
 
-def _best_node(work: Fleet, gpus: int, gpn: int, targeted: set[str],
-               clock: tuple[float, float | None], budget: tuple[float, float],
-               cache: dict[tuple[str, int], tuple[object, _NodeMoves]]
-               ) -> tuple[Node, list[_Step], float] | str:
+def _best_node(
+    work: Fleet,
+    gpus: int,
+    gpn: int,
+    targeted: set[str],
+    clock: tuple[float, float | None],
+    budget: tuple[float, float],
+    cache: dict[tuple[str, int], tuple[object, _NodeMoves]],
+) -> tuple[Node, list[_Step], float] | str:
     """Room for a job of ``gpus`` GPUs on one node of ``gpn`` GPUs, by moving the fewest
     small preemptible jobs off the node (then the cheapest). The moves are applied to
     ``work``. Returns (node, moves, cost), or why it cannot be done."""
@@ -484,8 +572,7 @@ def _best_node(work: Fleet, gpus: int, gpn: int, targeted: set[str],
 
     def too_few() -> str | None:
         free = sum(n.free_gpus for r in racks for n in r.nodes)
-        return f"only {free} GPUs are free on {gpn}-GPU nodes, {gpus} needed" if (
-            free < gpus) else None
+        return f"only {free} GPUs are free on {gpn}-GPU nodes, {gpus} needed" if (free < gpus) else None
 
     cands: list[tuple[int, float, int, int, Node, list[str]]] = []
     for rack in racks:
@@ -500,12 +587,10 @@ def _best_node(work: Fleet, gpus: int, gpn: int, targeted: set[str],
                 k, c, jids = found
                 cands.append((k, c, work.rack_pos[rack.id], node.index, node, jids))
     if not cands:
-        return too_few() or (f"no node can be given {gpus} free GPUs by moving small "
-                             "preemptible jobs")
+        return too_few() or (f"no node can be given {gpus} free GPUs by moving small preemptible jobs")
     money, count = budget
     over = False
-    for k, c, _, _, node, jids in heapq.nsmallest(CANDIDATE_NODES, cands,
-                                                  key=lambda x: x[:4]):
+    for k, c, _, _, node, jids in heapq.nsmallest(CANDIDATE_NODES, cands, key=lambda x: x[:4]):
         if c > money or k > count:
             over = True
             continue
@@ -515,12 +600,14 @@ def _best_node(work: Fleet, gpus: int, gpn: int, targeted: set[str],
     if over:
         return "would exceed the budget"
     tried = min(len(cands), CANDIDATE_NODES)
-    return too_few() or (f"the small jobs on the {tried} nodes nearest to {gpus} free GPUs "
-                         "have nowhere else to go")
+    return too_few() or (
+        f"the small jobs on the {tried} nodes nearest to {gpus} free GPUs have nowhere else to go"
+    )
 
 
-def _clear_node(work: Fleet, node: Node, jids: list[str], targeted: set[str],
-                clock: tuple[float, float | None]) -> list[_Step] | None:
+def _clear_node(
+    work: Fleet, node: Node, jids: list[str], targeted: set[str], clock: tuple[float, float | None]
+) -> list[_Step] | None:
     """Move ``jids`` off ``node`` (re-placed by rackwise on other nodes, never in a rack
     being cleared); applied to ``work``, or undone and None if one has nowhere to go."""
     restart_minutes, now = clock
@@ -537,11 +624,22 @@ def _clear_node(work: Fleet, node: Node, jids: list[str], targeted: set[str],
             new = plan.allocation(alloc.job)
             new.expected_end, new.started_at = alloc.expected_end, now
             work.allocate(new)
-            c = restart_cost_gpu_hours(alloc.job, alloc.gpus, restart_minutes, now=now,
-                                       started_at=alloc.started_at)
-            steps.append(_Step(Move(jid, list(alloc.nodes), dict(new.nodes), new.segments, c,
-                                    f"move off {node.label} to free GPUs there: {plan.reason}"),
-                               alloc))
+            c = restart_cost_gpu_hours(
+                alloc.job, alloc.gpus, restart_minutes, now=now, started_at=alloc.started_at
+            )
+            steps.append(
+                _Step(
+                    Move(
+                        jid,
+                        list(alloc.nodes),
+                        dict(new.nodes),
+                        new.segments,
+                        c,
+                        f"move off {node.label} to free GPUs there: {plan.reason}",
+                    ),
+                    alloc,
+                )
+            )
     finally:
         work.set_health(node.id, HEALTHY)
     return steps

@@ -58,10 +58,17 @@ class RackFragmentation:
     name: str = ""  # set by callers that know racks by name (the service)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rack": self.name or self.rack, "rack_id": self.rack, "free_gpus": self.free_gpus,
-                "idle_nodes": self.idle_nodes, "spare_nodes": self.spare_nodes,
-                "slice_nodes": self.slice_nodes, "share_nodes": self.share_nodes,
-                "fragmented_gpus": self.fragmented_gpus, "largest_job_gpus": self.largest_job_gpus}
+        return {
+            "rack": self.name or self.rack,
+            "rack_id": self.rack,
+            "free_gpus": self.free_gpus,
+            "idle_nodes": self.idle_nodes,
+            "spare_nodes": self.spare_nodes,
+            "slice_nodes": self.slice_nodes,
+            "share_nodes": self.share_nodes,
+            "fragmented_gpus": self.fragmented_gpus,
+            "largest_job_gpus": self.largest_job_gpus,
+        }
 
 
 @dataclass
@@ -82,12 +89,19 @@ class FragmentationReport:
     racks: list[RackFragmentation] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"free_gpus": self.free_gpus, "spare_gpus": self.spare_gpus,
-                "counted_gpus": self.counted_gpus, "fragmented_gpus": self.fragmented_gpus,
-                "fraction": round(self.fraction, 6), "largest_slice_nodes": self.largest_slice_nodes,
-                "largest_job_gpus": self.largest_job_gpus, "typical_job_gpus": self.typical_job_gpus,
-                "typical_segment_nodes": self.typical_segment_nodes, "typical_from": self.typical_from,
-                "racks": [r.to_dict() for r in self.racks]}
+        return {
+            "free_gpus": self.free_gpus,
+            "spare_gpus": self.spare_gpus,
+            "counted_gpus": self.counted_gpus,
+            "fragmented_gpus": self.fragmented_gpus,
+            "fraction": round(self.fraction, 6),
+            "largest_slice_nodes": self.largest_slice_nodes,
+            "largest_job_gpus": self.largest_job_gpus,
+            "typical_job_gpus": self.typical_job_gpus,
+            "typical_segment_nodes": self.typical_segment_nodes,
+            "typical_from": self.typical_from,
+            "racks": [r.to_dict() for r in self.racks],
+        }
 
 
 def typical_job(
@@ -101,11 +115,17 @@ def typical_job(
     one node of ``node_gpus`` GPUs, or ``num_nodes`` above 1."""
     gangs: list[tuple[float, JobRequest]] = []
     if isinstance(shapes, Mapping):
-        gangs = [(int(g) * float(w), JobRequest("typical", num_gpus=int(g)))
-                 for g, w in shapes.items() if int(g) > node_gpus and w > 0]
+        gangs = [
+            (int(g) * float(w), JobRequest("typical", num_gpus=int(g)))
+            for g, w in shapes.items()
+            if int(g) > node_gpus and w > 0
+        ]
     elif shapes:
-        gangs = [(float(j.total_gpus), j) for j in shapes
-                 if (j.num_nodes or 0) > 1 or (j.num_nodes is None and j.num_gpus > node_gpus)]
+        gangs = [
+            (float(j.total_gpus), j)
+            for j in shapes
+            if (j.num_nodes or 0) > 1 or (j.num_nodes is None and j.num_gpus > node_gpus)
+        ]
     gangs.sort(key=lambda wj: (wj[1].total_gpus, wj[1].segment_nodes or 0, wj[1].id))
     half = sum(w for w, _ in gangs) / 2
     seen = 0.0
@@ -153,8 +173,11 @@ def fragmentation(
         share = share_nodes(rack, job)
         stuck = partial.get(rack.id, 0)
         frag = stuck + (slice_nodes * g if slice_nodes < share else 0)
-        per.append(RackFragmentation(rack.id, idle * g + stuck, idle, idle - slice_nodes, slice_nodes,
-                                     share, frag, slice_nodes * g))
+        per.append(
+            RackFragmentation(
+                rack.id, idle * g + stuck, idle, idle - slice_nodes, slice_nodes, share, frag, slice_nodes * g
+            )
+        )
     free = sum(r.free_gpus for r in per)
     spare = sum(r.spare_nodes * fleet.rack_by_id[r.rack].gpus_per_node for r in per)
     counted = free - spare

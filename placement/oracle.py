@@ -78,9 +78,15 @@ class Answer:
     groups: list[GroupAnswer]
 
 
-def solve(fleet: Fleet, job: JobRequest, *, reserved: Iterable[str] = (),
-          reserved_until: float | None = None, exclude: Iterable[str] = (),
-          now: float | None = None) -> Answer:
+def solve(
+    fleet: Fleet,
+    job: JobRequest,
+    *,
+    reserved: Iterable[str] = (),
+    reserved_until: float | None = None,
+    exclude: Iterable[str] = (),
+    now: float | None = None,
+) -> Answer:
     """Every assignment of ``job`` that the rules allow (the same arguments as
     :func:`placement.place.place`)."""
     reserved_set = _reserved(job, reserved, reserved_until, now)
@@ -95,14 +101,20 @@ def solve(fleet: Fleet, job: JobRequest, *, reserved: Iterable[str] = (),
         if not racks:
             continue
         if _small(job, gpn):
-            ok = any(n.health == HEALTHY and n.gpus - len(held.get(n.id, ())) >= job.num_gpus
-                     and not (r.id in reserved_set and not held.get(n.id))
-                     for r in racks for n in r.nodes)
-            groups.append(GroupAnswer(gpn, 0, [], False, 1, assignments=int(ok),
-                                      fewest_racks=1 if ok else None))
+            ok = any(
+                n.health == HEALTHY
+                and n.gpus - len(held.get(n.id, ())) >= job.num_gpus
+                and not (r.id in reserved_set and not held.get(n.id))
+                for r in racks
+                for n in r.nodes
+            )
+            groups.append(
+                GroupAnswer(gpn, 0, [], False, 1, assignments=int(ok), fewest_racks=1 if ok else None)
+            )
         else:
-            g = _gang_group(job, gpn, racks, held, lent, reserved_set, now,
-                            largest=max(len(r.nodes) for r in shape))
+            g = _gang_group(
+                job, gpn, racks, held, lent, reserved_set, now, largest=max(len(r.nodes) for r in shape)
+            )
             if g is None:
                 continue
             groups.append(g)
@@ -113,9 +125,16 @@ def solve(fleet: Fleet, job: JobRequest, *, reserved: Iterable[str] = (),
     return Answer(feasible, best, groups)
 
 
-def check_plan(fleet: Fleet, job: JobRequest, plan: PlacementPlan, *,
-               reserved: Iterable[str] = (), reserved_until: float | None = None,
-               exclude: Iterable[str] = (), now: float | None = None) -> list[str]:
+def check_plan(
+    fleet: Fleet,
+    job: JobRequest,
+    plan: PlacementPlan,
+    *,
+    reserved: Iterable[str] = (),
+    reserved_until: float | None = None,
+    exclude: Iterable[str] = (),
+    now: float | None = None,
+) -> list[str]:
     """The rules a placed plan breaks (empty: it is one of the valid assignments)."""
     if not plan.placed:
         return ["not placed"]
@@ -139,8 +158,17 @@ def check_plan(fleet: Fleet, job: JobRequest, plan: PlacementPlan, *,
         return out
     shape = [r for r in fleet.racks if r.nodes and r.nodes[0].gpus == gpn]
     racks = [r for r in shape if r.id not in set(exclude)]
-    g = _gang_group(job, gpn, racks, held, lent, reserved_set, now, enumerate_all=False,
-                    largest=max(len(r.nodes) for r in shape))
+    g = _gang_group(
+        job,
+        gpn,
+        racks,
+        held,
+        lent,
+        reserved_set,
+        now,
+        enumerate_all=False,
+        largest=max(len(r.nodes) for r in shape),
+    )
     if g is None:
         return ["the job cannot use this shape"]
     room = {rr.rack.id: rr for rr in g.racks}
@@ -178,8 +206,10 @@ def largest_free(fleet: Fleet, job: JobRequest) -> tuple[int, str]:
         racks = [r for r in fleet.racks if r.nodes and r.nodes[0].gpus == gpn]
         if _small(job, gpn):
             unit = "GPUs"
-            best = max([best] + [n.gpus - len(held.get(n.id, ())) for r in racks for n in r.nodes
-                                 if n.health == HEALTHY])
+            best = max(
+                [best]
+                + [n.gpus - len(held.get(n.id, ())) for r in racks for n in r.nodes if n.health == HEALTHY]
+            )
             continue
         g = _gang_group(job, gpn, racks, held, lent, set(), None, enumerate_all=False)
         if g is None:
@@ -192,8 +222,9 @@ def largest_free(fleet: Fleet, job: JobRequest) -> tuple[int, str]:
     return best, unit
 
 
-def segments_room(fleet: Fleet, job: JobRequest, gpn: int, *, reserved: Iterable[str] = (),
-                  idle_only: bool = False) -> tuple[int, int]:
+def segments_room(
+    fleet: Fleet, job: JobRequest, gpn: int, *, reserved: Iterable[str] = (), idle_only: bool = False
+) -> tuple[int, int]:
     """(the most of the gang's segments the racks of this shape hold at once, how
     many segments it has), counting each rack's offer (``idle_only``: its idle
     nodes, spares included). By enumeration."""
@@ -223,10 +254,13 @@ def _nodes(job: JobRequest, gpn: int) -> int:
     return -(-job.num_gpus // gpn)
 
 
-def _reserved(job: JobRequest, reserved: Iterable[str], until: float | None,
-              now: float | None) -> set[str]:
-    if (until is not None and now is not None and job.expected_duration is not None
-            and now + job.expected_duration <= until):
+def _reserved(job: JobRequest, reserved: Iterable[str], until: float | None, now: float | None) -> set[str]:
+    if (
+        until is not None
+        and now is not None
+        and job.expected_duration is not None
+        and now + job.expected_duration <= until
+    ):
         return set()
     return set(reserved)
 
@@ -248,14 +282,25 @@ def _recount(fleet: Fleet) -> tuple[dict[str, set[int]], dict[str, int]]:
             jobs_on.setdefault(nid, []).append(alloc.job)
     lent: dict[str, int] = {}
     for rack in fleet.racks:
-        lent[rack.id] = sum(1 for n in rack.nodes if jobs_on.get(n.id) and all(
-            j.preemptible or _small(j, n.gpus) for j in jobs_on[n.id]))
+        lent[rack.id] = sum(
+            1
+            for n in rack.nodes
+            if jobs_on.get(n.id) and all(j.preemptible or _small(j, n.gpus) for j in jobs_on[n.id])
+        )
     return held, lent
 
 
-def _gang_group(job: JobRequest, gpn: int, racks: list[Rack], held: dict[str, set[int]],
-                lent: dict[str, int], reserved: set[str], now: float | None,
-                enumerate_all: bool = True, largest: int | None = None) -> GroupAnswer | None:
+def _gang_group(
+    job: JobRequest,
+    gpn: int,
+    racks: list[Rack],
+    held: dict[str, set[int]],
+    lent: dict[str, int],
+    reserved: set[str],
+    now: float | None,
+    enumerate_all: bool = True,
+    largest: int | None = None,
+) -> GroupAnswer | None:
     n = _nodes(job, gpn)
     if n == 0 or not racks:
         return None
@@ -309,8 +354,7 @@ def _splits(n: int, caps: list[int]) -> Iterator[tuple[int, ...]]:
             yield (x, *tail)
 
 
-def _piece_choices(pieces: list[int], caps: list[int], allow_out: bool
-                   ) -> Iterator[tuple[int | None, ...]]:
+def _piece_choices(pieces: list[int], caps: list[int], allow_out: bool) -> Iterator[tuple[int | None, ...]]:
     """Every way to put each piece in a rack (its index; None: left out, with
     ``allow_out``) within the racks' caps. Pieces of equal size are alike: they
     take racks in non-decreasing order, so each distribution is listed once."""
@@ -347,5 +391,13 @@ def all_assignments(fleet: Fleet, job: JobRequest, **kw: object) -> int:
     return sum(g.assignments for g in answer.groups)
 
 
-__all__ = ["Answer", "GroupAnswer", "RackRoom", "all_assignments", "check_plan", "largest_free",
-           "segments_room", "solve"]
+__all__ = [
+    "Answer",
+    "GroupAnswer",
+    "RackRoom",
+    "all_assignments",
+    "check_plan",
+    "largest_free",
+    "segments_room",
+    "solve",
+]

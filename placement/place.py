@@ -50,21 +50,38 @@ def place(
     fn = POLICIES.get(policy)
     if fn is None:
         raise ValueError(f"unknown policy {policy!r}; choose from {sorted(POLICIES)}")
-    if (reserved_until is not None and now is not None and job.expected_duration is not None
-            and now + job.expected_duration <= reserved_until):
+    if (
+        reserved_until is not None
+        and now is not None
+        and job.expected_duration is not None
+        and now + job.expected_duration <= reserved_until
+    ):
         reserved = ()  # it ends before the blocked job could start: backfill freely
     skip = frozenset(exclude)
-    if (skip and policy == "rackwise" and job.locality == REQUIRED
-            and not any(job.is_small(gpn) for gpn in fleet.groups)):
+    if (
+        skip
+        and policy == "rackwise"
+        and job.locality == REQUIRED
+        and not any(job.is_small(gpn) for gpn in fleet.groups)
+    ):
         # A rack-local gang takes idle nodes only: rackwise's choice over the racks
         # left is its choice over the whole fleet with the excluded racks' idle nodes
         # held back, which it reads from the indexes instead of scanning a filtered
         # list (the same plan: tests/placement/test_index.py).
-        taken = fleet.hold_back({rid: sorted(fleet.rack_by_id[rid].free) for rid in skip
-                                 if rid in fleet.rack_by_id})
+        taken = fleet.hold_back(
+            {rid: sorted(fleet.rack_by_id[rid].free) for rid in skip if rid in fleet.rack_by_id}
+        )
         try:
-            return place(fleet, job, policy, seed=seed, rng=rng, reserved=reserved,
-                         reserved_until=reserved_until, now=now)
+            return place(
+                fleet,
+                job,
+                policy,
+                seed=seed,
+                rng=rng,
+                reserved=reserved,
+                reserved_until=reserved_until,
+                now=now,
+            )
         finally:
             fleet.give_back(taken)
     ctx = Context(rng, frozenset(reserved), now, seed)
@@ -80,12 +97,10 @@ def place(
             continue
         plan = fn(fleet, job, racks, ctx)
         if not plan.placed:
-            reasons.append(plan.reason if len(fleet.groups) == 1 else f"{gpn}-GPU racks: "
-                           + plan.reason)
+            reasons.append(plan.reason if len(fleet.groups) == 1 else f"{gpn}-GPU racks: " + plan.reason)
             continue
         # Mixed fleets: prefer the shape that needs the fewest racks, then fewest nodes.
-        if best is None or (len(plan.racks), len(plan.nodes)) < (len(best.racks),
-                                                                 len(best.nodes)):
+        if best is None or (len(plan.racks), len(plan.nodes)) < (len(best.racks), len(best.nodes)):
             best = plan
     if best is None:
         return not_placed(job, policy, "; ".join(reasons) or "the fleet has no racks")
@@ -103,16 +118,17 @@ def can_ever_fit(fleet: Fleet, job: JobRequest) -> tuple[bool, str]:
         seg = segment_of(job.segment_nodes, n)
         if fewest_racks(fleet.group_sizes(gpn), n, seg) is not None:
             return True, f"fits in {gpn}-GPU racks"
-    return False, (f"needs {job.total_gpus} GPUs"
-                   f"{' in segments of ' + str(job.segment_nodes) if job.segment_nodes else ''}"
-                   "; more than the fleet can ever hold")
+    return False, (
+        f"needs {job.total_gpus} GPUs"
+        f"{' in segments of ' + str(job.segment_nodes) if job.segment_nodes else ''}"
+        "; more than the fleet can ever hold"
+    )
 
 
 def shape_key(job: JobRequest) -> tuple[object, ...]:
     """What a placement decision depends on besides the fleet: jobs with the same key
     fit or wait together (queue passes memoise refusals by it)."""
-    return (job.num_gpus, job.num_nodes, job.gpus_per_node, job.segment_nodes, job.locality,
-            job.preemptible)
+    return (job.num_gpus, job.num_nodes, job.gpus_per_node, job.segment_nodes, job.locality, job.preemptible)
 
 
 def queue_order(jobs: Iterable[JobRequest]) -> list[JobRequest]:
@@ -126,11 +142,12 @@ def lxf_order(jobs: Iterable[JobRequest], now: float) -> list[JobRequest]:
     bounded slowdown a job has so far, :func:`placement.queues.expansion_factor`),
     then :func:`queue_order`'s ties. A job without an expected duration counts as
     running ``UNKNOWN_RUN_S``; one without a submit time as not having waited."""
+
     def key(j: JobRequest) -> tuple[float, float, float, int]:
         waited = now - j.submit_time if j.submit_time is not None else 0.0
         run = j.expected_duration if j.expected_duration is not None else UNKNOWN_RUN_S
-        return (-j.priority, -expansion_factor(waited, run), j.submit_time or 0.0,
-                -j.total_gpus)
+        return (-j.priority, -expansion_factor(waited, run), j.submit_time or 0.0, -j.total_gpus)
+
     return sorted(jobs, key=key)
 
 
@@ -196,10 +213,17 @@ def _start(work: Fleet, job: JobRequest, plan: PlacementPlan, now: float | None)
     work.allocate(alloc)
 
 
-def _backfill_pass(work: Fleet, pending: list[JobRequest], now: float, reserve_after_s: float,
-                   out: SchedulePlan) -> None:
-    bf = Backfill(work, now, POLICIES["rackwise"], "rackwise", room=rack_room,
-                  max_reservations=RACKWISE_MAX_RESERVATIONS)
+def _backfill_pass(
+    work: Fleet, pending: list[JobRequest], now: float, reserve_after_s: float, out: SchedulePlan
+) -> None:
+    bf = Backfill(
+        work,
+        now,
+        POLICIES["rackwise"],
+        "rackwise",
+        room=rack_room,
+        max_reservations=RACKWISE_MAX_RESERVATIONS,
+    )
     failed: dict[tuple[object, ...], str] = {}
     for job in lxf_order(pending, now):
         run = job.expected_duration if job.expected_duration is not None else math.inf
@@ -217,13 +241,18 @@ def _backfill_pass(work: Fleet, pending: list[JobRequest], now: float, reserve_a
                 failed[key] = reason  # nothing held: no job of this shape can start
         waited = now - job.submit_time if job.submit_time is not None else 0.0
         gang = not any(job.is_small(g) for g in work.groups)
-        hold = (bf.reserve(job, run, job.submit_time or now, key)
-                if gang and waited >= reserve_after_s else None)
+        hold = (
+            bf.reserve(job, run, job.submit_time or now, key) if gang and waited >= reserve_after_s else None
+        )
         if hold is not None:
             if out.reservation is None:
                 racks = sorted({work.nodes[n].rack for n in hold.nodes})
-                out.reservation = {"job_id": job.id, "racks": racks, "start": hold.start,
-                                   "nodes": sorted(hold.nodes)}
+                out.reservation = {
+                    "job_id": job.id,
+                    "racks": racks,
+                    "start": hold.start,
+                    "nodes": sorted(hold.nodes),
+                }
             reason += f"; nodes are reserved for it, expected free in {hold.start - now:.0f} s"
         out.waiting[job.id] = reason
 
@@ -234,8 +263,9 @@ WHAT_IF_WINDOW_S = 7 * 24 * 3600.0
 WHAT_IF_AHEAD = 200
 
 
-def what_if(fleet: Fleet, pending: Iterable[JobRequest], job: JobRequest, now: float,
-            policy: str = DEFAULT_POLICY) -> WhatIf:
+def what_if(
+    fleet: Fleet, pending: Iterable[JobRequest], job: JobRequest, now: float, policy: str = DEFAULT_POLICY
+) -> WhatIf:
     """What would happen to ``job`` if it were submitted at ``now``; the fleet is not
     changed.
 
@@ -256,17 +286,22 @@ def what_if(fleet: Fleet, pending: Iterable[JobRequest], job: JobRequest, now: f
     reason = plan.waiting.get(job.id, "it waits")
     waiting = [j for j in [*pending, job] if j.id in plan.waiting]
     ordered = lxf_order(waiting, now) if policy == DEFAULT_POLICY else queue_order(waiting)
-    ahead = ordered[:ordered.index(job)]
-    bf = Backfill(work, now, POLICIES[policy], policy, window_s=WHAT_IF_WINDOW_S,
-                  max_reservations=WHAT_IF_AHEAD + 1,
-                  room={"rackwise": rack_room, "slurm-block": block_room}.get(policy))
+    ahead = ordered[: ordered.index(job)]
+    bf = Backfill(
+        work,
+        now,
+        POLICIES[policy],
+        policy,
+        window_s=WHAT_IF_WINDOW_S,
+        max_reservations=WHAT_IF_AHEAD + 1,
+        room={"rackwise": rack_room, "slurm-block": block_room}.get(policy),
+    )
     for other in ahead[-WHAT_IF_AHEAD:]:
         run = other.expected_duration if other.expected_duration is not None else math.inf
         bf.reserve(other, run, other.submit_time or now, shape_key(other))
     run = job.expected_duration if job.expected_duration is not None else math.inf
     hold = bf.reserve(job, run, now, shape_key(job))
-    return WhatIf(job.id, None, reason, hold.start if hold else None, largest, unit,
-                  len(ahead))
+    return WhatIf(job.id, None, reason, hold.start if hold else None, largest, unit, len(ahead))
 
 
 def largest_free(fleet: Fleet, job: JobRequest) -> tuple[int, str]:
@@ -279,13 +314,13 @@ def largest_free(fleet: Fleet, job: JobRequest) -> tuple[int, str]:
     for gpn, racks in fleet.groups.items():
         if job.is_small(gpn):
             unit = "GPUs"
-            best = max([best] + [n.free_gpus for r in racks for n in r.nodes
-                                 if n.health == HEALTHY])
+            best = max([best] + [n.free_gpus for r in racks for n in r.nodes if n.health == HEALTHY])
         elif job.nodes_needed(gpn):
             n = job.nodes_needed(gpn)
             seg = segment_of(job.segment_nodes, n)
-            offers = [r.free_count if may_borrow(r, n, job.preemptible, seg)
-                      else r.slice_offer() for r in racks]
+            offers = [
+                r.free_count if may_borrow(r, n, job.preemptible, seg) else r.slice_offer() for r in racks
+            ]
             if seg and seg < n:
                 best = max(best, sum(o // seg * seg for o in offers))
             else:
@@ -293,8 +328,7 @@ def largest_free(fleet: Fleet, job: JobRequest) -> tuple[int, str]:
     return best, unit
 
 
-def reservation(fleet: Fleet, job: JobRequest, now: float | None
-                ) -> tuple[frozenset[str], float | None]:
+def reservation(fleet: Fleet, job: JobRequest, now: float | None) -> tuple[frozenset[str], float | None]:
     """Racks to hold for a blocked gang, and when they are expected to hold it.
 
     1. Candidates: the racks with the most idle nodes (a short list, for speed).
@@ -319,8 +353,7 @@ def reservation(fleet: Fleet, job: JobRequest, now: float | None
         for rack in cands:
             borrow = may_borrow(rack, n, job.preemptible, share)
             need = share + (0 if borrow else rack.unlent_spares())
-            ready.append((_ready_at(fleet, rack.id, need, now), fleet.rack_pos[rack.id],
-                          rack.id))
+            ready.append((_ready_at(fleet, rack.id, need, now), fleet.rack_pos[rack.id], rack.id))
         ready.sort()
         chosen = ready[:k]
         until = max(t for t, _, _ in chosen)

@@ -49,6 +49,7 @@ BF_WINDOW_S = 1440 * 60.0
 BF_MIN_AGE_RESERVE_S = 0.0
 BF_MAX_RESERVATIONS = 16
 
+
 def expansion_factor(waited: float, run: float, tau: float = 600.0) -> float:
     """A pending job's bounded slowdown so far, ``max(1, (waited + run) / max(run,
     tau))``: rackwise's backfill visits the queue by this, largest first
@@ -83,8 +84,9 @@ class Hold:
         object.__setattr__(self, "nodes", frozenset(self.gpus))
 
 
-def decide(fleet: Fleet, job: JobRequest, fn: PolicyFn, racks_by_gpn: dict[int, list[Any]],
-           ctx: Context, name: str) -> PlacementPlan:
+def decide(
+    fleet: Fleet, job: JobRequest, fn: PolicyFn, racks_by_gpn: dict[int, list[Any]], ctx: Context, name: str
+) -> PlacementPlan:
     """``fn`` over each rack shape (as :func:`placement.place.place` does); the plan
     that needs the fewest racks wins."""
     best: PlacementPlan | None = None
@@ -95,8 +97,7 @@ def decide(fleet: Fleet, job: JobRequest, fn: PolicyFn, racks_by_gpn: dict[int, 
         plan = fn(fleet, job, racks, ctx)
         if not plan.placed:
             reasons.append(plan.reason)
-        elif best is None or (len(plan.racks), len(plan.nodes)) < (len(best.racks),
-                                                                   len(best.nodes)):
+        elif best is None or (len(plan.racks), len(plan.nodes)) < (len(best.racks), len(best.nodes)):
             best = plan
     return best or not_placed(job, name, "; ".join(reasons) or "no rack of a usable shape")
 
@@ -113,13 +114,21 @@ def _distinct(values: Iterable[float]) -> Iterator[float]:
 class Backfill:
     """One backfill cycle at ``now`` over ``fleet`` (see the module docstring)."""
 
-    def __init__(self, fleet: Fleet, now: float, fn: PolicyFn, name: str, *,
-                 window_s: float = BF_WINDOW_S,
-                 min_age_reserve_s: float = BF_MIN_AGE_RESERVE_S,
-                 max_reservations: int = BF_MAX_RESERVATIONS,
-                 room: RoomFn | None = None, ends: NodeEnds | None = None,
-                 kept: dict[str, Hold] | None = None,
-                 idle_room: IdleRoomFn | None = None) -> None:
+    def __init__(
+        self,
+        fleet: Fleet,
+        now: float,
+        fn: PolicyFn,
+        name: str,
+        *,
+        window_s: float = BF_WINDOW_S,
+        min_age_reserve_s: float = BF_MIN_AGE_RESERVE_S,
+        max_reservations: int = BF_MAX_RESERVATIONS,
+        room: RoomFn | None = None,
+        ends: NodeEnds | None = None,
+        kept: dict[str, Hold] | None = None,
+        idle_room: IdleRoomFn | None = None,
+    ) -> None:
         self.fleet = fleet
         # Job id -> the hold an earlier cycle made first, that this cycle's first
         # reservation may reuse (see _reuse); kept up to date here, if given.
@@ -194,10 +203,15 @@ class Backfill:
         if held:
             nodes = self.fleet.nodes
             touched = {nodes[nid].rack for nid in held}
-            groups = {gpn: [self._now_view(r, held, job.num_gpus if job.is_small(gpn)
-                                           else None)
-                            if r.id in touched else r for r in racks]
-                      for gpn, racks in groups.items()}
+            groups = {
+                gpn: [
+                    self._now_view(r, held, job.num_gpus if job.is_small(gpn) else None)
+                    if r.id in touched
+                    else r
+                    for r in racks
+                ]
+                for gpn, racks in groups.items()
+            }
         return decide(self.fleet, job, self.fn, groups, self.ctx, self.name)
 
     def _start_around(self, job: JobRequest, held: dict[str, int]) -> PlacementPlan:
@@ -225,10 +239,12 @@ class Backfill:
     def _now_view(rack: Rack, held: dict[str, int], small: int | None) -> HeldView:
         # A gang may not use a node with any reservation on it; a single-node job may
         # use the GPUs the reservations leave.
-        nodes = [n for n in rack.nodes if n.id not in held
-                 or (small is not None and n.free_gpus - held[n.id] >= small)]
-        return HeldView(rack, {n.index for n in nodes
-                            if n.index in rack.free and n.id not in held}, nodes)
+        nodes = [
+            n
+            for n in rack.nodes
+            if n.id not in held or (small is not None and n.free_gpus - held[n.id] >= small)
+        ]
+        return HeldView(rack, {n.index for n in nodes if n.index in rack.free and n.id not in held}, nodes)
 
     def started(self, job_id: str) -> None:
         """A job was allocated in this cycle: its nodes are busy until it ends."""
@@ -248,8 +264,7 @@ class Backfill:
         self._small_ready.clear()
         self._room_memo.clear()
         for rid in racks:
-            self._rack_ends[rid] = sorted(self._free_at[n.id]
-                                          for n in self.fleet.rack_by_id[rid].nodes)
+            self._rack_ends[rid] = sorted(self._free_at[n.id] for n in self.fleet.rack_by_id[rid].nodes)
         if self._shared is not None and self.fleet.changed is not None:
             # The shared node ends were refreshed when first read, and only this start
             # changed these nodes since: they hold what a refresh would recompute.
@@ -265,8 +280,9 @@ class Backfill:
             self._ends, self._rack_ends = ends.ends, ends.rack_ends
         return self._free_at
 
-    def reserve_later(self, job: JobRequest, duration: float, submit: float,
-                      key: tuple[object, ...] = ()) -> None:
+    def reserve_later(
+        self, job: JobRequest, duration: float, submit: float, key: tuple[object, ...] = ()
+    ) -> None:
         """:meth:`reserve`, made when something first reads the holds (step 5):
         :meth:`try_start` for a job that could start, :meth:`held_nodes`,
         :meth:`reserve`."""
@@ -288,14 +304,16 @@ class Backfill:
             self.now = self.ctx.now = now
         return self.holds[n:]
 
-    def reserve(self, job: JobRequest, duration: float, submit: float,
-                key: tuple[object, ...] = ()) -> Hold | None:
+    def reserve(
+        self, job: JobRequest, duration: float, submit: float, key: tuple[object, ...] = ()
+    ) -> Hold | None:
         """Reserve the earliest start of a job that cannot start now (step 3)."""
         self.flush()
         return self._reserve(job, duration, submit, key)
 
-    def _reserve(self, job: JobRequest, duration: float, submit: float,
-                 key: tuple[object, ...]) -> Hold | None:
+    def _reserve(
+        self, job: JobRequest, duration: float, submit: float, key: tuple[object, ...]
+    ) -> Hold | None:
         if len(self.holds) >= self.max_reservations:
             return None
         if self.now - submit < self.min_age_reserve_s:
@@ -312,19 +330,27 @@ class Backfill:
         if self._no_start.get(memo) == len(self.holds):
             return None
         free_at = self._ensure_free_at()
-        need = min((job.nodes_needed(g) for g in self.fleet.groups if job.nodes_needed(g)),
-                   default=0)
+        need = min((job.nodes_needed(g) for g in self.fleet.groups if job.nodes_needed(g)), default=0)
         horizon = self.now + self.window_s
         earliest = self.now
         prev = self._not_before.get(key) if key else None
         if prev is not None and duration >= prev[0]:
             earliest = math.nextafter(prev[1], -math.inf)  # prev[1] itself may do
-        tests = ([self.room(job, racks) for gpn, racks in self.fleet.groups.items()
-                  if not job.is_small(gpn) and job.nodes_needed(gpn)]
-                 if self.room is not None else [])
+        tests = (
+            [
+                self.room(job, racks)
+                for gpn, racks in self.fleet.groups.items()
+                if not job.is_small(gpn) and job.nodes_needed(gpn)
+            ]
+            if self.room is not None
+            else []
+        )
         blocks = [b for test in tests for b in getattr(test, "blocks", [([], 0, None)])]
-        one_rack = (min(-(-n // seg) * seg if seg else n for _, n, seg in blocks)
-                    if blocks and all(len(ids) == 1 for ids, _, _ in blocks) else None)
+        one_rack = (
+            min(-(-n // seg) * seg if seg else n for _, n, seg in blocks)
+            if blocks and all(len(ids) == 1 for ids, _, _ in blocks)
+            else None
+        )
         if one_rack is not None:
             # Every block one rack (the _first_room of each, inline): the first time
             # one of them has room, holds aside.
@@ -338,9 +364,12 @@ class Backfill:
             first = min((self._first_room(b) for b in blocks), default=self.now)
         ends = self._ends
         lo = max(bisect.bisect_right(ends, earliest), bisect.bisect_left(ends, first))
-        times = _distinct(heapq.merge(
-            (ends[i] for i in range(lo, bisect.bisect_right(ends, horizon))),
-            sorted({h.end for h in self.holds if earliest < h.end <= horizon})))
+        times = _distinct(
+            heapq.merge(
+                (ends[i] for i in range(lo, bisect.bisect_right(ends, horizon))),
+                sorted({h.end for h in self.holds if earliest < h.end <= horizon}),
+            )
+        )
         views_at: dict[tuple[str, int], LaterView] = {}  # see below
         for t in times:
             # Cheap bounds first: enough nodes idle by then (in one block of the job's
@@ -366,19 +395,25 @@ class Backfill:
             touched = {self.fleet.nodes[nid].rack for nid in held} if held else set()
             if one_rack is not None:
                 # Only a rack that holds the whole job by itself can take it.
-                groups = {gpn: views for gpn, racks in self.fleet.groups.items()
-                          if (views := [self._later_view(r, free_at, t, held, touched,
-                                                         avail[r.id], cache)
-                                        for r in racks if avail[r.id] >= one_rack])}
+                groups = {
+                    gpn: views
+                    for gpn, racks in self.fleet.groups.items()
+                    if (
+                        views := [
+                            self._later_view(r, free_at, t, held, touched, avail[r.id], cache)
+                            for r in racks
+                            if avail[r.id] >= one_rack
+                        ]
+                    )
+                }
             else:
-                groups = {gpn: [self._later_view(r, free_at, t, held, touched, avail[r.id],
-                                                 cache)
-                                for r in racks]
-                          for gpn, racks in self.fleet.groups.items()}
+                groups = {
+                    gpn: [self._later_view(r, free_at, t, held, touched, avail[r.id], cache) for r in racks]
+                    for gpn, racks in self.fleet.groups.items()
+                }
             plan = decide(self.fleet, job, self.fn, groups, self.ctx, self.name)
             if plan.placed:
-                hold = Hold(job.id, t, t + duration,
-                            {nid: len(g) for nid, g in plan.nodes.items()})
+                hold = Hold(job.id, t, t + duration, {nid: len(g) for nid, g in plan.nodes.items()})
                 if self.kept is not None and not self.holds:
                     self.kept[job.id] = hold
                 self.holds.append(hold)
@@ -404,8 +439,8 @@ class Backfill:
             for nid in kept.gpus:
                 node = nodes[nid]
                 if node.health != HEALTHY or any(
-                        (end := allocs[j].expected_end) is None or end > start
-                        for j in node.jobs):
+                    (end := allocs[j].expected_end) is None or end > start for j in node.jobs
+                ):
                     break
             else:
                 return kept
@@ -436,15 +471,21 @@ class Backfill:
         if unit == 1 and len(ids) == len(self._rack_ends):
             times = self._ends
         else:
-            times = sorted(t for r in ids for t in self._rack_ends[r][unit - 1::unit])
+            times = sorted(t for r in ids for t in self._rack_ends[r][unit - 1 :: unit])
         out = times[want - 1] if want <= len(times) else math.inf
         self._room_memo[(tuple(ids), n, seg)] = out
         return out
 
     @staticmethod
-    def _later_view(rack: Rack, free_at: dict[str, float], t: float, held: set[str],
-                    touched: set[str], count: int, cache: dict[tuple[str, int], LaterView]
-                    ) -> Rack | LaterView:
+    def _later_view(
+        rack: Rack,
+        free_at: dict[str, float],
+        t: float,
+        held: set[str],
+        touched: set[str],
+        count: int,
+        cache: dict[tuple[str, int], LaterView],
+    ) -> Rack | LaterView:
         """The rack at ``t`` (``count`` of its nodes free by then and not held), from
         ``cache`` by (rack, count) if it has it. A rack with no held node whose nodes
         free by then are just the idle ones (no running job ends by ``t``; most racks,
@@ -496,8 +537,7 @@ class Backfill:
                         self._pos[node.id] = i
         return self._pos
 
-    def _reserve_small(self, job: JobRequest, duration: float,
-                       key: tuple[object, ...]) -> Hold | None:
+    def _reserve_small(self, job: JobRequest, duration: float, key: tuple[object, ...]) -> Hold | None:
         """A single-node job's reservation: the node where its GPUs are free soonest
         for ``duration`` (lowest-numbered node on a tie, as the block plugin picks)."""
         self._ensure_free_at()
@@ -528,13 +568,17 @@ class Backfill:
             if at is None or node.health != HEALTHY or node.gpus < g:
                 continue
             jobs = jobs_on(self.fleet, node)
-            cands = sorted({earliest} | {e for e, _ in jobs if earliest < e <= horizon}
-                           | {e for _, e, _ in holds if earliest < e <= horizon})
+            cands = sorted(
+                {earliest}
+                | {e for e, _ in jobs if earliest < e <= horizon}
+                | {e for _, e, _ in holds if earliest < e <= horizon}
+            )
             for t in cands:
                 if best is not None and (t, at) >= best[:2]:
                     break
-                used = (sum(x for e, x in jobs if e > t)
-                        + sum(x for s0, e, x in holds if s0 < t + duration and e > t))
+                used = sum(x for e, x in jobs if e > t) + sum(
+                    x for s0, e, x in holds if s0 < t + duration and e > t
+                )
                 if node.gpus - used >= g:
                     best = (t, at, node)
                     break

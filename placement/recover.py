@@ -12,10 +12,14 @@ from placement.plans import RecoveryPlan
 DEFAULT_RESTART_MINUTES = 10.0
 
 
-def restart_cost_gpu_hours(job: JobRequest, gpus: int,
-                           restart_minutes: float = DEFAULT_RESTART_MINUTES, *,
-                           now: float | None = None,
-                           started_at: float | None = None) -> float:
+def restart_cost_gpu_hours(
+    job: JobRequest,
+    gpus: int,
+    restart_minutes: float = DEFAULT_RESTART_MINUTES,
+    *,
+    now: float | None = None,
+    started_at: float | None = None,
+) -> float:
     """GPU-hours lost by stopping a job now: the work since its last checkpoint plus
     the restart. Exact when ``now`` and the run's ``started_at`` are known; otherwise
     the expectation, half a checkpoint interval."""
@@ -69,8 +73,9 @@ def recover(
                 fleet.set_health(n, h)
 
 
-def _plan(fleet: Fleet, alloc: Allocation, hit: list[str], policy: str,
-          restart_minutes: float, now: float | None) -> RecoveryPlan:
+def _plan(
+    fleet: Fleet, alloc: Allocation, hit: list[str], policy: str, restart_minutes: float, now: float | None
+) -> RecoveryPlan:
     job = alloc.job
     gpn = fleet.nodes[hit[0]].gpus
     small = job.is_small(gpn)
@@ -78,8 +83,10 @@ def _plan(fleet: Fleet, alloc: Allocation, hit: list[str], policy: str,
     # 1. Same-rack swaps.
     swaps, short = _swaps(fleet, alloc, hit, small, frozenset())
     if not short:
-        why = (f"swap {len(swaps)} failed node(s) for idle node(s) in the same rack; "
-               f"{len(alloc.nodes) - len(hit)} other node(s) stay where they are")
+        why = (
+            f"swap {len(swaps)} failed node(s) for idle node(s) in the same rack; "
+            f"{len(alloc.nodes) - len(hit)} other node(s) stay where they are"
+        )
         steps = [f"replace {a} with {b} (same rack)" for a, b in swaps.items()]
         return RecoveryPlan(job.id, "swap", why, swaps, steps=steps)
     steps.append(f"no idle node in rack(s) {sorted(short)} to replace the failed node(s)")
@@ -93,8 +100,10 @@ def _plan(fleet: Fleet, alloc: Allocation, hit: list[str], policy: str,
             for a in released:
                 fleet.allocate(a, restore=True)
         if not still:
-            why = (f"preempt {', '.join(victims)} (preemptible, lower priority or borrowing "
-                   f"spares) to free node(s) in the same rack, then swap")
+            why = (
+                f"preempt {', '.join(victims)} (preemptible, lower priority or borrowing "
+                f"spares) to free node(s) in the same rack, then swap"
+            )
             steps += [f"preempt {v}" for v in victims]
             steps += [f"replace {a} with {b} (same rack)" for a, b in swaps.items()]
             return RecoveryPlan(job.id, "preempt_swap", why, swaps, victims, steps=steps)
@@ -111,16 +120,22 @@ def _plan(fleet: Fleet, alloc: Allocation, hit: list[str], policy: str,
     if plan.placed:
         why = f"move the whole job: {plan.reason}"
         steps.append(f"checkpoint-restart {job.id} on racks {', '.join(plan.racks)}")
-        return RecoveryPlan(job.id, "move", why, new_nodes=dict(plan.nodes),
-                            new_segments=plan.segments, steps=steps)
+        return RecoveryPlan(
+            job.id, "move", why, new_nodes=dict(plan.nodes), new_segments=plan.segments, steps=steps
+        )
     steps.append(f"cannot move: {plan.reason}")
     # 4. Requeue.
-    return RecoveryPlan(job.id, "requeue", "no spare, no preemptible victim and no room "
-                                           "elsewhere: requeue the job", steps=steps)
+    return RecoveryPlan(
+        job.id,
+        "requeue",
+        "no spare, no preemptible victim and no room elsewhere: requeue the job",
+        steps=steps,
+    )
 
 
-def _swaps(fleet: Fleet, alloc: Allocation, hit: list[str], small: bool,
-           avoid: frozenset[str]) -> tuple[dict[str, str], set[str]]:
+def _swaps(
+    fleet: Fleet, alloc: Allocation, hit: list[str], small: bool, avoid: frozenset[str]
+) -> tuple[dict[str, str], set[str]]:
     """Replacement node per failed node, same rack; and the racks that fall short."""
     swaps: dict[str, str] = {}
     short: set[str] = set()
@@ -131,8 +146,11 @@ def _swaps(fleet: Fleet, alloc: Allocation, hit: list[str], small: bool,
         pick = None
         if small:
             need = len(alloc.nodes[nid])
-            cands = [n for n in rack.nodes if n.id not in alloc.nodes and n.id not in taken
-                     and n.id not in avoid and n.free_gpus >= need]
+            cands = [
+                n
+                for n in rack.nodes
+                if n.id not in alloc.nodes and n.id not in taken and n.id not in avoid and n.free_gpus >= need
+            ]
             # Tightest fit keeps idle nodes whole.
             if cands:
                 pick = min(cands, key=lambda n: (n.free_gpus, n.index))
@@ -150,8 +168,15 @@ def _swaps(fleet: Fleet, alloc: Allocation, hit: list[str], small: bool,
     return swaps, short
 
 
-def _victims(fleet: Fleet, alloc: Allocation, hit: list[str], short: set[str], small: bool,
-             restart_minutes: float, now: float | None) -> list[str] | None:
+def _victims(
+    fleet: Fleet,
+    alloc: Allocation,
+    hit: list[str],
+    short: set[str],
+    small: bool,
+    restart_minutes: float,
+    now: float | None,
+) -> list[str] | None:
     job = alloc.job
     need = {r: 0 for r in short}
     for nid in hit:
@@ -173,8 +198,9 @@ def _victims(fleet: Fleet, alloc: Allocation, hit: list[str], short: set[str], s
                 # any preemptible job in its rack, not only lower-priority ones.
                 borrower = not small and not job.preemptible
                 if v.job.preemptible and (v.job.priority < job.priority or borrower):
-                    cands[vid] = restart_cost_gpu_hours(v.job, v.gpus, restart_minutes,
-                                                        now=now, started_at=v.started_at)
+                    cands[vid] = restart_cost_gpu_hours(
+                        v.job, v.gpus, restart_minutes, now=now, started_at=v.started_at
+                    )
         # Cheapest first, until enough nodes of this rack would be idle.
         freed: list[Allocation] = []
         try:

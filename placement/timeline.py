@@ -14,8 +14,10 @@ from placement.model import HEALTHY, Fleet, Node, Rack
 def jobs_on(fleet: Fleet, node: Node) -> list[tuple[float, int]]:
     """(expected end, GPUs held) of each job running on ``node`` (None: never ends)."""
     allocs = fleet.allocations
-    return [(math.inf if (end := allocs[j].expected_end) is None else end,
-             len(allocs[j].nodes[node.id])) for j in node.jobs]
+    return [
+        (math.inf if (end := allocs[j].expected_end) is None else end, len(allocs[j].nodes[node.id]))
+        for j in node.jobs
+    ]
 
 
 def replace_sorted(ends: list[float], old: float, new: float) -> None:
@@ -38,8 +40,7 @@ class NodeEnds:
         for nid in fleet.nodes:
             self._compute(nid)
         self.ends = sorted(self.free_at.values())
-        self.rack_ends = {r.id: sorted(self.free_at[n.id] for n in r.nodes)
-                          for r in fleet.racks}
+        self.rack_ends = {r.id: sorted(self.free_at[n.id] for n in r.nodes) for r in fleet.racks}
         if track:
             fleet.changed = set()
 
@@ -111,8 +112,7 @@ class LaterView(_RackView):
 
     __slots__ = ("_free", "_free_at", "_held", "_nodes", "_rack", "_t", "free_count")
 
-    def __init__(self, rack: Rack, count: int, free_at: dict[str, float], t: float,
-                 held: set[str]) -> None:
+    def __init__(self, rack: Rack, count: int, free_at: dict[str, float], t: float, held: set[str]) -> None:
         super().__init__(rack)
         self.free_count = count
         self._rack, self._free_at, self._t, self._held = rack, free_at, t, held
@@ -122,8 +122,9 @@ class LaterView(_RackView):
     @property
     def nodes(self) -> list[Node]:
         if self._nodes is None:
-            self._nodes = [n for n in self._rack.nodes
-                           if self._free_at[n.id] <= self._t and n.id not in self._held]
+            self._nodes = [
+                n for n in self._rack.nodes if self._free_at[n.id] <= self._t and n.id not in self._held
+            ]
         return self._nodes
 
     @property

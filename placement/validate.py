@@ -51,7 +51,6 @@ def validate(
     policies, which cannot know them).
     """
     if isinstance(allocations, PlacementPlan):
-
         if not isinstance(job, JobRequest):
             raise TypeError("validating a PlacementPlan needs job=JobRequest")
         allocs: dict[str, Allocation] = dict(fleet.allocations)
@@ -59,8 +58,7 @@ def validate(
             allocs[job.id] = allocations.allocation(job)
         out = _check(fleet, allocs, topology)
     else:
-        out = _check(fleet, fleet.allocations if allocations is None else allocations,
-                     topology)
+        out = _check(fleet, fleet.allocations if allocations is None else allocations, topology)
     if out and raise_on_error:
         raise InvariantError(out)
     return out
@@ -74,11 +72,16 @@ def validate_indexes(fleet: Fleet) -> list[Violation]:
     for rack in fleet.racks:
         idle = {n.index for n in rack.nodes if n.health == "healthy" and not n.jobs}
         if rack.free != idle:
-            out.append(Violation("-", "index", f"{rack.id}: idle set {sorted(rack.free)} "
-                                               f"!= {sorted(idle)}"))
-        lent = sum(1 for n in rack.nodes if n.jobs and all(
-            fleet.allocations[j].job.preemptible
-            or fleet.allocations[j].job.is_small(n.gpus) for j in n.jobs))
+            out.append(Violation("-", "index", f"{rack.id}: idle set {sorted(rack.free)} != {sorted(idle)}"))
+        lent = sum(
+            1
+            for n in rack.nodes
+            if n.jobs
+            and all(
+                fleet.allocations[j].job.preemptible or fleet.allocations[j].job.is_small(n.gpus)
+                for j in n.jobs
+            )
+        )
         if rack.lent_nodes != lent:
             out.append(Violation("-", "index", f"{rack.id}: lent {rack.lent_nodes} != {lent}"))
     idle_total = sum(len(r.free) for r in fleet.racks)
@@ -101,8 +104,7 @@ def validate_indexes(fleet: Fleet) -> list[Violation]:
         want = free if node.health == "healthy" and node.used and free else 0
         listed = [f for f, ids in fleet.partial.items() if node.id in ids]
         if listed != ([want] if want else []):
-            out.append(Violation("-", "index", f"{node.id}: partial index {listed}, "
-                                               f"expected {want}"))
+            out.append(Violation("-", "index", f"{node.id}: partial index {listed}, expected {want}"))
     return out
 
 
@@ -117,8 +119,7 @@ def validate_recovery(fleet: Fleet, plan: RecoveryPlan) -> list[Violation]:
         return _check(fleet, {plan.job_id: alloc} if alloc is not None else {})
 
 
-def _check(fleet: Fleet, allocations: Mapping[str, Allocation],
-           topology: bool = True) -> list[Violation]:
+def _check(fleet: Fleet, allocations: Mapping[str, Allocation], topology: bool = True) -> list[Violation]:
     out: list[Violation] = []
     held: dict[tuple[str, int], str] = {}
     for jid, alloc in allocations.items():
@@ -140,8 +141,7 @@ def _check(fleet: Fleet, allocations: Mapping[str, Allocation],
                     out.append(Violation(jid, "bad-gpu", f"GPU {g} on {nid}"))
                 other = held.get((nid, g))
                 if other is not None:
-                    out.append(Violation(jid, "double-gpu", f"GPU {nid}/{g} also held by "
-                                                            f"{other}"))
+                    out.append(Violation(jid, "double-gpu", f"GPU {nid}/{g} also held by {other}"))
                 held[(nid, g)] = jid
         known = [fleet.nodes[n] for n in alloc.nodes if n in fleet.nodes]
         if not known:
@@ -149,9 +149,13 @@ def _check(fleet: Fleet, allocations: Mapping[str, Allocation],
         gpn = known[0].gpus
         if job.is_small(gpn):
             if len(alloc.nodes) != 1 or alloc.gpus != job.num_gpus:
-                out.append(Violation(jid, "small-job", f"{job.num_gpus} GPUs wanted, got "
-                                                       f"{alloc.gpus} on {len(alloc.nodes)} "
-                                                       "nodes"))
+                out.append(
+                    Violation(
+                        jid,
+                        "small-job",
+                        f"{job.num_gpus} GPUs wanted, got {alloc.gpus} on {len(alloc.nodes)} nodes",
+                    )
+                )
             continue
         need = job.nodes_needed(gpn)
         if len(alloc.nodes) != need:
@@ -168,17 +172,22 @@ def _check(fleet: Fleet, allocations: Mapping[str, Allocation],
         for seg in segs:
             racks = {fleet.nodes[n].rack for n in seg if n in fleet.nodes}
             if len(racks) > 1:
-                out.append(Violation(jid, "segment-span", f"segment spans racks "
-                                                          f"{sorted(racks)}"))
+                out.append(Violation(jid, "segment-span", f"segment spans racks {sorted(racks)}"))
             if job.segment_nodes and len(seg) > job.segment_nodes:
-                out.append(Violation(jid, "segment-size", f"segment of {len(seg)} nodes > "
-                                                          f"{job.segment_nodes}"))
+                out.append(
+                    Violation(jid, "segment-size", f"segment of {len(seg)} nodes > {job.segment_nodes}")
+                )
         if job.locality == REQUIRED and not (job.segment_nodes and job.segment_nodes < need):
             # (A job in segments asked for each segment inside one rack, checked above,
             # as Slurm's --segment: its segments may take several racks.)
             racks_used = {n.rack for n in known}
             size = max(fleet.rack_by_id[r].size for r in racks_used)
             if len(racks_used) > min_racks(need, size, job.segment_nodes):
-                out.append(Violation(jid, "locality", f"required locality: {len(racks_used)} "
-                                                      "racks used, fewer would hold it"))
+                out.append(
+                    Violation(
+                        jid,
+                        "locality",
+                        f"required locality: {len(racks_used)} racks used, fewer would hold it",
+                    )
+                )
     return out

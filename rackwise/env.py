@@ -99,8 +99,7 @@ def env_url(name: str, default: str, *, schemes: tuple[str, ...]) -> str:
     scheme = value.split("://", 1)[0] if "://" in value else ""
     if scheme not in schemes:
         raise ImproperlyConfigured(
-            f"{name}={value!r} must be a URL starting with one of: "
-            + ", ".join(f"{s}://" for s in schemes)
+            f"{name}={value!r} must be a URL starting with one of: " + ", ".join(f"{s}://" for s in schemes)
         )
     return value.strip()
 

@@ -152,7 +152,11 @@ CHANNEL_LAYERS = {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
         "CONFIG": {
             "hosts": [
-                {"address": REDIS_URL, "socket_timeout": CHANNEL_LAYER_READ_TIMEOUT_S, "socket_connect_timeout": 5}
+                {
+                    "address": REDIS_URL,
+                    "socket_timeout": CHANNEL_LAYER_READ_TIMEOUT_S,
+                    "socket_connect_timeout": 5,
+                }
             ],
             # A live-feed socket renews its groups with every ping (25 s): one that
             # vanished without a disconnect leaves them within 5 minutes (the
@@ -170,7 +174,12 @@ CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 # Publishing gives up quickly when the broker is down: the rows are committed and
 # the reconcile pass re-enqueues what they say is pending.
-CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
+CELERY_TASK_PUBLISH_RETRY_POLICY = {
+    "max_retries": 2,
+    "interval_start": 0,
+    "interval_step": 0.2,
+    "interval_max": 0.5,
+}
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TASK_ACKS_LATE = True
@@ -235,11 +244,16 @@ RACKWISE_HEARTBEAT_FAILED_S = env_int("RACKWISE_HEARTBEAT_FAILED_S", 180, minimu
 # XID codes that fail a node (NVIDIA's XID catalog: uncorrectable ECC, fell off the
 # bus, NVLink and GSP faults...).
 RACKWISE_FATAL_XIDS = [
-    int(x) for x in env_list("RACKWISE_FATAL_XIDS", ["48", "62", "64", "74", "79", "92", "94", "95", "119", "120", "140"])
+    int(x)
+    for x in env_list(
+        "RACKWISE_FATAL_XIDS", ["48", "62", "64", "74", "79", "92", "94", "95", "119", "120", "140"]
+    )
 ]
 # Defragmentation: scheduled hourly (editable in the admin), and sooner when the
 # fleet's fragmentation or a required job's wait passes these thresholds.
-RACKWISE_DEFRAG_FRAGMENTATION_THRESHOLD = env_float("RACKWISE_DEFRAG_FRAGMENTATION_THRESHOLD", 0.5, minimum=0.0)
+RACKWISE_DEFRAG_FRAGMENTATION_THRESHOLD = env_float(
+    "RACKWISE_DEFRAG_FRAGMENTATION_THRESHOLD", 0.5, minimum=0.0
+)
 RACKWISE_DEFRAG_WAIT_THRESHOLD_S = env_int("RACKWISE_DEFRAG_WAIT_THRESHOLD_S", 1800, minimum=1)
 RACKWISE_DEFRAG_BUDGET_GPU_HOURS = env_float("RACKWISE_DEFRAG_BUDGET_GPU_HOURS", 200.0, minimum=0.0)
 RACKWISE_DEFRAG_MAX_MOVES = env_int("RACKWISE_DEFRAG_MAX_MOVES", 8, minimum=1)
@@ -337,7 +351,9 @@ RACKWISE_API_MAX_OFFSET = env_int("RACKWISE_API_MAX_OFFSET", 10_000_000, minimum
 RACKWISE_API_MAX_JSON_DEPTH = env_int("RACKWISE_API_MAX_JSON_DEPTH", 64, minimum=2)
 # Defrag requests: the most moves and GPU-hours one plan may be given.
 RACKWISE_DEFRAG_MAX_MOVES_LIMIT = env_int("RACKWISE_DEFRAG_MAX_MOVES_LIMIT", 1000, minimum=1)
-RACKWISE_DEFRAG_MAX_BUDGET_GPU_HOURS = env_float("RACKWISE_DEFRAG_MAX_BUDGET_GPU_HOURS", 1_000_000.0, minimum=0.001)
+RACKWISE_DEFRAG_MAX_BUDGET_GPU_HOURS = env_float(
+    "RACKWISE_DEFRAG_MAX_BUDGET_GPU_HOURS", 1_000_000.0, minimum=0.001
+)
 
 # --- Rackwise hardening ----------------------------------------------------------------
 # Django's cache (login-failure counters, API throttles) lives in the same Redis.

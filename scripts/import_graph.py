@@ -37,7 +37,12 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     # Services that decide, carry out, take in and read, through the owners.
     (
         "services",
-        ("fleet.services.decisions", "fleet.services.execution", "fleet.services.intake", "fleet.services.read"),
+        (
+            "fleet.services.decisions",
+            "fleet.services.execution",
+            "fleet.services.intake",
+            "fleet.services.read",
+        ),
     ),
     # Entry points: what the web server, workers and commands load.
     (
@@ -128,7 +133,8 @@ def imports(known: dict[str, Path]) -> dict[str, set[str]]:
                 # ``from package import module`` imports the module (the
                 # package's __init__ runs too, but names nothing of it).
                 names = [
-                    f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names
+                    f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base
+                    for alias in node.names
                 ]
             for name in names:
                 target = resolve(name)

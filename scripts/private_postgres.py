@@ -64,8 +64,14 @@ def _grant(data: Path, user: str) -> None:
 
 
 def _run(args: list[str], user: str | None) -> None:
-    subprocess.run([str(POSTGRES_BIN_PATH / args[0]), *args[1:]], check=True, user=user,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    subprocess.run(
+        [str(POSTGRES_BIN_PATH / args[0]), *args[1:]],
+        check=True,
+        user=user,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def running_port(data: Path) -> int | None:
@@ -102,13 +108,29 @@ def start(data: Path) -> int:
     if not (data / "PG_VERSION").exists():
         _run(["initdb", "-D", str(data), "--auth=trust", "--encoding=UTF8", "-U", "postgres"], user)
     port = _free_port()
-    options = (f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories='' "
-               # The whole stack (web, three workers, beat, each with a pool) and the
-               # test suite's databases fit well within this.
-               "-c max_connections=300 -c synchronous_commit=off")
+    options = (
+        f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories='' "
+        # The whole stack (web, three workers, beat, each with a pool) and the
+        # test suite's databases fit well within this.
+        "-c max_connections=300 -c synchronous_commit=off"
+    )
     try:
-        _run(["pg_ctl", "-D", str(data), "-w", "-t", "60", "-l", str(data / "server.log"),
-              "-o", options, "start"], user)
+        _run(
+            [
+                "pg_ctl",
+                "-D",
+                str(data),
+                "-w",
+                "-t",
+                "60",
+                "-l",
+                str(data / "server.log"),
+                "-o",
+                options,
+                "start",
+            ],
+            user,
+        )
     except subprocess.CalledProcessError as exc:
         log = (data / "server.log").read_text()[-2000:] if (data / "server.log").exists() else ""
         sys.exit(f"error: the private PostgreSQL in {data} did not start: {exc.stderr.strip()}\n{log}")

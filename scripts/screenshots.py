@@ -27,11 +27,30 @@ import stack
 
 ROOT = Path(__file__).resolve().parents[1]
 DB = "rackwise_screenshots"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
 SHAPES = [  # (nodes, gpus per node) or (0, gpus): a mix like the real traces', big gangs included
-    (16, 4), (12, 4), (8, 4), (8, 4), (4, 4), (4, 4), (4, 4), (2, 4), (2, 4), (2, 4),
-    (0, 4), (0, 4), (0, 2), (0, 1), (0, 1),
+    (16, 4),
+    (12, 4),
+    (8, 4),
+    (8, 4),
+    (4, 4),
+    (4, 4),
+    (4, 4),
+    (2, 4),
+    (2, 4),
+    (2, 4),
+    (0, 4),
+    (0, 4),
+    (0, 2),
+    (0, 1),
+    (0, 1),
 ]
 
 
@@ -72,7 +91,9 @@ def populate(racks: int, rng: random.Random):
     for i in range(racks):
         site = "dc-east" if i < racks // 2 else "dc-west"
         row = "ABC"[(i % half) * 3 // half]
-        create_rack(None, name=f"{site[3]}{row}{i % 4 + 1:02d}-{i:02d}", site=site, row=row, position=i % 4 + 1)
+        create_rack(
+            None, name=f"{site[3]}{row}{i % 4 + 1:02d}-{i:02d}", site=site, row=row, position=i % 4 + 1
+        )
     operator = ensure_user(None, "operator", role="operator", tenants=["llm", "vision"])[0]
     submitter = ensure_user(None, "engineer", role="submitter", tenants=["llm", "vision"])[0]
     adapter = SimulatedAdapter(step_seconds=0, failure_rate=0, time_scale=1)
@@ -80,7 +101,11 @@ def populate(racks: int, rng: random.Random):
     def run_passes() -> None:
         for _ in range(20):
             schedule_pass()
-            ready = list(Action.objects.filter(state__in=[ActionState.APPROVED, ActionState.EXECUTING]).values_list("pk", flat=True))
+            ready = list(
+                Action.objects.filter(state__in=[ActionState.APPROVED, ActionState.EXECUTING]).values_list(
+                    "pk", flat=True
+                )
+            )
             if not ready:
                 return
             for pk in ready:
@@ -94,8 +119,11 @@ def populate(racks: int, rng: random.Random):
         spec = job_services.JobSpec(
             name=f"{rng.choice(['llama', 'mixtral', 'vit', 'dit', 'rlhf', 'embed'])}-{rng.randrange(1000)}",
             tenant=rng.choice(["llm", "llm", "vision"]),
-            num_nodes=nodes or None, gpus_per_node=gpus if nodes else None, num_gpus=None if nodes else gpus,
-            preemptible=rng.random() < 0.7, expected_duration_s=rng.randrange(3600, 48 * 3600),
+            num_nodes=nodes or None,
+            gpus_per_node=gpus if nodes else None,
+            num_gpus=None if nodes else gpus,
+            preemptible=rng.random() < 0.7,
+            expected_duration_s=rng.randrange(3600, 48 * 3600),
         )
         job_services.submit_job(submitter, spec)
         submitted += max(1, nodes)
@@ -111,7 +139,8 @@ def populate(racks: int, rng: random.Random):
     # Big gangs arrive that no rack has room for; nodes fail, drain, go to repair.
     for name in ("llama-405b", "mixtral-8x22b", "dit-xl-video", "llama-70b-long"):
         job_services.submit_job(
-            submitter, job_services.JobSpec(name=name, tenant="llm", num_nodes=16, gpus_per_node=4, locality="required")
+            submitter,
+            job_services.JobSpec(name=name, tenant="llm", num_nodes=16, gpus_per_node=4, locality="required"),
         )
     nodes = list(Node.objects.order_by("?")[:5])
     node_services.mark_node_failed(operator, nodes[0].pk, reason="XID 79: GPU fell off the bus")
@@ -157,7 +186,11 @@ def main() -> None:
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
         [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "rackwise.asgi:application"],
-        cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        cwd=ROOT,
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     try:
         stack.wait_for_port(port)
@@ -166,7 +199,9 @@ def main() -> None:
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
 
-            def shoot(name: str, path: str, who: str, viewport=(1600, 1000), full_page=True, then=None) -> None:
+            def shoot(
+                name: str, path: str, who: str, viewport=(1600, 1000), full_page=True, then=None
+            ) -> None:
                 page = browser.new_page(viewport={"width": viewport[0], "height": viewport[1]})
                 page.context.add_cookies([{"name": "sessionid", "value": sessions[who], "url": url}])
                 page.goto(url + path)
@@ -190,7 +225,9 @@ def main() -> None:
                 page.locator("[name=gpus_per_node]").fill("4")
                 page.locator("[name=expected_duration_s]").fill("28800")
                 page.locator("[data-testid=what-if-check]").click()
-                page.wait_for_function("document.querySelector('[data-testid=what-if]').dataset.state === 'answered'")
+                page.wait_for_function(
+                    "document.querySelector('[data-testid=what-if]').dataset.state === 'answered'"
+                )
 
             shoot("fleet", "/", "operator", then=paint_all)
             shoot("rack", f"/racks/{rack.pk}/", "operator")

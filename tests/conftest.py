@@ -55,8 +55,7 @@ def fast_password_hashing(settings):
 def fleet(db):
     """Two NVL72 racks (18 nodes x 4 GPUs each, 144 GPUs)."""
     return [
-        create_rack(None, name=f"r{i}", kind=RackKind.NVL72, site="dc", row="A", position=i)
-        for i in (1, 2)
+        create_rack(None, name=f"r{i}", kind=RackKind.NVL72, site="dc", row="A", position=i) for i in (1, 2)
     ]
 
 
@@ -143,12 +142,21 @@ def fragmented(fleet, submitter, operator):
     def run(rack, name, preemptible):
         job = submit_job(
             submitter,
-            JobSpec(name=name, num_nodes=4, gpus_per_node=4, tenant="llm", preemptible=preemptible, expected_duration_s=10**6),
+            JobSpec(
+                name=name,
+                num_nodes=4,
+                gpus_per_node=4,
+                tenant="llm",
+                preemptible=preemptible,
+                expected_duration_s=10**6,
+            ),
         )
         nodes = Node.objects.filter(rack=rack).order_by("slot")[:4]
         apply_placement(None, job.pk, {n.pk: [0, 1, 2, 3] for n in nodes}, reason="test setup")
         return start_job(None, job.pk)
 
     a, b = run(r1, "a", True), run(r2, "b", False)
-    c = submit_job(submitter, JobSpec(name="c", num_nodes=16, gpus_per_node=4, tenant="llm", expected_duration_s=10**6))
+    c = submit_job(
+        submitter, JobSpec(name="c", num_nodes=16, gpus_per_node=4, tenant="llm", expected_duration_s=10**6)
+    )
     return a, b, c

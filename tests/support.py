@@ -47,7 +47,9 @@ def nodes_of(job_id: int) -> set[int]:
     from fleet.models import Allocation
 
     return set(
-        Allocation.objects.filter(job_id=job_id, released_at__isnull=True).values_list("gpu__node_id", flat=True)
+        Allocation.objects.filter(job_id=job_id, released_at__isnull=True).values_list(
+            "gpu__node_id", flat=True
+        )
     )
 
 
@@ -78,13 +80,20 @@ def flush_broker() -> None:
 class Worker:
     """A real ``celery worker`` process (prefork pool) on the test database."""
 
-    def __init__(self, env: dict[str, str] | None = None, concurrency: int = 2, queues: str = "celery,scheduler,control") -> None:
+    def __init__(
+        self,
+        env: dict[str, str] | None = None,
+        concurrency: int = 2,
+        queues: str = "celery,scheduler,control",
+    ) -> None:
         db = connection.settings_dict
         url = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
         self.name = f"test-{uuid.uuid4().hex[:8]}"
         self.log_path = ROOT / "var" / f"{self.name}.log"
         self.log_path.parent.mkdir(exist_ok=True)
-        self.env = os.environ | {"DATABASE_URL": url, "REDIS_URL": settings.REDIS_URL} | FAST_CLUSTER | (env or {})
+        self.env = (
+            os.environ | {"DATABASE_URL": url, "REDIS_URL": settings.REDIS_URL} | FAST_CLUSTER | (env or {})
+        )
         self.concurrency = concurrency
         # "celery" is the default queue; scheduling passes go to "scheduler",
         # event webhooks to "webhooks".
@@ -94,12 +103,36 @@ class Worker:
     def start(self) -> Worker:
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "rackwise", "worker", "-n", f"{self.name}@%h",
-             "--concurrency", str(self.concurrency), "-Q", self.queues, "-l", "info",
-             "--without-gossip", "--without-mingle", "--without-heartbeat"],
-            cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "rackwise",
+                "worker",
+                "-n",
+                f"{self.name}@%h",
+                "--concurrency",
+                str(self.concurrency),
+                "-Q",
+                self.queues,
+                "-l",
+                "info",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+            ],
+            cwd=ROOT,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
-        wait_for(lambda: b"ready." in self.log_path.read_bytes() or self.proc.poll() is not None, 60, "worker start")
+        wait_for(
+            lambda: b"ready." in self.log_path.read_bytes() or self.proc.poll() is not None,
+            60,
+            "worker start",
+        )
         if self.proc.poll() is not None:
             raise AssertionError(f"worker exited: {self.log_path.read_text()[-3000:]}")
         return self
@@ -145,8 +178,25 @@ def restart_redis() -> None:
         pass  # shutting down drops the connection
     pidfile = ROOT / "var" / f"redis-{port}.pid"
     subprocess.run(
-        [server, "--daemonize", "yes", "--bind", "127.0.0.1", "--port", port, "--save", "", "--appendonly", "no",
-         "--dir", str(ROOT / "var"), "--pidfile", str(pidfile), "--logfile", str(ROOT / "var" / f"redis-{port}.log")],
+        [
+            server,
+            "--daemonize",
+            "yes",
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            port,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(ROOT / "var"),
+            "--pidfile",
+            str(pidfile),
+            "--logfile",
+            str(ROOT / "var" / f"redis-{port}.log"),
+        ],
         check=True,
     )
     wait_for(lambda: _pings(int(port)), 10, "redis restart")

@@ -33,14 +33,24 @@ def actions(fleet, submitter, other_submitter, operator):
     node = Node.objects.order_by("id").first()
 
     def allocate(job, host: str, why: str) -> dict:
-        return {"op": "allocate", "job": job.pk, "nodes": {str(node.pk): [0]}, "hostnames": [host], "reason": why}
+        return {
+            "op": "allocate",
+            "job": job.pk,
+            "nodes": {str(node.pk): [0]},
+            "hostnames": [host],
+            "reason": why,
+        }
 
     own = action_services.propose(
-        kind=ActionKind.MIGRATION, title=f"move job #{llm.pk} llm-secret", jobs=[llm.pk],
+        kind=ActionKind.MIGRATION,
+        title=f"move job #{llm.pk} llm-secret",
+        jobs=[llm.pk],
         steps=[allocate(llm, "host-of-llm", "why-llm"), {"op": "start", "job": llm.pk}],
     )
     foreign = action_services.propose(
-        kind=ActionKind.MIGRATION, title=f"move job #{vision.pk} vision-secret", jobs=[vision.pk],
+        kind=ActionKind.MIGRATION,
+        title=f"move job #{vision.pk} vision-secret",
+        jobs=[vision.pk],
         steps=[allocate(vision, "host-of-vision", "why-vision")],
     )
     mixed = action_services.propose(
@@ -60,15 +70,36 @@ def actions(fleet, submitter, other_submitter, operator):
         error="step 1 failed on host-of-vision (vision-secret)",
         decision_note="vision-secret must wait",
         log=[
-            {"at": "2025-01-01T00:00:00", "step": 1, "op": "allocate", "status": "failed", "message": "allocate on host-of-vision"},
-            {"at": "2025-01-01T00:00:01", "step": 2, "op": "allocate", "status": "done", "message": "allocate on host-of-llm"},
+            {
+                "at": "2025-01-01T00:00:00",
+                "step": 1,
+                "op": "allocate",
+                "status": "failed",
+                "message": "allocate on host-of-vision",
+            },
+            {
+                "at": "2025-01-01T00:00:01",
+                "step": 2,
+                "op": "allocate",
+                "status": "done",
+                "message": "allocate on host-of-llm",
+            },
         ],
     )
     drain = action_services.propose(
-        kind=ActionKind.DRAIN, title=f"drain {node.hostname}: xid 79", jobs=[],
+        kind=ActionKind.DRAIN,
+        title=f"drain {node.hostname}: xid 79",
+        jobs=[],
         steps=[{"op": "drain", "node": node.pk, "hostname": node.hostname}],
     )
-    return {"own": own.pk, "foreign": foreign.pk, "mixed": mixed.pk, "drain": drain.pk, "llm": llm.pk, "vision": vision.pk}
+    return {
+        "own": own.pk,
+        "foreign": foreign.pk,
+        "mixed": mixed.pk,
+        "drain": drain.pk,
+        "llm": llm.pk,
+        "vision": vision.pk,
+    }
 
 
 def _by_id(client) -> dict[int, dict]:
@@ -97,7 +128,10 @@ def test_a_submitter_reads_other_tenants_jobs_in_a_shared_action_by_id_only(acti
     ]
     assert mixed["plan"] == {"steps": mixed["plan"]["steps"]}  # the engine plan is withheld
     assert mixed["benefit"] == {"free_racks_before": 0, "free_racks_after": 1}
-    assert [line["message"] for line in mixed["log"]] == [f"allocate job #{actions['vision']}", "allocate on host-of-llm"]
+    assert [line["message"] for line in mixed["log"]] == [
+        f"allocate job #{actions['vision']}",
+        "allocate on host-of-llm",
+    ]
 
 
 def test_the_other_tenant_reads_the_shared_action_without_llms_details(actions, other_client):
@@ -151,7 +185,10 @@ def _headers(user) -> list[tuple[bytes, bytes]]:
     client = Client()
     client.force_login(user)
     cookie = client.cookies[settings.SESSION_COOKIE_NAME].value
-    return [(b"origin", b"http://localhost"), (b"cookie", f"{settings.SESSION_COOKIE_NAME}={cookie}".encode())]
+    return [
+        (b"origin", b"http://localhost"),
+        (b"cookie", f"{settings.SESSION_COOKIE_NAME}={cookie}".encode()),
+    ]
 
 
 def _action_events(user, ids: list[int]) -> dict[int, dict]:
@@ -190,4 +227,7 @@ def test_action_events_reach_a_submitter_redacted_as_the_api_does(actions, submi
         assert secret not in text, secret
     assert "llm-secret" not in mine[actions["mixed"]]["title"]  # the shared title is withheld whole
     full = _action_events(viewer, ids)
-    assert "vision-secret" in full[actions["mixed"]]["title"] and "vision-secret" in full[actions["foreign"]]["title"]
+    assert (
+        "vision-secret" in full[actions["mixed"]]["title"]
+        and "vision-secret" in full[actions["foreign"]]["title"]
+    )

@@ -18,12 +18,24 @@ from tests.support import nodes_of, wait_for, workers
 
 @pytest.fixture
 def proposed(fleet):
-    return propose(kind=ActionKind.DRAIN, title="drain r1-n00", steps=[{"op": "drain", "node": fleet[0].nodes.first().pk}], jobs=[])
+    return propose(
+        kind=ActionKind.DRAIN,
+        title="drain r1-n00",
+        steps=[{"op": "drain", "node": fleet[0].nodes.first().pk}],
+        jobs=[],
+    )
 
 
 @pytest.mark.parametrize("verb", ["approve", "reject", "cancel"])
-def test_only_operators_may_decide_on_an_action(proposed, verb, anon_client, viewer_client, submitter_client, outsider_client):
-    for client, code in ((anon_client, 401), (outsider_client, 403), (viewer_client, 403), (submitter_client, 403)):
+def test_only_operators_may_decide_on_an_action(
+    proposed, verb, anon_client, viewer_client, submitter_client, outsider_client
+):
+    for client, code in (
+        (anon_client, 401),
+        (outsider_client, 403),
+        (viewer_client, 403),
+        (submitter_client, 403),
+    ):
         response = client.post(f"/api/actions/{proposed.pk}/{verb}/", {}, format="json")
         assert response.status_code == code
     proposed.refresh_from_db()
@@ -40,10 +52,16 @@ def test_everyone_with_a_role_reads_the_queue(proposed, viewer_client, submitter
 
 
 def test_an_operator_rejects_with_a_note_and_the_decision_is_audited(proposed, operator_client, operator):
-    response = operator_client.post(f"/api/actions/{proposed.pk}/reject/", {"note": "maintenance window"}, format="json")
+    response = operator_client.post(
+        f"/api/actions/{proposed.pk}/reject/", {"note": "maintenance window"}, format="json"
+    )
     assert response.status_code == 200
     body = response.json()
-    assert (body["state"], body["decided_by_name"], body["decision_note"]) == ("rejected", operator.username, "maintenance window")
+    assert (body["state"], body["decided_by_name"], body["decision_note"]) == (
+        "rejected",
+        operator.username,
+        "maintenance window",
+    )
     event = AuditEvent.objects.get(action="action.reject")
     assert event.actor == operator and event.before == {"state": "proposed"}
 
@@ -61,7 +79,12 @@ def test_the_approval_policy_has_safe_defaults_and_operators_change_it(db, opera
     assert policy["placement"] == "auto" and policy["recovery"] == "auto"
     for kind in ("placement_spill", "preemption", "migration", "defrag"):
         assert policy[kind] == "manual", kind
-    assert viewer_client.put("/api/approval-policy/", {"kind": "defrag", "mode": "auto"}, format="json").status_code == 403
+    assert (
+        viewer_client.put(
+            "/api/approval-policy/", {"kind": "defrag", "mode": "auto"}, format="json"
+        ).status_code
+        == 403
+    )
     response = operator_client.put("/api/approval-policy/", {"kind": "defrag", "mode": "auto"}, format="json")
     assert response.status_code == 200 and response.json()["defrag"] == "auto"
     assert ApprovalPolicy.mode_for("defrag") == "auto"
@@ -70,7 +93,11 @@ def test_the_approval_policy_has_safe_defaults_and_operators_change_it(db, opera
 
 
 def test_a_defrag_request_with_a_bad_target_is_refused(fleet, operator_client):
-    for body, field in (({"free_racks": 0}, "free_racks"), ({"budget_gpu_hours": -1}, "budget_gpu_hours"), ({"max_moves": "x"}, "max_moves")):
+    for body, field in (
+        ({"free_racks": 0}, "free_racks"),
+        ({"budget_gpu_hours": -1}, "budget_gpu_hours"),
+        ({"max_moves": "x"}, "max_moves"),
+    ):
         response = operator_client.post("/api/actions/defrag/", body, format="json")
         assert response.status_code == 400 and field in response.json(), response.content
     both = operator_client.post("/api/actions/defrag/", {"free_racks": 1, "room_for_nodes": 4}, format="json")
@@ -114,17 +141,23 @@ class _Receiver(BaseHTTPRequestHandler):
         import urllib.request
 
         request = urllib.request.Request(
-            self.callback_base + delivery["callback_url"], data=reply, method="POST",
+            self.callback_base + delivery["callback_url"],
+            data=reply,
+            method="POST",
             headers={"Content-Type": "application/json", signing.HEADER: signing.sign(self.secret, reply)},
         )
-        threading.Thread(target=lambda: urllib.request.urlopen(request, timeout=10).read(), daemon=True).start()
+        threading.Thread(
+            target=lambda: urllib.request.urlopen(request, timeout=10).read(), daemon=True
+        ).start()
 
     def log_message(self, *args):
         pass
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_webhook_cluster_posts_signed_steps_and_waits_for_signed_callbacks(live_server, fleet, submitter_client, settings):
+def test_the_webhook_cluster_posts_signed_steps_and_waits_for_signed_callbacks(
+    live_server, fleet, submitter_client, settings
+):
     secret = "s3cret-for-tests"
     settings.RACKWISE_WEBHOOK_SECRET = secret
     _Receiver.secret, _Receiver.callback_base, _Receiver.received = secret, live_server.url, []
@@ -138,9 +171,13 @@ def test_the_webhook_cluster_posts_signed_steps_and_waits_for_signed_callbacks(l
     try:
         with workers(1, env=env):
             job_id = submitter_client.post(
-                "/api/jobs/", {"name": "w", "num_nodes": 2, "gpus_per_node": 4, "tenant": "llm"}, format="json"
+                "/api/jobs/",
+                {"name": "w", "num_nodes": 2, "gpus_per_node": 4, "tenant": "llm"},
+                format="json",
             ).json()["id"]
-            wait_for(lambda: Job.objects.filter(pk=job_id, state=JobState.RUNNING).exists(), 30, "the job to start")
+            wait_for(
+                lambda: Job.objects.filter(pk=job_id, state=JobState.RUNNING).exists(), 30, "the job to start"
+            )
     finally:
         server.shutdown()
     assert [d["step"]["op"] for d in _Receiver.received] == ["start"]
@@ -151,14 +188,24 @@ def test_the_webhook_cluster_posts_signed_steps_and_waits_for_signed_callbacks(l
 
 def test_a_callback_with_a_bad_signature_is_refused(fleet, client, settings):
     settings.RACKWISE_WEBHOOK_SECRET = "right"
-    action = propose(kind=ActionKind.DRAIN, title="x", steps=[{"op": "drain", "node": fleet[0].nodes.first().pk}], jobs=[])
+    action = propose(
+        kind=ActionKind.DRAIN, title="x", steps=[{"op": "drain", "node": fleet[0].nodes.first().pk}], jobs=[]
+    )
     Action.objects.filter(pk=action.pk).update(state=ActionState.EXECUTING)
     body = json.dumps({"action_id": action.pk, "step_index": 0, "status": "succeeded"}).encode()
-    forged = client.post(f"/api/actions/{action.pk}/callback/", body, content_type="application/json",
-                         headers={signing.HEADER: signing.sign("wrong", body)})
+    forged = client.post(
+        f"/api/actions/{action.pk}/callback/",
+        body,
+        content_type="application/json",
+        headers={signing.HEADER: signing.sign("wrong", body)},
+    )
     assert forged.status_code == 403
-    good = client.post(f"/api/actions/{action.pk}/callback/", body, content_type="application/json",
-                       headers={signing.HEADER: signing.sign("right", body)})
+    good = client.post(
+        f"/api/actions/{action.pk}/callback/",
+        body,
+        content_type="application/json",
+        headers={signing.HEADER: signing.sign("right", body)},
+    )
     assert good.status_code == 202
     action.refresh_from_db()
     assert action.callbacks == {"0": {"status": "succeeded", "message": ""}}

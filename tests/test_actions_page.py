@@ -19,11 +19,27 @@ def queue(fleet, submitter, other_submitter):
     job = submit_job(submitter, JobSpec(name="llm-job", num_gpus=4, tenant="llm"))
     vision = submit_job(other_submitter, JobSpec(name="vision-secret", num_gpus=4, tenant="vision"))
     node = Node.objects.order_by("id").first()
-    step = {"op": "allocate", "job": job.pk, "nodes": {str(node.pk): [0, 1, 2, 3]}, "hostnames": [node.hostname]}
-    auto = action_services.propose(kind=ActionKind.PLACEMENT, title=f"place #{job.pk}", jobs=[job.pk], steps=[step])
-    manual = action_services.propose(kind=ActionKind.PLACEMENT_SPILL, title=f"spill #{job.pk}", jobs=[job.pk], steps=[step])
-    foreign = action_services.propose(kind=ActionKind.MIGRATION, title=f"move #{vision.pk} vision-secret", jobs=[vision.pk], steps=[{"op": "start", "job": vision.pk}])
-    assert Action.objects.get(pk=auto.pk).state != ActionState.PROPOSED, "placements run automatically by default"
+    step = {
+        "op": "allocate",
+        "job": job.pk,
+        "nodes": {str(node.pk): [0, 1, 2, 3]},
+        "hostnames": [node.hostname],
+    }
+    auto = action_services.propose(
+        kind=ActionKind.PLACEMENT, title=f"place #{job.pk}", jobs=[job.pk], steps=[step]
+    )
+    manual = action_services.propose(
+        kind=ActionKind.PLACEMENT_SPILL, title=f"spill #{job.pk}", jobs=[job.pk], steps=[step]
+    )
+    foreign = action_services.propose(
+        kind=ActionKind.MIGRATION,
+        title=f"move #{vision.pk} vision-secret",
+        jobs=[vision.pk],
+        steps=[{"op": "start", "job": vision.pk}],
+    )
+    assert Action.objects.get(pk=auto.pk).state != ActionState.PROPOSED, (
+        "placements run automatically by default"
+    )
     return {"auto": auto, "manual": manual, "foreign": foreign}
 
 
@@ -81,9 +97,15 @@ def test_a_kind_filter_the_page_does_not_know_is_a_400(queue, operator):
 def test_a_card_names_its_jobs_and_withholds_other_tenants_names(queue, operator, submitter, other_submitter):
     """Action cards listed jobs as bare ids (#28 item 8)."""
     mixed = action_services.propose(
-        kind=ActionKind.MIGRATION, title="mixed", jobs=[*queue["manual"].jobs.values_list("pk", flat=True),
-                                                         *queue["foreign"].jobs.values_list("pk", flat=True)],
-        steps=[{"op": "start", "job": j.pk} for j in [*queue["manual"].jobs.all(), *queue["foreign"].jobs.all()]],
+        kind=ActionKind.MIGRATION,
+        title="mixed",
+        jobs=[
+            *queue["manual"].jobs.values_list("pk", flat=True),
+            *queue["foreign"].jobs.values_list("pk", flat=True),
+        ],
+        steps=[
+            {"op": "start", "job": j.pk} for j in [*queue["manual"].jobs.all(), *queue["foreign"].jobs.all()]
+        ],
     )
     llm, vision = queue["manual"].jobs.get(), queue["foreign"].jobs.get()
 

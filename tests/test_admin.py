@@ -168,7 +168,10 @@ def test_the_mark_failed_and_return_actions_use_the_services(populated, admin_cl
     action(admin_client, Node, "return_to_service", [node])
     node.refresh_from_db()
     assert node.state == "healthy"
-    assert AuditEvent.objects.filter(action__in=["node.fail", "node.return"], object_id=str(node.pk)).count() == 2
+    assert (
+        AuditEvent.objects.filter(action__in=["node.fail", "node.return"], object_id=str(node.pk)).count()
+        == 2
+    )
 
 
 def test_the_job_cancel_action_cancels_and_warns_about_finished_jobs(populated, submitter, admin_client):

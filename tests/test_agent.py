@@ -85,8 +85,17 @@ def test_a_refused_token_makes_the_agent_exit_non_zero_with_one_line(live_server
 
 def test_a_simulated_xid_79_fails_the_node_through_the_agent(live_server, node, token):
     result = run_agent(
-        "--server", live_server.url, "--token", token,
-        "--simulate", "--fail-after", "1", "--count", "2", "--interval", "0.1",
+        "--server",
+        live_server.url,
+        "--token",
+        token,
+        "--simulate",
+        "--fail-after",
+        "1",
+        "--count",
+        "2",
+        "--interval",
+        "0.1",
     )
 
     assert result.returncode == 0, result.stderr
@@ -113,8 +122,17 @@ def test_the_agent_retries_with_backoff_while_the_server_is_down():
     url = f"http://127.0.0.1:{closed_port()}"
 
     result = run_agent(
-        "--server", url, "--token", "1.secret", "--simulate",
-        "--max-attempts", "5", "--backoff-base", "0.05", "--backoff-cap", "0.2",
+        "--server",
+        url,
+        "--token",
+        "1.secret",
+        "--simulate",
+        "--max-attempts",
+        "5",
+        "--backoff-base",
+        "0.05",
+        "--backoff-cap",
+        "0.2",
     )
 
     assert result.returncode == agent_module.EXIT_GAVE_UP
@@ -145,7 +163,9 @@ def test_bad_arguments_exit_2_with_one_line(args):
 
 def test_the_agent_module_does_not_import_django():
     code = "import sys, fleet.agent; print(sorted(m for m in sys.modules if m.split('.')[0] == 'django'))"
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S
+    )
 
     assert result.stdout.strip() == "[]", result.stderr
 

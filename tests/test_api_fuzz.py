@@ -72,7 +72,9 @@ def wsgi_app(db):
 
 
 def _headers(user) -> dict[str, str]:
-    token = ensure_user(None, user.username, role=_role(user), tenants=list(user.tenants.values_list("name", flat=True)))[1]
+    token = ensure_user(
+        None, user.username, role=_role(user), tenants=list(user.tenants.values_list("name", flat=True))
+    )[1]
     # Uncompressed: the WSGI transport hands back the body as sent, and does not
     # undo the gzip the console snapshot gets when a client accepts it.
     return {"Authorization": f"Token {getattr(token, 'key', token)}", "Accept-Encoding": "identity"}
@@ -152,7 +154,9 @@ def _fuzz(app, user) -> Counter[tuple[str, int]]:
             # Negative cases break the request somewhere; a real id leaves little to break.
             for path_parameters in fixed if mode == GenerationMode.POSITIVE else [None]:
                 try:
-                    drive(operation.as_strategy(generation_mode=mode, path_parameters=path_parameters), EXAMPLES)
+                    drive(
+                        operation.as_strategy(generation_mode=mode, path_parameters=path_parameters), EXAMPLES
+                    )
                 except Unsatisfiable:
                     # Nothing in this operation can be made invalid (no parameters, no body).
                     if mode == GenerationMode.POSITIVE:
@@ -214,8 +218,10 @@ def _accepted_bodies() -> dict[str, list[dict]]:
 def _report(who: str, answered: Counter[tuple[str, int]]) -> None:
     """The counts, for benchmarks/api_fuzz.py (pytest -s shows them)."""
     by_class = Counter(f"{status // 100}xx" for (_, status), n in answered.items() for _ in range(n))
-    print(f"\n{who}: {sum(answered.values())} requests, {dict(sorted(by_class.items()))}, "
-          f"{len(_succeeded(answered))} operations answered 2xx")
+    print(
+        f"\n{who}: {sum(answered.values())} requests, {dict(sorted(by_class.items()))}, "
+        f"{len(_succeeded(answered))} operations answered 2xx"
+    )
     for (label, status), n in sorted(answered.items()):
         print(f"  {status} {n:5d}  {label}")
 

@@ -12,8 +12,13 @@ from fleet.models import Action, Job
 from fleet.services.decisions.defrag import plan_defrag
 
 LISTS = [
-    "/api/jobs/", "/api/racks/", "/api/nodes/", "/api/audit/", "/api/actions/",
-    "/api/webhooks/", "/api/webhook-deliveries/",
+    "/api/jobs/",
+    "/api/racks/",
+    "/api/nodes/",
+    "/api/audit/",
+    "/api/actions/",
+    "/api/webhooks/",
+    "/api/webhook-deliveries/",
 ]
 BIGGER_THAN_BIGINT = "99999999999999999999"
 
@@ -44,7 +49,9 @@ def test_it_refuses_a_defrag_target_beyond_what_the_fleet_has(fleet, operator_cl
     assert not Action.objects.exists()
 
 
-def test_it_refuses_a_bad_defrag_request_without_expiring_the_open_plan(fragmented, operator, operator_client):
+def test_it_refuses_a_bad_defrag_request_without_expiring_the_open_plan(
+    fragmented, operator, operator_client
+):
     open_plan = plan_defrag(None).action
     assert open_plan is not None and open_plan.state == ActionState.PROPOSED
     response = operator_client.post("/api/actions/defrag/", {"room_for_nodes": 10**9}, format="json")
@@ -76,7 +83,12 @@ def test_it_refuses_a_job_size_beyond_the_columns_range(fleet, submitter_client,
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("priority", 10**30), ("checkpoint_interval_s", 2**31), ("expected_duration_s", 10**30), ("priority", "1e999")],
+    [
+        ("priority", 10**30),
+        ("checkpoint_interval_s", 2**31),
+        ("expected_duration_s", 10**30),
+        ("priority", "1e999"),
+    ],
 )
 def test_it_refuses_a_job_number_beyond_its_bound(fleet, submitter_client, field, value):
     response = submitter_client.post("/api/jobs/", {"name": "j", "num_gpus": 4, field: value}, format="json")
@@ -108,7 +120,10 @@ def test_it_refuses_console_rack_ids_that_are_not_rack_ids(fleet, viewer_client,
 
 def test_it_serves_console_racks_by_id(fleet, viewer_client):
     ids = f"{fleet[0].pk},{fleet[1].pk},{fleet[1].pk + 1000}"
-    assert [r["name"] for r in viewer_client.get("/api/console/racks/", {"ids": ids}).json()["racks"]] == ["r1", "r2"]
+    assert [r["name"] for r in viewer_client.get("/api/console/racks/", {"ids": ids}).json()["racks"]] == [
+        "r1",
+        "r2",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -264,15 +279,21 @@ def test_a_lone_utf16_surrogate_is_a_400_that_names_it(fleet, operator_client, p
 
 def test_a_surrogate_pair_is_a_character_and_is_kept(fleet, submitter_client):
     response = submitter_client.post(
-        "/api/jobs/", '{"name": "train-\\ud83d\\ude80", "tenant": "llm", "num_gpus": 1}', content_type="application/json"
+        "/api/jobs/",
+        '{"name": "train-\\ud83d\\ude80", "tenant": "llm", "num_gpus": 1}',
+        content_type="application/json",
     )
     assert response.status_code == 201 and response.json()["name"] == "train-\N{ROCKET}"
 
 
 @pytest.mark.parametrize("debug", [False, True])
-def test_a_body_over_the_upload_limit_is_a_json_400_that_says_the_limit(fleet, submitter_client, settings, debug):
+def test_a_body_over_the_upload_limit_is_a_json_400_that_says_the_limit(
+    fleet, submitter_client, settings, debug
+):
     settings.DEBUG = debug
-    body = '{"name": "%s", "tenant": "llm", "num_gpus": 1}' % ("x" * (settings.DATA_UPLOAD_MAX_MEMORY_SIZE + 1))
+    body = '{"name": "%s", "tenant": "llm", "num_gpus": 1}' % (
+        "x" * (settings.DATA_UPLOAD_MAX_MEMORY_SIZE + 1)
+    )
     response = submitter_client.post("/api/jobs/", body, content_type="application/json")
     assert response.status_code == 400 and response["Content-Type"] == "application/json"
     assert "2,621,440 bytes" in response.json()["detail"]

@@ -71,7 +71,9 @@ def test_the_migration_hashes_old_plain_text_tokens_so_they_keep_working(fleet):
         cursor.execute(
             "CREATE TABLE authtoken_token (key varchar(40) PRIMARY KEY, created timestamptz NOT NULL, user_id int)"
         )
-        cursor.execute("INSERT INTO authtoken_token VALUES (%s, now() - interval '1 day', %s)", (old_key, user.pk))
+        cursor.execute(
+            "INSERT INTO authtoken_token VALUES (%s, now() - interval '1 day', %s)", (old_key, user.pk)
+        )
     migration = importlib.import_module("fleet.migrations.0006_hardening")
     from django.apps import apps
 

@@ -31,7 +31,12 @@ def needs(fleet, submitter, other_submitter):
     Job.objects.filter(pk=vision.pk).update(state=JobState.RECOVERING)
 
     def proposal(job, minutes):
-        a = action_services.propose(kind=ActionKind.MIGRATION, title=f"move #{job.pk}", jobs=[job.pk], steps=[{"op": "start", "job": job.pk}])
+        a = action_services.propose(
+            kind=ActionKind.MIGRATION,
+            title=f"move #{job.pk}",
+            jobs=[job.pk],
+            steps=[{"op": "start", "job": job.pk}],
+        )
         Action.objects.filter(pk=a.pk).update(created_at=now - timedelta(minutes=minutes))
         return a
 
@@ -46,7 +51,14 @@ def needs(fleet, submitter, other_submitter):
 
 def test_age_text_reads_like_a_person():
     assert [age_text(s) for s in (0, 59, 60, 3599, 3600, 3660, 86400, 90000)] == [
-        "0 s", "59 s", "1 min", "59 min", "1 h", "1 h 1 min", "1 d", "1 d 1 h"
+        "0 s",
+        "59 s",
+        "1 min",
+        "59 min",
+        "1 h",
+        "1 h 1 min",
+        "1 d",
+        "1 d 1 h",
     ]
 
 
@@ -94,7 +106,11 @@ def test_the_nav_badge_counts_the_proposals_on_every_page_and_hides_at_zero(need
     assert 'data-count="2"' in page_html(submitter, "/")
     Action.objects.all().delete()
     badge = re.search(r'<a class="nav-badge"[^>]*>([^<]*)</a>', page_html(viewer, "/"))
-    assert 'data-count="0"' in badge.group(0) and " hidden" in badge.group(0) and badge.group(1).strip() == "0 awaiting approval"
+    assert (
+        'data-count="0"' in badge.group(0)
+        and " hidden" in badge.group(0)
+        and badge.group(1).strip() == "0 awaiting approval"
+    )
 
 
 def test_the_fleet_page_has_the_banner_and_the_totals(needs, operator):
@@ -104,4 +120,6 @@ def test_the_fleet_page_has_the_banner_and_the_totals(needs, operator):
     assert f'href="/actions/?state=proposed#action-{needs["foreign"].pk}"' in html
     assert 'data-attention-total="recovering">1<' in html
     assert 'data-attention-total="waiting">1<' in html
-    assert 'data-attention-total="nodes_failed">1<' in html and 'data-attention-total="nodes_suspect">1<' in html
+    assert (
+        'data-attention-total="nodes_failed">1<' in html and 'data-attention-total="nodes_suspect">1<' in html
+    )

@@ -95,7 +95,9 @@ def test_a_submitter_keeps_seeing_their_own_actions_after_leaving_the_tenant(his
 
 def test_events_can_be_filtered_by_action_prefix(history, viewer_client):
     assert {e["action"] for e in events(viewer_client, "?action=job.")} == {"job.submit", "job.cancel"}
-    assert keys(events(viewer_client, "?action=job.cancel")) == {("olga", "job.cancel", str(history["mine"].pk))}
+    assert keys(events(viewer_client, "?action=job.cancel")) == {
+        ("olga", "job.cancel", str(history["mine"].pk))
+    }
     assert events(viewer_client, "?action=nothing") == []
 
 
@@ -121,7 +123,9 @@ def test_events_can_be_filtered_by_object_and_actor(history, viewer_client):
 def test_filters_cannot_widen_what_a_submitter_sees(history, submitter_client):
     assert events(submitter_client, "?object_type=node") == []
     assert events(submitter_client, f"?object_id={history['theirs'].pk}") == []
-    assert keys(events(submitter_client, "?action=job.cancel")) == {("olga", "job.cancel", str(history["mine"].pk))}
+    assert keys(events(submitter_client, "?action=job.cancel")) == {
+        ("olga", "job.cancel", str(history["mine"].pk))
+    }
 
 
 def test_a_submitter_cannot_read_another_tenants_event_by_id(history, submitter_client):

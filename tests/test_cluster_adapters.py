@@ -48,9 +48,23 @@ from tests.support import ROOT, InstantAdapter, nodes_of
 
 # What main's services stored before typed steps, read back from JSON (keys are strings).
 OLD_STORED = [
-    {"op": "allocate", "job": 7, "nodes": {"3": [0, 1, 2, 3], "4": [0, 1]}, "segments": [["3", "4"]],
-     "hostnames": ["r1-n02", "r1-n03"], "reason": "rack-local", "choices": [{"rack": "r1"}]},
-    {"op": "allocate", "job": 7, "nodes": {"3": [0]}, "segments": [["3"]], "hostnames": ["r1-n02"], "reason": "move"},
+    {
+        "op": "allocate",
+        "job": 7,
+        "nodes": {"3": [0, 1, 2, 3], "4": [0, 1]},
+        "segments": [["3", "4"]],
+        "hostnames": ["r1-n02", "r1-n03"],
+        "reason": "rack-local",
+        "choices": [{"rack": "r1"}],
+    },
+    {
+        "op": "allocate",
+        "job": 7,
+        "nodes": {"3": [0]},
+        "segments": [["3"]],
+        "hostnames": ["r1-n02"],
+        "reason": "move",
+    },
     {"op": "start", "job": 7},
     {"op": "restart", "job": 7},
     {"op": "checkpoint", "job": 7},
@@ -82,7 +96,10 @@ def test_every_step_kind_round_trips_and_is_described():
         step = st.Step.from_dict(old)
         assert step.describe()
     assert st.Step.from_dict(OLD_STORED[0]).describe() == "allocate job #7 on r1-n02, r1-n03"
-    assert st.Swap(job=7, swaps={1: 17}, hostname_swaps={"r1-n00": "r1-n16"}).describe() == "swap job #7: r1-n00 -> r1-n16"
+    assert (
+        st.Swap(job=7, swaps={1: 17}, hostname_swaps={"r1-n00": "r1-n16"}).describe()
+        == "swap job #7: r1-n00 -> r1-n16"
+    )
     assert st.Drain(node=5, hostname="r1-n04").describe() == "drain node r1-n04"
 
 
@@ -146,7 +163,10 @@ def test_the_step_kinds_are_in_the_openapi_schema(viewer_client):
 
 def _running_job(owner, nodes: list[Node], *, duration_s: int | None = 100, started_ago_s: float = 0) -> Job:
     job = job_services.submit_job(
-        owner, job_services.JobSpec(name="sim", num_gpus=4 * len(nodes), tenant="llm", expected_duration_s=duration_s)
+        owner,
+        job_services.JobSpec(
+            name="sim", num_gpus=4 * len(nodes), tenant="llm", expected_duration_s=duration_s
+        ),
     )
     job_allocations.apply_placement(None, job.pk, {n.pk: [0, 1, 2, 3] for n in nodes}, reason="test")
     job_allocations.start_job(None, job.pk)
@@ -169,7 +189,9 @@ def test_the_simulated_cluster_reports_a_job_completed_once_its_scaled_duration_
 
 def test_the_simulated_cluster_gives_a_placed_job_an_id_and_can_inject_failures(fleet, operator):
     node = fleet[0].nodes.first()
-    action = action_services.propose(kind=ActionKind.DRAIN, title="x", steps=[st.Drain(node=node.pk)], jobs=[])
+    action = action_services.propose(
+        kind=ActionKind.DRAIN, title="x", steps=[st.Drain(node=node.pk)], jobs=[]
+    )
     step = st.Allocate(job=3, nodes={node.pk: [0]})
 
     assert SimulatedAdapter(0, 0, 1).perform(action, 0, step) == Outcome(DONE, external_id="sim-3")
@@ -289,12 +311,18 @@ def _placement(fleet, submitter, name: str, nodes: int):
     """A job of ``nodes`` whole nodes in the first rack, and its proposed
     placement (allocate, then start)."""
     held = list(fleet[0].nodes.order_by("slot")[:nodes])
-    job = job_services.submit_job(submitter, job_services.JobSpec(name=name, num_gpus=4 * nodes, tenant="llm"))
+    job = job_services.submit_job(
+        submitter, job_services.JobSpec(name=name, num_gpus=4 * nodes, tenant="llm")
+    )
     action = action_services.propose(
         kind=ActionKind.PLACEMENT,
         title="place",
-        steps=[st.Allocate(job=job.pk, nodes={n.pk: [0, 1, 2, 3] for n in held}, hostnames=[n.hostname for n in held]),
-               st.Start(job=job.pk)],
+        steps=[
+            st.Allocate(
+                job=job.pk, nodes={n.pk: [0, 1, 2, 3] for n in held}, hostnames=[n.hostname for n in held]
+            ),
+            st.Start(job=job.pk),
+        ],
         jobs=[job.pk],
     )
     return job, action
@@ -386,18 +414,25 @@ def test_the_last_step_and_the_action_s_success_commit_together(fleet, submitter
     while execution.execute_next_step(action.pk, adapter=adapter).more:
         pass
 
-    assert adapter.seen == [(ActionState.EXECUTING, JobState.PLACED), (ActionState.SUCCEEDED, JobState.RUNNING)]
+    assert adapter.seen == [
+        (ActionState.EXECUTING, JobState.PLACED),
+        (ActionState.SUCCEEDED, JobState.RUNNING),
+    ]
 
 
 def test_the_execute_action_task_sends_itself_again_with_the_backoff_as_countdown(fleet, monkeypatch):
     from fleet import dispatch, tasks
 
     node = fleet[0].nodes.first()
-    action = action_services.propose(kind=ActionKind.DRAIN, title="x", steps=[st.Drain(node=node.pk)], jobs=[])
+    action = action_services.propose(
+        kind=ActionKind.DRAIN, title="x", steps=[st.Drain(node=node.pk)], jobs=[]
+    )
     Action.objects.filter(pk=action.pk).update(state=ActionState.APPROVED)
     monkeypatch.setattr("fleet.services.execution.execute.get_adapter", lambda: FlakyAdapter(down=1))
     sent = []
-    monkeypatch.setattr(dispatch, "_send", lambda name, args, countdown=None: sent.append((name, args, countdown)))
+    monkeypatch.setattr(
+        dispatch, "_send", lambda name, args, countdown=None: sent.append((name, args, countdown))
+    )
 
     message = tasks.execute_action(action.pk)
 
@@ -414,10 +449,14 @@ def test_an_execute_action_that_finds_the_action_busy_is_sent_again_not_dropped(
     from fleet import dispatch, locks, tasks
 
     node = fleet[0].nodes.first()
-    action = action_services.propose(kind=ActionKind.DRAIN, title="x", steps=[st.Drain(node=node.pk)], jobs=[])
+    action = action_services.propose(
+        kind=ActionKind.DRAIN, title="x", steps=[st.Drain(node=node.pk)], jobs=[]
+    )
     Action.objects.filter(pk=action.pk).update(state=ActionState.EXECUTING)
     sent = []
-    monkeypatch.setattr(dispatch, "_send", lambda name, args, countdown=None: sent.append((name, args, countdown)))
+    monkeypatch.setattr(
+        dispatch, "_send", lambda name, args, countdown=None: sent.append((name, args, countdown))
+    )
     dispatch.taken("fleet.tasks.execute_action", action.pk)
 
     with locks.action_lock(action.pk):  # another worker, in a step
@@ -430,7 +469,9 @@ def test_an_execute_action_that_finds_the_action_busy_is_sent_again_not_dropped(
 
 def test_the_webhook_cluster_unreachable_is_cluster_unavailable(fleet):
     node = fleet[0].nodes.first()
-    action = action_services.propose(kind=ActionKind.DRAIN, title="x", steps=[st.Drain(node=node.pk)], jobs=[])
+    action = action_services.propose(
+        kind=ActionKind.DRAIN, title="x", steps=[st.Drain(node=node.pk)], jobs=[]
+    )
 
     with pytest.raises(ClusterUnavailable, match="unreachable"):
         WebhookAdapter("http://127.0.0.1:9/steps", "secret", 600).perform(action, 0, st.Drain(node=node.pk))
@@ -492,7 +533,10 @@ def test_an_undrain_step_undrains_the_node(fleet, operator):
     node = fleet[0].nodes.get(slot=2)
     node_services.drain_node(operator, node.pk, "firmware")
     action = action_services.propose(
-        kind=ActionKind.DRAIN, title="undrain", steps=[st.Undrain(node=node.pk, hostname=node.hostname)], jobs=[]
+        kind=ActionKind.DRAIN,
+        title="undrain",
+        steps=[st.Undrain(node=node.pk, hostname=node.hostname)],
+        jobs=[],
     )
     Action.objects.filter(pk=action.pk).update(state=ActionState.APPROVED)
 
@@ -517,7 +561,9 @@ def _cluster_setting(**env: str) -> subprocess.CompletedProcess:
         base.pop(name, None)
     base.update(DEBUG="1", DJANGO_SETTINGS_MODULE="rackwise.settings", **env)
     code = "import django; django.setup(); from django.conf import settings; print(settings.RACKWISE_CLUSTER)"
-    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=base, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=base, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_rackwise_executor_still_works_for_one_release_with_a_deprecation_warning():

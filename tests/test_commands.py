@@ -73,7 +73,10 @@ def test_seed_demo_run_twice_changes_nothing(db):
     assert "8 racks (0 new)" in output
     assert Rack.objects.count() == 8
     assert GPU.objects.count() == 576
-    assert list(Rack.objects.order_by("name").values_list("name", "external_id", "site", "row", "position")) == racks
+    assert (
+        list(Rack.objects.order_by("name").values_list("name", "external_id", "site", "row", "position"))
+        == racks
+    )
     assert AuditEvent.objects.filter(action="rack.create").count() == 8
     assert get_user_model().objects.filter(username__in=DEMO_USERS).count() == 4
     for username, (role, _) in DEMO_USERS.items():

@@ -70,16 +70,22 @@ def test_since_with_ids_applies_both_filters(fleet, operator, viewer_client):
     assert answer["rack_ids"] == [r2.pk]
 
 
-def test_a_new_rack_comes_with_the_next_since_and_a_removed_one_leaves_rack_ids(fleet, operator, viewer_client):
+def test_a_new_rack_comes_with_the_next_since_and_a_removed_one_leaves_rack_ids(
+    fleet, operator, viewer_client
+):
     r1, r2 = fleet
     cursor = viewer_client.get(URL).json()["cursor"]
     # The import keeps r1, empties r2 (removed) and brings a new rack r3.
-    hosts = {"r1": [n.hostname for n in Node.objects.filter(rack=r1).order_by("slot")],
-             "r3": [f"r3-n{i:02d}" for i in range(18)]}
+    hosts = {
+        "r1": [n.hostname for n in Node.objects.filter(rack=r1).order_by("slot")],
+        "r3": [f"r3-n{i:02d}" for i in range(18)],
+    }
     topology = Topology(
         source="test",
-        domains=[DesiredDomain(name=name, external_id="", nodes=[DesiredNode(hostname=h, gpus=4) for h in hs])
-                 for name, hs in hosts.items()],
+        domains=[
+            DesiredDomain(name=name, external_id="", nodes=[DesiredNode(hostname=h, gpus=4) for h in hs])
+            for name, hs in hosts.items()
+        ],
     )
     import_topology(operator, topology, allow_shrink=True)
     r3 = Rack.objects.get(name="r3")
@@ -111,7 +117,9 @@ def test_the_largest_cursor_is_accepted(fleet, viewer_client):
     assert response.status_code == 200 and response.json()["racks"] == []
 
 
-def test_since_is_redacted_like_the_snapshot(fragmented, operator, other_client, viewer_client, outsider_client):
+def test_since_is_redacted_like_the_snapshot(
+    fragmented, operator, other_client, viewer_client, outsider_client
+):
     a = fragmented[0]
     rack = Node.objects.get(pk=a.allocations.first().gpu.node_id).rack
     _aged(*Rack.objects.all())
@@ -125,7 +133,9 @@ def test_since_is_redacted_like_the_snapshot(fragmented, operator, other_client,
     assert theirs[0]["jobs"][str(a.pk)]["name"] is None and theirs[0]["jobs"][str(a.pk)]["tenant"] is None
     assert theirs[0]["jobs"][str(a.pk)]["state"] == "running"
     # A user with no Rackwise role is refused, with or without since.
-    assert outsider_client.get(URL, {"since": cursor}).status_code == outsider_client.get(URL).status_code == 403
+    assert (
+        outsider_client.get(URL, {"since": cursor}).status_code == outsider_client.get(URL).status_code == 403
+    )
 
 
 def test_a_since_answer_is_gzipped_when_accepted(fleet, viewer_client):
@@ -135,7 +145,9 @@ def test_a_since_answer_is_gzipped_when_accepted(fleet, viewer_client):
     assert json.loads(gzip.decompress(zipped.content)) == plain.json()
 
 
-def test_a_change_committed_after_the_cursor_by_an_older_transaction_is_not_missed(fleet, operator, viewer_client):
+def test_a_change_committed_after_the_cursor_by_an_older_transaction_is_not_missed(
+    fleet, operator, viewer_client
+):
     """Rack A is changed by a transaction that began first (the lower id) and
     commits last; rack B by one that began later and commits at once. A client
     that read B's change must still get A's from ``since``: a cursor that were

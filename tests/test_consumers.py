@@ -129,7 +129,10 @@ def _logged_in(user) -> tuple[Client, list[tuple[bytes, bytes]]]:
     client = Client()
     client.force_login(user)
     cookie = client.cookies[settings.SESSION_COOKIE_NAME].value
-    return client, [(b"origin", b"http://localhost"), (b"cookie", f"{settings.SESSION_COOKIE_NAME}={cookie}".encode())]
+    return client, [
+        (b"origin", b"http://localhost"),
+        (b"cookie", f"{settings.SESSION_COOKIE_NAME}={cookie}".encode()),
+    ]
 
 
 async def _closed_with(communicator, timeout: float = 5) -> int:

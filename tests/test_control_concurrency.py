@@ -33,7 +33,9 @@ JOBS = 48
 
 def _post(url: str, token: str, body: dict) -> int:
     request = urllib.request.Request(
-        url, data=json.dumps(body).encode(), method="POST",
+        url,
+        data=json.dumps(body).encode(),
+        method="POST",
         headers={"Authorization": f"Token {token}", "Content-Type": "application/json"},
     )
     with urllib.request.urlopen(request, timeout=30) as response:
@@ -44,7 +46,12 @@ def test_concurrent_submissions_with_two_workers_keep_every_invariant(live_serve
     token = ensure_user(None, submitter.username, role="submitter")[1]
     rng = random.Random(7)
     bodies = [
-        {"name": f"job-{i}", "tenant": "llm", "expected_duration_s": rng.randint(100, 400), **rng.choice(SHAPES)}
+        {
+            "name": f"job-{i}",
+            "tenant": "llm",
+            "expected_duration_s": rng.randint(100, 400),
+            **rng.choice(SHAPES),
+        }
         for i in range(JOBS)
     ]
     samples: list[list[str]] = []

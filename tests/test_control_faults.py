@@ -26,7 +26,9 @@ from tests.support import (
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_a_worker_killed_mid_action_is_replaced_and_the_action_finishes_once(fragmented, fleet, operator_client, settings):
+def test_a_worker_killed_mid_action_is_replaced_and_the_action_finishes_once(
+    fragmented, fleet, operator_client, settings
+):
     a, _, c = fragmented
     settings.RACKWISE_STALL_S = 3
     flush_broker()
@@ -36,7 +38,9 @@ def test_a_worker_killed_mid_action_is_replaced_and_the_action_finishes_once(fra
         operator_client.post(f"/api/actions/{plan['id']}/approve/", {}, format="json")
         # Kill it while it is inside a step after the first.
         wait_for(
-            lambda: Action.objects.filter(pk=plan["id"], state=ActionState.EXECUTING, step_index__gte=1).exists(),
+            lambda: Action.objects.filter(
+                pk=plan["id"], state=ActionState.EXECUTING, step_index__gte=1
+            ).exists(),
             30,
             "the action to be under way",
         )
@@ -53,8 +57,14 @@ def test_a_worker_killed_mid_action_is_replaced_and_the_action_finishes_once(fra
         later = timezone.now() + timedelta(seconds=settings.RACKWISE_STALL_S)
         reconciled = reconcile_once(now=later)
         assert plan["id"] in reconciled["executing"]
-        wait_for(lambda: Action.objects.filter(pk=plan["id"], state=ActionState.SUCCEEDED).exists(), 30, "the action")
-        wait_for(lambda: Job.objects.filter(pk=c.pk, state=JobState.RUNNING).exists(), 30, "the waiting job to run")
+        wait_for(
+            lambda: Action.objects.filter(pk=plan["id"], state=ActionState.SUCCEEDED).exists(),
+            30,
+            "the action",
+        )
+        wait_for(
+            lambda: Job.objects.filter(pk=c.pk, state=JobState.RUNNING).exists(), 30, "the waiting job to run"
+        )
 
     done = Action.objects.get(pk=plan["id"])
     assert [e["op"] for e in done.log if e["status"] == "done"] == ["checkpoint", "stop", "allocate", "start"]
@@ -70,7 +80,13 @@ def test_jobs_queued_when_redis_restarts_are_placed_after_one_reconcile_pass(fle
     ids = [
         submitter_client.post(
             "/api/jobs/",
-            {"name": f"j{i}", "num_nodes": 4, "gpus_per_node": 4, "expected_duration_s": 10**6, "tenant": "llm"},
+            {
+                "name": f"j{i}",
+                "num_nodes": 4,
+                "gpus_per_node": 4,
+                "expected_duration_s": 10**6,
+                "tenant": "llm",
+            },
             format="json",
         ).json()["id"]
         for i in range(5)
@@ -80,8 +96,12 @@ def test_jobs_queued_when_redis_restarts_are_placed_after_one_reconcile_pass(fle
     with workers(1):
         assert Job.objects.filter(pk__in=ids, state=JobState.PENDING).count() == 5
         reconcile_once()
-        wait_for(lambda: Job.objects.filter(pk__in=ids, state=JobState.RUNNING).count() == 5, 30, "all five to run")
-        wait_for(lambda: not Action.objects.filter(state__in=OPEN_ACTION_STATES).exists(), 30, "actions to finish")
+        wait_for(
+            lambda: Job.objects.filter(pk__in=ids, state=JobState.RUNNING).count() == 5, 30, "all five to run"
+        )
+        wait_for(
+            lambda: not Action.objects.filter(state__in=OPEN_ACTION_STATES).exists(), 30, "actions to finish"
+        )
 
     for job_id in ids:
         assert Allocation.objects.filter(job_id=job_id, released_at__isnull=True).count() == 16

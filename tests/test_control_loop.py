@@ -22,7 +22,13 @@ def test_a_submitted_job_is_placed_started_and_completed_by_a_worker(fleet, subm
     with workers(1):
         response = submitter_client.post(
             "/api/jobs/",
-            {"name": "train", "num_nodes": 8, "gpus_per_node": 4, "expected_duration_s": 100, "tenant": "llm"},
+            {
+                "name": "train",
+                "num_nodes": 8,
+                "gpus_per_node": 4,
+                "expected_duration_s": 100,
+                "tenant": "llm",
+            },
             format="json",
         )
         assert response.status_code == 201, response.content
@@ -30,10 +36,14 @@ def test_a_submitted_job_is_placed_started_and_completed_by_a_worker(fleet, subm
         job = wait_for(lambda: _job(job_id, state=JobState.COMPLETED), 30, "the job to complete")
 
     trail = list(
-        AuditEvent.objects.filter(object_type="job", object_id=str(job_id)).order_by("id").values_list("action", flat=True)
+        AuditEvent.objects.filter(object_type="job", object_id=str(job_id))
+        .order_by("id")
+        .values_list("action", flat=True)
     )
     assert trail == ["job.submit", "job.place", "job.start", "job.finish"]
-    assert len(job_allocations.placement_of(job)["racks"]) == 1, "an 8-node job fits one rack and must stay in it"
+    assert len(job_allocations.placement_of(job)["racks"]) == 1, (
+        "an 8-node job fits one rack and must stay in it"
+    )
     assert Allocation.objects.filter(job_id=job_id).count() == 32
     assert not nodes_of(job_id)
     action = Action.objects.get(jobs=job_id)
@@ -41,7 +51,9 @@ def test_a_submitted_job_is_placed_started_and_completed_by_a_worker(fleet, subm
     # One record of the placement: the allocate step (and the rows it wrote),
     # no copy of the engine's plan beside it.
     assert set(action.plan) == {"steps"}
-    assert {int(n) for n in action.steps[0]["nodes"]} == {a.gpu.node_id for a in Allocation.objects.filter(job_id=job_id)}
+    assert {int(n) for n in action.steps[0]["nodes"]} == {
+        a.gpu.node_id for a in Allocation.objects.filter(job_id=job_id)
+    }
 
 
 def test_a_failed_node_is_swapped_for_a_spare_in_the_same_rack_keeping_the_others(
@@ -50,18 +62,28 @@ def test_a_failed_node_is_swapped_for_a_spare_in_the_same_rack_keeping_the_other
     with workers(1):
         response = submitter_client.post(
             "/api/jobs/",
-            {"name": "pretrain", "num_nodes": 16, "gpus_per_node": 4, "expected_duration_s": 10**6, "tenant": "llm"},
+            {
+                "name": "pretrain",
+                "num_nodes": 16,
+                "gpus_per_node": 4,
+                "expected_duration_s": 10**6,
+                "tenant": "llm",
+            },
             format="json",
         )
         job_id = response.json()["id"]
         wait_for(lambda: _job(job_id, state=JobState.RUNNING), 30, "the job to run")
         before = nodes_of(job_id)
         victim = min(before)
-        response = operator_client.post(f"/api/nodes/{victim}/mark-failed/", {"reason": "XID 79", "confirm": True}, format="json")
+        response = operator_client.post(
+            f"/api/nodes/{victim}/mark-failed/", {"reason": "XID 79", "confirm": True}, format="json"
+        )
         assert response.status_code == 200
         wait_for(lambda: _job(job_id, state=JobState.RUNNING, attempt=2), 30, "the job to restart in place")
         wait_for(
-            lambda: Action.objects.filter(jobs=job_id, kind=ActionKind.RECOVERY, state=ActionState.SUCCEEDED).exists(),
+            lambda: Action.objects.filter(
+                jobs=job_id, kind=ActionKind.RECOVERY, state=ActionState.SUCCEEDED
+            ).exists(),
             30,
             "the recovery to finish",
         )
@@ -83,7 +105,9 @@ def _propose_defrag(operator_client) -> dict:
     return plan
 
 
-def test_an_approved_defrag_plan_runs_step_by_step_and_the_waiting_job_is_placed(fragmented, fleet, operator_client):
+def test_an_approved_defrag_plan_runs_step_by_step_and_the_waiting_job_is_placed(
+    fragmented, fleet, operator_client
+):
     a, b, c = fragmented
     b_nodes = nodes_of(b.pk)
     with workers(1):
@@ -93,7 +117,11 @@ def test_an_approved_defrag_plan_runs_step_by_step_and_the_waiting_job_is_placed
         assert plan["cost_gpu_hours"] > 0
         response = operator_client.post(f"/api/actions/{plan['id']}/approve/", {"note": "go"}, format="json")
         assert response.status_code == 200
-        wait_for(lambda: Action.objects.filter(pk=plan["id"], state=ActionState.SUCCEEDED).exists(), 30, "the plan to run")
+        wait_for(
+            lambda: Action.objects.filter(pk=plan["id"], state=ActionState.SUCCEEDED).exists(),
+            30,
+            "the plan to run",
+        )
         wait_for(lambda: _job(c.pk, state=JobState.RUNNING), 30, "the waiting job to start")
 
     r1, r2 = fleet
@@ -112,7 +140,9 @@ def test_a_rejected_defrag_plan_moves_nothing(fragmented, operator_client):
     a_nodes = nodes_of(a.pk)
     with workers(1):
         plan = _propose_defrag(operator_client)
-        response = operator_client.post(f"/api/actions/{plan['id']}/reject/", {"note": "not now"}, format="json")
+        response = operator_client.post(
+            f"/api/actions/{plan['id']}/reject/", {"note": "not now"}, format="json"
+        )
         assert response.status_code == 200
         assert response.json()["state"] == ActionState.REJECTED
         again = operator_client.post(f"/api/actions/{plan['id']}/approve/", {}, format="json")
@@ -126,16 +156,29 @@ def test_a_plan_the_fleet_has_moved_away_from_expires_and_a_new_one_is_proposed(
     a, _, _ = fragmented
     with workers(1):
         plan = _propose_defrag(operator_client)
-        target = int(next(step for step in plan["plan"]["steps"] if step["op"] == "allocate")["nodes"].popitem()[0])
+        target = int(
+            next(step for step in plan["plan"]["steps"] if step["op"] == "allocate")["nodes"].popitem()[0]
+        )
         # The fleet changes under the plan: one of its destination nodes fails.
-        assert operator_client.post(f"/api/nodes/{target}/mark-failed/", {"reason": "XID 79"}, format="json").status_code == 200
+        assert (
+            operator_client.post(
+                f"/api/nodes/{target}/mark-failed/", {"reason": "XID 79"}, format="json"
+            ).status_code
+            == 200
+        )
         operator_client.post(f"/api/actions/{plan['id']}/approve/", {}, format="json")
         expired = wait_for(
-            lambda: Action.objects.filter(pk=plan["id"], state=ActionState.EXPIRED).first(), 30, "the plan to expire"
+            lambda: Action.objects.filter(pk=plan["id"], state=ActionState.EXPIRED).first(),
+            30,
+            "the plan to expire",
         )
         assert "failed" in expired.error
         fresh = wait_for(
-            lambda: Action.objects.filter(kind=ActionKind.DEFRAG, state=ActionState.PROPOSED).exclude(pk=plan["id"]).first(),
+            lambda: (
+                Action.objects.filter(kind=ActionKind.DEFRAG, state=ActionState.PROPOSED)
+                .exclude(pk=plan["id"])
+                .first()
+            ),
             30,
             "a new plan",
         )

@@ -56,7 +56,9 @@ def _call(url: str, token: str, body: dict | None = None, key: str | None = None
     if key:
         headers["Idempotency-Key"] = key
     request = urllib.request.Request(
-        url, data=json.dumps(body).encode() if body is not None else None, headers=headers,
+        url,
+        data=json.dumps(body).encode() if body is not None else None,
+        headers=headers,
         method="POST" if body is not None else "GET",
     )
     try:
@@ -80,11 +82,15 @@ def token(fleet, submitter) -> str:
 def _job_counts(keys: list[str]) -> dict[str, int]:
     s = connection.settings_dict
     with psycopg.connect(
-        host=s["HOST"] or "127.0.0.1", port=s["PORT"] or 5432, user=s["USER"], dbname=s["NAME"],
+        host=s["HOST"] or "127.0.0.1",
+        port=s["PORT"] or 5432,
+        user=s["USER"],
+        dbname=s["NAME"],
         password=s["PASSWORD"] or None,
     ) as conn:
         rows = conn.execute(
-            "SELECT idempotency_key, count(*) FROM fleet_job WHERE idempotency_key = ANY(%s) GROUP BY 1", (keys,)
+            "SELECT idempotency_key, count(*) FROM fleet_job WHERE idempotency_key = ANY(%s) GROUP BY 1",
+            (keys,),
         ).fetchall()
     return {key: 0 for key in keys} | dict(rows)
 
@@ -114,7 +120,9 @@ def test_after_the_pools_connections_are_killed_the_next_request_succeeds(live_s
     assert status == 200, body
     # Well inside the pool's 30 s wait (one backoff step, not five).
     assert time.monotonic() - started < 15
-    status, _, body = _call(f"{live_server.url}/api/jobs/", token, {"name": "after", "num_gpus": 4, "tenant": "llm"})
+    status, _, body = _call(
+        f"{live_server.url}/api/jobs/", token, {"name": "after", "num_gpus": 4, "tenant": "llm"}
+    )
     assert status == 201, body
 
 
@@ -181,14 +189,21 @@ def test_a_job_committed_before_its_connection_dies_is_answered_201(fleet, submi
         statement = sql.lstrip().upper()
         if statement.startswith('INSERT INTO "FLEET_JOB"'):
             seen["insert"] = True
-        elif seen["insert"] and not seen["killed"] and not connection.in_atomic_block and statement.startswith("SELECT"):
+        elif (
+            seen["insert"]
+            and not seen["killed"]
+            and not connection.in_atomic_block
+            and statement.startswith("SELECT")
+        ):
             seen["killed"] = True
             with psycopg.connect(_admin_dsn(), autocommit=True) as admin:
                 admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
         return execute(sql, params, many, context)
 
     with connection.execute_wrapper(kill_on_first_read_after_commit):
-        response = submitter_client.post("/api/jobs/", {"name": "last-word", "num_gpus": 4, "tenant": "llm"}, format="json")
+        response = submitter_client.post(
+            "/api/jobs/", {"name": "last-word", "num_gpus": 4, "tenant": "llm"}, format="json"
+        )
     connection.close()  # the killed connection goes back to the pool, which drops it
 
     assert seen["killed"], "nothing read the database after the commit: the fault was not injected"
@@ -273,8 +288,19 @@ def test_during_a_database_outage_the_pool_tries_again_every_two_seconds_at_most
 
     s = connection.settings_dict
     proxy = CuttableProxy((s["HOST"] or "127.0.0.1", int(s["PORT"] or 5432)))
-    pool = Pool(kwargs={"host": "127.0.0.1", "port": proxy.port, "user": s["USER"], "dbname": s["NAME"],
-                        "connect_timeout": 2}, min_size=2, max_size=2, timeout=2, open=True)
+    pool = Pool(
+        kwargs={
+            "host": "127.0.0.1",
+            "port": proxy.port,
+            "user": s["USER"],
+            "dbname": s["NAME"],
+            "connect_timeout": 2,
+        },
+        min_size=2,
+        max_size=2,
+        timeout=2,
+        open=True,
+    )
     caplog.set_level(logging.INFO, logger="psycopg.pool")
     try:
         pool.wait()

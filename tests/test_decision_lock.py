@@ -107,8 +107,12 @@ def test_a_pass_whose_lock_was_lost_stops_before_committing_its_decisions(short_
             scheduling.schedule_pass(checkpoint=lease.checkpoint)
     job.refresh_from_db()
     assert job.state == JobState.PENDING
-    assert not Allocation.objects.exists() and not Action.objects.exists(), "nothing of the pass was committed"
-    assert _redis().get(locks.DECISION_LOCK) == b"someone-else", "the lost pass does not release the new holder's lock"
+    assert not Allocation.objects.exists() and not Action.objects.exists(), (
+        "nothing of the pass was committed"
+    )
+    assert _redis().get(locks.DECISION_LOCK) == b"someone-else", (
+        "the lost pass does not release the new holder's lock"
+    )
 
 
 def test_the_renewer_notices_a_lost_lock_and_the_next_checkpoint_refuses(short_ttl):

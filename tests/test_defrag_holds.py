@@ -38,8 +38,15 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def _run(submitter, rack, slots, *, name: str, preemptible: bool, priority: int = 0) -> Job:
     job = submit_job(
         submitter,
-        JobSpec(name=name, num_nodes=len(slots), gpus_per_node=4, tenant="llm", preemptible=preemptible,
-                priority=priority, expected_duration_s=10**6),
+        JobSpec(
+            name=name,
+            num_nodes=len(slots),
+            gpus_per_node=4,
+            tenant="llm",
+            preemptible=preemptible,
+            priority=priority,
+            expected_duration_s=10**6,
+        ),
     )
     nodes = Node.objects.filter(rack=rack, slot__in=list(slots))
     apply_placement(None, job.pk, {n.pk: [0, 1, 2, 3] for n in nodes}, reason="test setup")
@@ -52,7 +59,9 @@ def tight(fleet, submitter):
     a = _run(submitter, r1, range(4), name="a", preemptible=True)
     b = _run(submitter, r2, range(4), name="b", preemptible=False)
     h = _run(submitter, r2, range(8, 18), name="h", preemptible=False, priority=10)
-    c = submit_job(submitter, JobSpec(name="c", num_nodes=16, gpus_per_node=4, tenant="llm", expected_duration_s=10**6))
+    c = submit_job(
+        submitter, JobSpec(name="c", num_nodes=16, gpus_per_node=4, tenant="llm", expected_duration_s=10**6)
+    )
     return a, b, h, c
 
 
@@ -108,13 +117,17 @@ def test_approval_holds_what_the_plan_empties_and_fills_and_says_so(tight, fleet
     assert action_services.check_plan(plan) == []
 
 
-def test_the_scheduler_places_nothing_on_held_nodes_and_the_plan_achieves_its_goal(tight, fleet, operator, submitter):
+def test_the_scheduler_places_nothing_on_held_nodes_and_the_plan_achieves_its_goal(
+    tight, fleet, operator, submitter
+):
     """On the code before holds, the new job took room in r1 and the plan
     succeeded for nothing: C still did not fit."""
     a, _, _, c = tight
     r1, r2 = fleet
     plan = _approved_plan(operator)
-    d = submit_job(submitter, JobSpec(name="d", num_nodes=2, gpus_per_node=4, tenant="llm", expected_duration_s=10**6))
+    d = submit_job(
+        submitter, JobSpec(name="d", num_nodes=2, gpus_per_node=4, tenant="llm", expected_duration_s=10**6)
+    )
 
     scheduling.schedule_pass()
 
@@ -124,7 +137,9 @@ def test_the_scheduler_places_nothing_on_held_nodes_and_the_plan_achieves_its_go
     assert Action.objects.get(pk=plan.pk).state == ActionState.SUCCEEDED
     assert not NodeHold.objects.exists()
     scheduling.schedule_pass()
-    assert Job.objects.get(pk=c.pk).state == JobState.PLACED, "the room the plan made went to the job it was made for"
+    assert Job.objects.get(pk=c.pk).state == JobState.PLACED, (
+        "the room the plan made went to the job it was made for"
+    )
     assert {Node.objects.get(pk=n).rack_id for n in nodes_of(c.pk)} == {r1.pk}
     assert {Node.objects.get(pk=n).rack_id for n in nodes_of(a.pk)} == {r2.pk}
 
@@ -172,8 +187,11 @@ def test_another_plan_cannot_take_held_nodes(tight, operator):
     other = action_services.propose(
         kind=ActionKind.MIGRATION,
         title="move a job onto a held node",
-        steps=[{"op": "stop", "job": a.pk}, {"op": "allocate", "job": a.pk, "nodes": {fill: [0, 1, 2, 3]}},
-               {"op": "start", "job": a.pk}],
+        steps=[
+            {"op": "stop", "job": a.pk},
+            {"op": "allocate", "job": a.pk, "nodes": {fill: [0, 1, 2, 3]}},
+            {"op": "start", "job": a.pk},
+        ],
         jobs=[a.pk],
     )
 
@@ -247,5 +265,7 @@ def test_the_simulated_cluster_fails_a_given_step_and_the_plan_lets_go_of_its_no
     plan = _approved_plan(operator)
     _execute(plan.pk, SimulatedAdapter(0, 0, 0.01, fail_at={0}))
     plan.refresh_from_db()
-    assert plan.state == ActionState.FAILED and "simulated failure injected in checkpoint (step 1)" in plan.error
+    assert (
+        plan.state == ActionState.FAILED and "simulated failure injected in checkpoint (step 1)" in plan.error
+    )
     assert plan.lost_gpu_hours == 0.0 and not NodeHold.objects.exists()

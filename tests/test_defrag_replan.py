@@ -49,7 +49,9 @@ def plan(fragmented, operator) -> Action:
 @pytest.fixture
 def r3_job(fleet, submitter) -> Job:
     r3 = create_rack(None, name="r3", kind=RackKind.NVL72, site="dc", row="B", position=3)
-    job = submit_job(submitter, JobSpec(name="e", num_nodes=2, gpus_per_node=4, tenant="llm", expected_duration_s=10**6))
+    job = submit_job(
+        submitter, JobSpec(name="e", num_nodes=2, gpus_per_node=4, tenant="llm", expected_duration_s=10**6)
+    )
     nodes = Node.objects.filter(rack=r3, slot__in=[0, 1])
     apply_placement(None, job.pk, {n.pk: [0, 1, 2, 3] for n in nodes}, reason="test setup")
     return start_job(None, job.pk)
@@ -82,14 +84,23 @@ def test_approving_a_plan_gone_stale_answers_409_with_the_new_plan_and_cost(plan
     new = body["action"]
     assert body["replanned"] is True and new["id"] != plan.pk and new["state"] == ActionState.PROPOSED
     assert new["replaces"] == plan.pk
-    assert body["cost_gpu_hours"] == new["cost_gpu_hours"] and body["previous_cost_gpu_hours"] == plan.cost_gpu_hours
-    assert f"re-planned as #{new['id']}" in body["detail"] and f"approve #{new['id']} to confirm" in body["detail"]
+    assert (
+        body["cost_gpu_hours"] == new["cost_gpu_hours"]
+        and body["previous_cost_gpu_hours"] == plan.cost_gpu_hours
+    )
+    assert (
+        f"re-planned as #{new['id']}" in body["detail"]
+        and f"approve #{new['id']} to confirm" in body["detail"]
+    )
     assert not set(_destination(Action.objects.get(pk=new["id"]))) & nodes_of(newcomer.pk)
     assert new["plan"]["request"]["room_for_nodes"] == 16, "the new plan keeps the operator's target"
     old = operator_client.get(f"/api/actions/{plan.pk}/").json()
     assert old["state"] == ActionState.EXPIRED and old["replaced_by"] == new["id"]
     taken = Node.objects.get(pk=_destination(plan)[0]).hostname
-    assert f"stale at approval: job #{plan.jobs.get().pk}: node {taken} is taken (job #{newcomer.pk} runs there now)" in old["error"]
+    assert (
+        f"stale at approval: job #{plan.jobs.get().pk}: node {taken} is taken (job #{newcomer.pk} runs there now)"
+        in old["error"]
+    )
     assert not NodeHold.objects.exists(), "nothing held until the operator confirms"
 
     # Approving the old one again answers with the new one; confirming approves it.
@@ -104,8 +115,10 @@ def test_approving_a_plan_gone_stale_answers_409_with_the_new_plan_and_cost(plan
 def test_new_work_on_a_waiting_plans_destination_has_it_re_planned_in_place(plan, submitter, fleet):
     """The scheduler's placement asks for a recheck of the racks it filled; the
     recheck makes the plan again (the console swaps its card for the new one)."""
-    newcomer = submit_job(submitter, JobSpec(name="newcomer", num_nodes=1, gpus_per_node=4, tenant="llm",
-                                             expected_duration_s=10**6))
+    newcomer = submit_job(
+        submitter,
+        JobSpec(name="newcomer", num_nodes=1, gpus_per_node=4, tenant="llm", expected_duration_s=10**6),
+    )
     # Place it where the plan was going, as the scheduler did on the demo.
     apply_placement(None, newcomer.pk, {_destination(plan)[0]: [0, 1, 2, 3]}, reason="the scheduler")
     dest_rack = Node.objects.get(pk=_destination(plan)[0]).rack_id
@@ -125,8 +138,10 @@ def test_the_scheduler_asks_for_that_recheck(plan, submitter, monkeypatch):
     destination = set(_destination(plan))
     busy = set(Allocation.objects.filter(released_at__isnull=True).values_list("gpu__node_id", flat=True))
     idle = [n for n in Node.objects.values_list("pk", flat=True) if n not in destination | busy]
-    blocker = submit_job(submitter, JobSpec(name="blocker", num_nodes=len(idle), gpus_per_node=4, tenant="llm",
-                                            locality="none"))
+    blocker = submit_job(
+        submitter,
+        JobSpec(name="blocker", num_nodes=len(idle), gpus_per_node=4, tenant="llm", locality="none"),
+    )
     apply_placement(None, blocker.pk, {n: [0, 1, 2, 3] for n in idle}, reason="test setup")
     start_job(None, blocker.pk)
     newcomer = submit_job(submitter, JobSpec(name="newcomer", num_gpus=4, tenant="llm"))
@@ -147,10 +162,16 @@ def test_changes_elsewhere_do_not_expire_a_plan(plan, r3_job, submitter, operato
     spare = Node.objects.get(rack_id=r3, slot=17)
     node_services.mark_node_failed(None, spare.pk, "XID 79")
     node_services.return_node_to_service(None, spare.pk, "repaired")
-    other = submit_job(submitter, JobSpec(name="elsewhere", num_nodes=2, gpus_per_node=4, tenant="llm",
-                                          expected_duration_s=10**6))
-    apply_placement(None, other.pk, {n.pk: [0, 1, 2, 3] for n in Node.objects.filter(rack_id=r3, slot__in=[5, 6])},
-                    reason="the scheduler")
+    other = submit_job(
+        submitter,
+        JobSpec(name="elsewhere", num_nodes=2, gpus_per_node=4, tenant="llm", expected_duration_s=10**6),
+    )
+    apply_placement(
+        None,
+        other.pk,
+        {n.pk: [0, 1, 2, 3] for n in Node.objects.filter(rack_id=r3, slot__in=[5, 6])},
+        reason="the scheduler",
+    )
 
     result = proposals.recheck_proposals(rack_ids=[r3])
     plan.refresh_from_db()
@@ -210,7 +231,10 @@ def _action_events_during(user, change, action_id: int, state: str) -> list[dict
     client = Client()
     client.force_login(user)
     cookie = client.cookies[settings.SESSION_COOKIE_NAME].value
-    headers = [(b"origin", b"http://localhost"), (b"cookie", f"{settings.SESSION_COOKIE_NAME}={cookie}".encode())]
+    headers = [
+        (b"origin", b"http://localhost"),
+        (b"cookie", f"{settings.SESSION_COOKIE_NAME}={cookie}".encode()),
+    ]
 
     async def run() -> list[dict]:
         communicator = WebsocketCommunicator(application, "/ws/fleet/", headers=headers)

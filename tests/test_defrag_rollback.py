@@ -27,8 +27,15 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def _run(submitter, rack, slots, *, name: str, preemptible: bool) -> Job:
     job = submit_job(
         submitter,
-        JobSpec(name=name, num_nodes=len(slots), gpus_per_node=4, tenant="llm", preemptible=preemptible,
-                expected_duration_s=10**6, checkpoint_interval_s=3600),
+        JobSpec(
+            name=name,
+            num_nodes=len(slots),
+            gpus_per_node=4,
+            tenant="llm",
+            preemptible=preemptible,
+            expected_duration_s=10**6,
+            checkpoint_interval_s=3600,
+        ),
     )
     nodes = Node.objects.filter(rack=rack, slot__in=list(slots))
     apply_placement(None, job.pk, {n.pk: [0, 1, 2, 3] for n in nodes}, reason="test setup")
@@ -41,7 +48,9 @@ def two_moves(fleet, submitter, operator):
     a1 = _run(submitter, r1, range(4), name="a1", preemptible=True)
     a2 = _run(submitter, r1, range(4, 8), name="a2", preemptible=True)
     _run(submitter, r2, range(4), name="b", preemptible=False)
-    submit_job(submitter, JobSpec(name="c", num_nodes=16, gpus_per_node=4, tenant="llm", expected_duration_s=10**6))
+    submit_job(
+        submitter, JobSpec(name="c", num_nodes=16, gpus_per_node=4, tenant="llm", expected_duration_s=10**6)
+    )
     plan = defrag_services.plan_defrag(operator).action
     assert plan is not None
     assert [s["op"] for s in plan.steps] == ["checkpoint", "stop", "allocate", "start"] * 2
@@ -87,12 +96,17 @@ def test_a_failed_allocate_puts_the_stopped_job_back_on_its_old_nodes(two_moves,
     done = _run_until_it_ends(plan, FailAt(6))  # the second allocate
 
     assert done.state == ActionState.FAILED
-    assert Job.objects.get(pk=second).state == JobState.RUNNING, "the stopped job runs again, in the same pass"
+    assert Job.objects.get(pk=second).state == JobState.RUNNING, (
+        "the stopped job runs again, in the same pass"
+    )
     assert nodes_of(second) == second_nodes, "on its old nodes, which the plan still held"
     assert Job.objects.get(pk=first).state == JobState.RUNNING  # moved before the failure: stays moved
     assert done.lost_gpu_hours == pytest.approx(costs[first] + costs[second], abs=1e-3)
     assert done.lost_gpu_hours == pytest.approx(done.cost_gpu_hours, abs=1e-3)
-    assert "rolled back: 1 stopped job(s) running again (1 on their old nodes, 0 on their new ones)" in done.error
+    assert (
+        "rolled back: 1 stopped job(s) running again (1 on their old nodes, 0 on their new ones)"
+        in done.error
+    )
     assert f"{done.lost_gpu_hours:.1f} GPU-hours lost" in done.error
     assert [e["op"] for e in done.log][-2:] == ["allocate", "rollback"]
     assert not NodeHold.objects.exists()
@@ -136,7 +150,9 @@ def test_a_gpu_taken_under_the_plan_fails_it_and_the_stopped_job_runs_again(two_
     adapter = InstantAdapter()
     for _ in range(6):  # the first move, then the second job's checkpoint and stop
         assert execution.execute_next_step(plan.pk, adapter=adapter).more
-    target = next(int(n) for s in plan.steps if s["op"] == "allocate" and s["job"] == second for n in s["nodes"])
+    target = next(
+        int(n) for s in plan.steps if s["op"] == "allocate" and s["job"] == second for n in s["nodes"]
+    )
     intruder = submit_job(submitter, JobSpec(name="x", num_gpus=1, tenant="llm"))
     NodeHold.objects.filter(node_id=target).delete()
     apply_placement(None, intruder.pk, {target: [0]}, reason="a write outside the plan")
@@ -207,6 +223,6 @@ def test_a_job_that_completes_mid_plan_has_its_steps_skipped_and_the_plan_succee
     assert Job.objects.get(pk=first).state == JobState.RUNNING
     assert nodes_of(first) == {int(k) for k in moved_to[first]}
     skipped = [e for e in done.log if e.get("status") == "skipped"]
-    assert [e["op"] for e in skipped] == ["checkpoint", "stop", "allocate", "start"][done_before - 4:]
+    assert [e["op"] for e in skipped] == ["checkpoint", "stop", "allocate", "start"][done_before - 4 :]
     assert all(f"job #{second} ended (completed)" in e["message"] for e in skipped)
     assert not NodeHold.objects.exists()

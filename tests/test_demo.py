@@ -42,7 +42,9 @@ def test_a_node_running_a_job_fails_now_and_then_and_failed_nodes_come_back(db):
     demo.tick(random.Random(5))
     job = Job.objects.filter(num_nodes__isnull=False).first() or Job.objects.first()
     node = Node.objects.order_by("id").first()
-    apply_placement(None, job.pk, {node.pk: list(range(job.num_gpus if not job.num_nodes else 4))[:4]}, reason="t")
+    apply_placement(
+        None, job.pk, {node.pk: list(range(job.num_gpus if not job.num_nodes else 4))[:4]}, reason="t"
+    )
     start_job(None, job.pk)
 
     demo.tick(random.Random(0), failures_per_minute=10**6)  # a failure this tick, surely
@@ -51,7 +53,9 @@ def test_a_node_running_a_job_fails_now_and_then_and_failed_nodes_come_back(db):
 
     other = Node.objects.exclude(pk=node.pk).order_by("id").first()
     mark_node_failed(None, other.pk, "old failure")
-    Node.objects.filter(pk=other.pk).update(state_changed_at=timezone.now() - demo.REPAIR_AFTER - timedelta(seconds=1))
+    Node.objects.filter(pk=other.pk).update(
+        state_changed_at=timezone.now() - demo.REPAIR_AFTER - timedelta(seconds=1)
+    )
     demo.tick(random.Random(0))
     other.refresh_from_db()
     assert other.state == NodeState.HEALTHY

@@ -25,7 +25,9 @@ def test_the_units_verify(tmp_path):
         name = unit.name.replace("@.service", "@celery.service")
         (tmp_path / name).write_text(text)
         names.append(f"./{name}")
-    result = subprocess.run(["systemd-analyze", "verify", "--man=no", *names], cwd=tmp_path, capture_output=True, text=True)
+    result = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", *names], cwd=tmp_path, capture_output=True, text=True
+    )
     assert result.returncode == 0 and not result.stderr.strip(), result.stderr
 
 

@@ -41,8 +41,12 @@ def test_it_finds_a_gpu_that_was_held_twice_in_the_past(fleet, submitter):
     other = submit_job(submitter, JobSpec(name="b", num_gpus=1, tenant="llm"))
     # An allocation released an hour from now, made before the current one: the
     # two overlapped. The partial unique index only guards allocations still held.
-    Allocation.objects.create(job=other, gpu=gpu, created_at=timezone.now() - timedelta(hours=1),
-                              released_at=timezone.now() + timedelta(hours=1))
+    Allocation.objects.create(
+        job=other,
+        gpu=gpu,
+        created_at=timezone.now() - timedelta(hours=1),
+        released_at=timezone.now() + timedelta(hours=1),
+    )
 
     assert invariants.gpus_ever_held_twice() == 1
     with pytest.raises(CommandError, match="held one GPU at once"):
@@ -50,7 +54,9 @@ def test_it_finds_a_gpu_that_was_held_twice_in_the_past(fleet, submitter):
 
 
 def test_a_waiting_job_with_room_is_reported_as_placed_by_the_next_pass(fleet, submitter):
-    job = submit_job(submitter, JobSpec(name="gang", num_nodes=12, gpus_per_node=4, segment_nodes=6, tenant="llm"))
+    job = submit_job(
+        submitter, JobSpec(name="gang", num_nodes=12, gpus_per_node=4, segment_nodes=6, tenant="llm")
+    )
     out = StringIO()
 
     call_command("check_fleet", "--json", stdout=out)
@@ -69,8 +75,9 @@ def test_room_by_counts_never_counts_spares(fleet, submitter):
     snap = engine.load_snapshot()
     fits = submit_job(submitter, JobSpec(name="13", num_nodes=13, gpus_per_node=4, tenant="llm"))
     too_big = submit_job(submitter, JobSpec(name="14", num_nodes=14, gpus_per_node=4, tenant="llm"))
-    in_segments = submit_job(submitter, JobSpec(name="seg", num_nodes=24, gpus_per_node=4, segment_nodes=12,
-                                                tenant="llm"))
+    in_segments = submit_job(
+        submitter, JobSpec(name="seg", num_nodes=24, gpus_per_node=4, segment_nodes=12, tenant="llm")
+    )
 
     assert invariants.room_by_counts(snap.fleet, engine.job_request(fits))
     assert not invariants.room_by_counts(snap.fleet, engine.job_request(too_big))

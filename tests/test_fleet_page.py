@@ -20,7 +20,10 @@ def page_as_viewer(client, viewer):
 def test_a_small_fleet_shows_its_groups_open_with_the_cards_in_the_document(page_as_viewer, fleet):
     create_rack(None, name="b1", site="dc", row="B", position=1)
     html = page_as_viewer()
-    assert re.findall(r'data-testid="group" data-site="([^"]*)" data-row="([^"]*)"', html) == [("dc", "A"), ("dc", "B")]
+    assert re.findall(r'data-testid="group" data-site="([^"]*)" data-row="([^"]*)"', html) == [
+        ("dc", "A"),
+        ("dc", "B"),
+    ]
     assert html.count('aria-expanded="true"') == 2 and "<template>" not in html
     assert html.count('data-testid="rack"') == 3
 
@@ -36,4 +39,4 @@ def test_a_large_fleet_starts_collapsed_with_each_group_counting_its_racks_and_g
     assert re.findall(r'data-agg="racks">(\d+)<', html) == [str(n // 2)] * 2
     assert re.findall(r'data-agg="total">(\d+)<', html) == [str(n // 2 * 72)] * 2
     # The overview map is one tab stop.
-    assert html.count('data-ov=') == n and len(re.findall(r'data-ov="\d+" tabindex="0"', html)) == 1
+    assert html.count("data-ov=") == n and len(re.findall(r'data-ov="\d+" tabindex="0"', html)) == 1

@@ -37,15 +37,27 @@ def test_a_sample_holds_the_queue_and_its_waits(fleet, submitter):
 def test_the_samples_api_marks_failures_and_defrags(fleet, operator, viewer_client):
     node = fleet[0].nodes.order_by("slot").first()
     node_services.mark_node_failed(operator, node.pk, reason="XID 79")
-    plan = action_services.propose(kind=ActionKind.DEFRAG, title="defrag", jobs=[], steps=[{"op": "drain", "node": node.pk, "hostname": node.hostname, "reason": "r"}])
+    plan = action_services.propose(
+        kind=ActionKind.DEFRAG,
+        title="defrag",
+        jobs=[],
+        steps=[{"op": "drain", "node": node.pk, "hostname": node.hostname, "reason": "r"}],
+    )
     Action.objects.filter(pk=plan.pk).update(state=ActionState.EXECUTING, started_at=timezone.now())
-    FleetSample.objects.create(utilization=0.5, fragmentation=0.1, jobs_pending=3, wait_p50_s=60, wait_p95_s=600)
+    FleetSample.objects.create(
+        utilization=0.5, fragmentation=0.1, jobs_pending=3, wait_p50_s=60, wait_p95_s=600
+    )
 
     body = viewer_client.get("/api/console/samples/", {"hours": 1}).json()
 
     assert body["samples"][-1] | {"at": None} == {
-        "at": None, "utilization": 0.5, "fragmentation": 0.1, "gpus_used": 0, "jobs_pending": 3,
-        "wait_p50_s": 60.0, "wait_p95_s": 600.0,
+        "at": None,
+        "utilization": 0.5,
+        "fragmentation": 0.1,
+        "gpus_used": 0,
+        "jobs_pending": 3,
+        "wait_p50_s": 60.0,
+        "wait_p95_s": 600.0,
     }
     kinds = {m["kind"]: m for m in body["markers"]}
     assert kinds["failure"]["text"] == f"{node.hostname} failed: XID 79"

@@ -17,7 +17,9 @@ def submit(owner, num_gpus: int, name: str = "job") -> Job:
 
 
 def place(job: Job, placement: dict[Node, list[int]]) -> Job:
-    return job_allocations.apply_placement(None, job.pk, {n.id: idx for n, idx in placement.items()}, reason="test")
+    return job_allocations.apply_placement(
+        None, job.pk, {n.id: idx for n, idx in placement.items()}, reason="test"
+    )
 
 
 def test_an_empty_fleet_has_zero_totals_and_zero_utilization(db, viewer_client):
@@ -47,7 +49,9 @@ def test_an_idle_fleet_is_all_free(fleet, viewer_client):
     ]
 
 
-def test_the_summary_counts_allocations_failures_and_jobs(fleet, submitter, other_submitter, operator, viewer_client):
+def test_the_summary_counts_allocations_failures_and_jobs(
+    fleet, submitter, other_submitter, operator, viewer_client
+):
     r1, r2 = fleet
     n1 = {node.slot: node for node in r1.nodes.all()}
     n2 = {node.slot: node for node in r2.nodes.all()}
@@ -99,7 +103,9 @@ def test_a_finished_job_no_longer_counts_as_used(fleet, submitter, viewer_client
     assert body["jobs_by_state"]["completed"] == 1
 
 
-def test_every_role_can_read_the_summary_but_an_outsider_cannot(fleet, submitter_client, operator_client, outsider_client):
+def test_every_role_can_read_the_summary_but_an_outsider_cannot(
+    fleet, submitter_client, operator_client, outsider_client
+):
     assert submitter_client.get(URL).status_code == 200
     assert operator_client.get(URL).json()["gpus_total"] == 144
     response = outsider_client.get(URL)
@@ -107,7 +113,9 @@ def test_every_role_can_read_the_summary_but_an_outsider_cannot(fleet, submitter
     assert "gpus_total" not in response.json()
 
 
-def test_a_full_fleet_losing_a_node_under_a_job_stays_at_full_not_over_full(fleet, submitter, operator, viewer_client):
+def test_a_full_fleet_losing_a_node_under_a_job_stays_at_full_not_over_full(
+    fleet, submitter, operator, viewer_client
+):
     nodes = list(Node.objects.order_by("rack__name", "slot"))
     job = job_services.submit_job(
         submitter, job_services.JobSpec(name="everything", num_gpus=144, segment_nodes=18)
@@ -117,7 +125,12 @@ def test_a_full_fleet_losing_a_node_under_a_job_stays_at_full_not_over_full(flee
 
     body = viewer_client.get(URL).json()
 
-    assert (body["gpus_used"], body["gpus_failed"], body["gpus_free"], body["gpus_unavailable"]) == (144, 0, 0, 0)
+    assert (body["gpus_used"], body["gpus_failed"], body["gpus_free"], body["gpus_unavailable"]) == (
+        144,
+        0,
+        0,
+        0,
+    )
     assert body["utilization"] == 1.0
     assert body["utilization_of_usable"] == 1.0
     assert body["jobs_by_state"]["recovering"] == 1

@@ -41,7 +41,15 @@ def broken_up(fleet, submitter):
     hold it, r2's can. Counted: r1 12 x 4 = 48, r2 3 + 16 x 4 = 67, 115 GPUs;
     fragmented: r1's 48 and r2's 3 stuck GPUs, 51; 51 / 115 = 44%."""
     r1, r2 = fleet
-    _run(submitter, r1, "b", {s: [0, 1, 2, 3] for s in range(4)}, num_nodes=4, gpus_per_node=4, preemptible=False)
+    _run(
+        submitter,
+        r1,
+        "b",
+        {s: [0, 1, 2, 3] for s in range(4)},
+        num_nodes=4,
+        gpus_per_node=4,
+        preemptible=False,
+    )
     _run(submitter, r2, "tiny", {0: [0]}, num_gpus=1)
     submit_job(submitter, JobSpec(name="big", num_nodes=16, gpus_per_node=4, tenant="llm", preemptible=False))
     return fleet
@@ -50,8 +58,12 @@ def broken_up(fleet, submitter):
 def _metrics() -> dict[str, float]:
     response = Client().get("/metrics")
     assert response.status_code == 200, response.content
-    return {s.name: s.value for f in text_string_to_metric_families(response.content.decode()) for s in f.samples
-            if not s.labels}
+    return {
+        s.name: s.value
+        for f in text_string_to_metric_families(response.content.decode())
+        for s in f.samples
+        if not s.labels
+    }
 
 
 @pytest.fixture(params=[False, True], ids=["computed", "read-models"])
@@ -77,7 +89,14 @@ def test_an_idle_fleet_is_not_fragmented_anywhere(fleet, viewer_client):
 
 def test_a_full_fleet_is_not_fragmented(fleet, submitter, viewer_client):
     for rack in fleet:
-        _run(submitter, rack, f"all-{rack.name}", {s: [0, 1, 2, 3] for s in range(18)}, num_nodes=18, gpus_per_node=4)
+        _run(
+            submitter,
+            rack,
+            f"all-{rack.name}",
+            {s: [0, 1, 2, 3] for s in range(18)},
+            num_nodes=18,
+            gpus_per_node=4,
+        )
     body = viewer_client.get("/api/fleet/fragmentation/").json()
     assert (body["free_gpus"], body["counted_gpus"], body["fraction"]) == (0, 0, 0)
     assert body["largest_slice_nodes"] == 0
@@ -87,10 +106,16 @@ def test_a_broken_up_fleet_gives_the_number_the_definition_says(broken_up, viewe
     body = viewer_client.get("/api/fleet/fragmentation/").json()
     assert (body["typical_job_gpus"], body["typical_from"]) == (64, "jobs")
     racks = {r["rack"]: r for r in body["racks"]}
-    assert {k: racks["r1"][k] for k in ("idle_nodes", "spare_nodes", "slice_nodes", "share_nodes", "fragmented_gpus")} == \
-        {"idle_nodes": 14, "spare_nodes": 2, "slice_nodes": 12, "share_nodes": 16, "fragmented_gpus": 48}
-    assert {k: racks["r2"][k] for k in ("idle_nodes", "spare_nodes", "slice_nodes", "fragmented_gpus")} == \
-        {"idle_nodes": 17, "spare_nodes": 1, "slice_nodes": 16, "fragmented_gpus": 3}
+    assert {
+        k: racks["r1"][k]
+        for k in ("idle_nodes", "spare_nodes", "slice_nodes", "share_nodes", "fragmented_gpus")
+    } == {"idle_nodes": 14, "spare_nodes": 2, "slice_nodes": 12, "share_nodes": 16, "fragmented_gpus": 48}
+    assert {k: racks["r2"][k] for k in ("idle_nodes", "spare_nodes", "slice_nodes", "fragmented_gpus")} == {
+        "idle_nodes": 17,
+        "spare_nodes": 1,
+        "slice_nodes": 16,
+        "fragmented_gpus": 3,
+    }
     assert (body["counted_gpus"], body["fragmented_gpus"]) == (115, 51)
     assert body["fraction"] == pytest.approx(51 / 115, abs=1e-6)
 
@@ -106,7 +131,9 @@ def test_header_chart_api_and_metrics_show_one_number(broken_up, viewer_client, 
 
     assert header == "44%"
     assert chart["fragmentation"] == pytest.approx(api["fraction"], abs=1e-4)
-    assert metrics["rackwise_fragmentation"] == pytest.approx(api["fraction"], abs=1e-6)  # the API rounds to 6 places
+    assert metrics["rackwise_fragmentation"] == pytest.approx(
+        api["fraction"], abs=1e-6
+    )  # the API rounds to 6 places
     assert metrics["rackwise_fragmented_gpus"] == api["fragmented_gpus"]
     assert metrics["rackwise_largest_placeable_job_gpus"] == api["largest_job_gpus"]
     assert FleetSample.objects.latest("at").largest_job_gpus == api["largest_job_gpus"]
@@ -115,8 +142,14 @@ def test_header_chart_api_and_metrics_show_one_number(broken_up, viewer_client, 
 def test_the_chart_keeps_its_latest_sample_when_it_thins_them(db):
     now = timezone.now()
     FleetSample.objects.bulk_create(
-        FleetSample(at=now - timedelta(minutes=m), utilization=0, fragmentation=m / 100, jobs_pending=0,
-                    wait_p50_s=0, wait_p95_s=0)
+        FleetSample(
+            at=now - timedelta(minutes=m),
+            utilization=0,
+            fragmentation=m / 100,
+            jobs_pending=0,
+            wait_p50_s=0,
+            wait_p95_s=0,
+        )
         for m in range(100, -1, -1)
     )
     rows = samples_since(hours=3, limit=10)

@@ -33,8 +33,12 @@ def client(node):
 MALFORMED = [
     pytest.param({"index": 2, "xids": [2**31]}, "gpus[2].xids", id="xid beyond the 32-bit column"),
     pytest.param({"index": 2, "xids": [79] * 1000}, "gpus[2].xids", id="a thousand xids"),
-    pytest.param({"index": 2, "state": "failed", "error": "bad\x00byte"}, "gpus[2].error", id="NUL in the error"),
-    pytest.param({"index": 2, "state": "degraded", "error": "x" * 501}, "gpus[2].error", id="over-long error"),
+    pytest.param(
+        {"index": 2, "state": "failed", "error": "bad\x00byte"}, "gpus[2].error", id="NUL in the error"
+    ),
+    pytest.param(
+        {"index": 2, "state": "degraded", "error": "x" * 501}, "gpus[2].error", id="over-long error"
+    ),
     pytest.param({"index": 2, "temperature_c": 1e300}, "gpus[2].temperature_c", id="absurd temperature"),
 ]
 

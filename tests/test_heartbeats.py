@@ -28,7 +28,9 @@ def beat(*gpus: dict, agent_version: str = "test") -> dict:
     given = {g["index"]: {"state": "ok", "xids": [], "temperature_c": 50.0} | g for g in gpus}
     return {
         "agent_version": agent_version,
-        "gpus": [given.get(i, {"index": i, "state": "ok", "xids": [], "temperature_c": 50.0}) for i in range(4)],
+        "gpus": [
+            given.get(i, {"index": i, "state": "ok", "xids": [], "temperature_c": 50.0}) for i in range(4)
+        ],
     }
 
 
@@ -200,7 +202,12 @@ def test_a_non_fatal_xid_marks_only_that_gpu_degraded(node, token):
 
     assert response.status_code == 200
     assert response.data["gpus_changed"] == [
-        {"index": 2, "health_before": "ok", "health": "degraded", "last_error": "XID 13: graphics engine exception"}
+        {
+            "index": 2,
+            "health_before": "ok",
+            "health": "degraded",
+            "last_error": "XID 13: graphics engine exception",
+        }
     ]
     degraded = gpu(node, 2)
     assert (degraded.health, degraded.last_xid) == (GpuHealth.DEGRADED, 13)
@@ -222,7 +229,9 @@ def test_a_degrading_gpu_proposes_draining_its_node_once_for_an_operator(node, t
 
     (drain,) = Action.objects.filter(kind="drain")
     assert drain.state == "proposed", "drains wait for an operator by default"
-    assert drain.steps == [{"op": "drain", "node": node.pk, "hostname": "r1-n00", "reason": drain.steps[0]["reason"]}]
+    assert drain.steps == [
+        {"op": "drain", "node": node.pk, "hostname": "r1-n00", "reason": drain.steps[0]["reason"]}
+    ]
     assert "GPU 2" in drain.title and "XID 13" in drain.title
     node.refresh_from_db()
     assert node.state == NodeState.HEALTHY, "nothing is drained before the approval"
@@ -246,7 +255,9 @@ def test_a_degraded_gpu_reported_ok_again_is_ok(node, token):
     assert (recovered.health, recovered.last_error, recovered.last_xid) == (GpuHealth.OK, "", 31)
 
 
-def test_a_fatal_xid_fails_the_node_and_its_job_goes_to_recovering(node, token, submitter, sent, django_capture_on_commit_callbacks):
+def test_a_fatal_xid_fails_the_node_and_its_job_goes_to_recovering(
+    node, token, submitter, sent, django_capture_on_commit_callbacks
+):
     job = place_job_on(node, submitter)
 
     with django_capture_on_commit_callbacks(execute=True):

@@ -28,8 +28,14 @@ def _modules() -> list[str]:
 
 
 def test_there_are_modules_to_check():
-    assert {"fleet.cluster.base", "fleet.cluster.simulated", "fleet.cluster.webhook", "fleet.services.actions.propose",
-            "fleet.services.execution.cluster_sync", "fleet.services.jobs.lifecycle"} <= set(_modules())
+    assert {
+        "fleet.cluster.base",
+        "fleet.cluster.simulated",
+        "fleet.cluster.webhook",
+        "fleet.services.actions.propose",
+        "fleet.services.execution.cluster_sync",
+        "fleet.services.jobs.lifecycle",
+    } <= set(_modules())
 
 
 @pytest.mark.parametrize("module", _modules())
@@ -40,7 +46,9 @@ def test_importing_it_in_a_fresh_interpreter_does_not_load_fleet_tasks(module):
         "print('fleet.tasks' in sys.modules)"
     )
     env = os.environ | {"DJANGO_SETTINGS_MODULE": "rackwise.settings", "DEBUG": "1"}
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
 
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False", f"importing {module} loaded fleet.tasks"
@@ -62,7 +70,9 @@ def test_no_code_in_it_imports_fleet_tasks(module):
     path = ROOT.joinpath(*module.split("."))
     path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
 
-    offending = [name for name in _imports_of(path) if name == "fleet.tasks" or name.startswith("fleet.tasks.")]
+    offending = [
+        name for name in _imports_of(path) if name == "fleet.tasks" or name.startswith("fleet.tasks.")
+    ]
 
     assert offending == [], f"{module} imports {offending}"
 
@@ -103,15 +113,25 @@ def test_the_owner_rooms_never_import_decisions_execution_intake_or_read():
     graph_tool = _import_graph()
     graph = graph_tool.imports(graph_tool.modules())
     owners = [m for m in graph if m.startswith("fleet.services.") and m.split(".")[2] not in ABOVE_OWNERS]
-    assert {"fleet.services.jobs.lifecycle", "fleet.services.nodes.moves", "fleet.services.actions.propose"} <= set(owners)
-    above = {m: sorted(t for t in graph[m] if t.startswith("fleet.services.") and t.split(".")[2] in ABOVE_OWNERS)
-             for m in owners}
+    assert {
+        "fleet.services.jobs.lifecycle",
+        "fleet.services.nodes.moves",
+        "fleet.services.actions.propose",
+    } <= set(owners)
+    above = {
+        m: sorted(t for t in graph[m] if t.startswith("fleet.services.") and t.split(".")[2] in ABOVE_OWNERS)
+        for m in owners
+    }
     assert {m: t for m, t in above.items() if t} == {}
 
 
 def test_the_counter_finds_a_cycle_and_an_import_up_a_floor():
     graph_tool = _import_graph()
-    graph = {"fleet.models": {"fleet.services.jobs"}, "fleet.services.jobs": {"fleet.models"}, "placement": set()}
+    graph = {
+        "fleet.models": {"fleet.services.jobs"},
+        "fleet.services.jobs": {"fleet.models"},
+        "placement": set(),
+    }
 
     assert graph_tool.cycles(graph) == [["fleet.models", "fleet.services.jobs"]]
     assert graph_tool.up_floor(graph) == [("fleet.models", "fleet.services.jobs")]
@@ -119,11 +139,24 @@ def test_the_counter_finds_a_cycle_and_an_import_up_a_floor():
 
 def test_the_placement_engine_imports_neither_django_nor_fleet():
     for path in sorted(ROOT.joinpath("placement").rglob("*.py")):
-        outside = [n for n in _imports_of(path) if n.split(".")[0] in ("django", "fleet", "rackwise", "rest_framework")]
+        outside = [
+            n
+            for n in _imports_of(path)
+            if n.split(".")[0] in ("django", "fleet", "rackwise", "rest_framework")
+        ]
         assert outside == [], (path.relative_to(ROOT).as_posix(), outside)
 
 
-WRITES = {"save", "delete", "update", "create", "bulk_create", "bulk_update", "get_or_create", "update_or_create"}
+WRITES = {
+    "save",
+    "delete",
+    "update",
+    "create",
+    "bulk_create",
+    "bulk_update",
+    "get_or_create",
+    "update_or_create",
+}
 
 
 def test_the_adapters_write_no_rows():

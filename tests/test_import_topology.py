@@ -602,7 +602,10 @@ MALFORMED_K8S = [
     ("k8s_spec_not_object.json", "items[9].spec: must be an object"),
     ("k8s_taints_not_list.json", "items[10].spec.taints: taints must be a list"),
     ("k8s_taint_key_not_string.json", "items[11].spec.taints[0]: a taint needs a key"),
-    ("k8s_taint_effect_not_string.json", "items[11].spec.taints[0].effect: a taint's effect must be a string"),
+    (
+        "k8s_taint_effect_not_string.json",
+        "items[11].spec.taints[0].effect: a taint's effect must be a string",
+    ),
     ("k8s_long_name.json", "items[12].metadata.name: node name 'gb200-xxx"),
     ("k8s_digit_hostname.json", "items[13].metadata.name: node name '999"),
     ("k8s_name_with_newline.json", "items[14].metadata.name: node name 'gb200-r1\\nn12' has whitespace"),
@@ -610,7 +613,10 @@ MALFORMED_K8S = [
     ("k8s_gpus_not_string.json", 'items[16].status.capacity["nvidia.com/gpu"]: GPU capacity [4] is not'),
     ("k8s_5000_gpus.json", 'items[17].status.capacity["nvidia.com/gpu"]: 5000 GPUs on one node'),
     ("k8s_lone_node_5000_gpus.json", "items[0].status.capacity"),
-    ("k8s_huge_number.json", "k8s_huge_number.json: not valid JSON here: a number with more than 4,300 digits"),
+    (
+        "k8s_huge_number.json",
+        "k8s_huge_number.json: not valid JSON here: a number with more than 4,300 digits",
+    ),
     ("k8s_not_utf8.json", "k8s_not_utf8.json:1239: not UTF-8 text: byte 0xe7"),
     ("k8s_deep.json", "k8s_deep.json: JSON nested too deeply"),
 ]
@@ -619,8 +625,14 @@ MALFORMED_SLURM = [
     (("slurm_digit_hostname.conf",), "slurm_digit_hostname.conf:2: host name '777"),
     (("slurm_not_utf8.conf",), "slurm_not_utf8.conf:1: not UTF-8 text: byte 0xe9"),
     (("slurm_huge_blocksizes.conf",), "slurm_huge_blocksizes.conf:2: BlockSizes='111"),
-    (("slurm_topology.conf", "scontrol_huge_gres.json"), "scontrol_huge_gres.json: nodes[30].gres: GPU count"),
-    (("slurm_topology.conf", "scontrol_5000_gpus.json"), "scontrol_5000_gpus.json: nodes[31].gres: 5000 GPUs"),
+    (
+        ("slurm_topology.conf", "scontrol_huge_gres.json"),
+        "scontrol_huge_gres.json: nodes[30].gres: GPU count",
+    ),
+    (
+        ("slurm_topology.conf", "scontrol_5000_gpus.json"),
+        "scontrol_5000_gpus.json: nodes[31].gres: 5000 GPUs",
+    ),
     (("slurm_topology.conf", "scontrol_tres_not_string.json"), "nodes[32].tres: tres must be a string"),
     (("slurm_topology.conf", "scontrol_reason_not_string.json"), "nodes[33].reason: reason must be a string"),
 ]
@@ -650,7 +662,9 @@ def fleet_picture() -> dict[str, tuple]:
 
 
 @pytest.mark.parametrize(("name", "place"), MALFORMED_K8S, ids=[n for n, _ in MALFORMED_K8S])
-def test_a_malformed_node_list_ends_in_one_line_naming_file_and_place_and_writes_nothing(imported, name, place):
+def test_a_malformed_node_list_ends_in_one_line_naming_file_and_place_and_writes_nothing(
+    imported, name, place
+):
     message = _one_line_refusal("--from", "kubernetes", str(DATA / name))
 
     assert str(DATA / name) in message and place in message
@@ -763,7 +777,9 @@ def test_a_node_list_file_is_read_one_node_at_a_time(tmp_path):
             node["metadata"]["name"] = f"copy{copy_no:02d}-{node['metadata']['name']}"
             labels = node["metadata"].setdefault("labels", {})
             if "nvidia.com/gpu.clique" in labels:
-                labels["nvidia.com/gpu.clique"] = labels["nvidia.com/gpu.clique"].split(".")[0] + f".{copy_no}"
+                labels["nvidia.com/gpu.clique"] = (
+                    labels["nvidia.com/gpu.clique"].split(".")[0] + f".{copy_no}"
+                )
             node["metadata"].setdefault("annotations", {})["padding"] = "y" * 15000
             items.append(node)
     doc = {"kind": "NodeList", "items": items}

@@ -33,7 +33,9 @@ def test_the_key_may_come_in_the_body_instead_of_the_header(fleet, submitter_cli
 
 def test_it_refuses_a_reused_key_with_a_different_request_with_409(fleet, submitter_client):
     first = submitter_client.post("/api/jobs/", BODY, format="json", HTTP_IDEMPOTENCY_KEY="k-3")
-    other = submitter_client.post("/api/jobs/", BODY | {"num_gpus": 8}, format="json", HTTP_IDEMPOTENCY_KEY="k-3")
+    other = submitter_client.post(
+        "/api/jobs/", BODY | {"num_gpus": 8}, format="json", HTTP_IDEMPOTENCY_KEY="k-3"
+    )
 
     assert other.status_code == 409, other.content
     assert "k-3" in other.json()["detail"] and f"#{first.json()['id']}" in other.json()["detail"]
@@ -43,7 +45,10 @@ def test_it_refuses_a_reused_key_with_a_different_request_with_409(fleet, submit
 def test_leaving_out_ones_only_tenant_is_the_same_request_as_naming_it(fleet, submitter_client):
     first = submitter_client.post("/api/jobs/", BODY, format="json", HTTP_IDEMPOTENCY_KEY="k-4")
     again = submitter_client.post(
-        "/api/jobs/", {k: v for k, v in BODY.items() if k != "tenant"}, format="json", HTTP_IDEMPOTENCY_KEY="k-4"
+        "/api/jobs/",
+        {k: v for k, v in BODY.items() if k != "tenant"},
+        format="json",
+        HTTP_IDEMPOTENCY_KEY="k-4",
     )
 
     assert again.status_code == 200 and again.json()["id"] == first.json()["id"]
@@ -51,7 +56,9 @@ def test_leaving_out_ones_only_tenant_is_the_same_request_as_naming_it(fleet, su
 
 def test_keys_are_unique_per_tenant_not_across_tenants(fleet, submitter_client, other_client):
     mine = submitter_client.post("/api/jobs/", BODY, format="json", HTTP_IDEMPOTENCY_KEY="shared")
-    theirs = other_client.post("/api/jobs/", BODY | {"tenant": "vision"}, format="json", HTTP_IDEMPOTENCY_KEY="shared")
+    theirs = other_client.post(
+        "/api/jobs/", BODY | {"tenant": "vision"}, format="json", HTTP_IDEMPOTENCY_KEY="shared"
+    )
 
     assert (mine.status_code, theirs.status_code) == (201, 201)
     assert mine.json()["id"] != theirs.json()["id"]

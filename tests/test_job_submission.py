@@ -111,7 +111,10 @@ def test_it_keeps_explicit_segments_for_a_24_node_preferred_job(fleet, submitter
     assert response.status_code == 201, response.content
     body = response.json()
     assert (body["num_gpus"], body["num_nodes"], body["segment_nodes"], body["locality"]) == (
-        96, 24, 12, "preferred"
+        96,
+        24,
+        12,
+        "preferred",
     )
     job = Job.objects.get(pk=body["id"])
     assert (job.num_nodes, job.segment_nodes, job.locality) == (24, 12, "preferred")
@@ -169,7 +172,10 @@ def test_it_stores_the_optional_scheduling_fields(fleet, submitter_client):
     assert response.status_code == 201, response.content
     job = Job.objects.get(pk=response.json()["id"])
     assert (job.priority, job.preemptible, job.checkpoint_interval_s, job.expected_duration_s) == (
-        50, False, 600, 7200
+        50,
+        False,
+        600,
+        7200,
     )
 
 
@@ -275,7 +281,9 @@ def test_it_refuses_a_job_with_no_size_at_all(fleet, submitter_client):
 def test_it_refuses_num_gpus_that_disagrees_with_num_nodes_times_gpus_per_node(fleet, submitter_client):
     response = submit(submitter_client, name="mismatch", num_gpus=10, num_nodes=2, gpus_per_node=4)
 
-    assert_refused(response, "num_gpus", "num_gpus=10", "num_nodes x gpus_per_node = 8", "give one or the other")
+    assert_refused(
+        response, "num_gpus", "num_gpus=10", "num_nodes x gpus_per_node = 8", "give one or the other"
+    )
 
 
 def test_it_refuses_a_segment_that_does_not_divide_the_job_and_suggests_divisors(fleet, submitter_client):
@@ -290,7 +298,12 @@ def test_it_refuses_a_segment_that_does_not_divide_the_job_and_suggests_divisors
 
 def test_it_refuses_a_segment_bigger_than_a_rack(fleet, submitter_client):
     response = submit(
-        submitter_client, name="huge-segment", num_nodes=36, gpus_per_node=4, segment_nodes=36, locality="preferred"
+        submitter_client,
+        name="huge-segment",
+        num_nodes=36,
+        gpus_per_node=4,
+        segment_nodes=36,
+        locality="preferred",
     )
 
     assert_refused(
@@ -381,8 +394,13 @@ def test_an_anonymous_caller_may_not_submit(fleet, anon_client):
 # --- #28 items 4 and 6: never more than asked; every missing field at once ----------
 
 
-@pytest.mark.parametrize("asked, offers", [(5, ["4 (1 node of 4)", "8 (2 nodes of 4)"]), (30, ["28 (7 nodes of 4)", "32 (8 nodes of 4)"])])
-def test_a_gpu_count_that_is_not_whole_nodes_is_refused_with_the_shapes_that_fit(fleet, submitter_client, asked, offers):
+@pytest.mark.parametrize(
+    "asked, offers",
+    [(5, ["4 (1 node of 4)", "8 (2 nodes of 4)"]), (30, ["28 (7 nodes of 4)", "32 (8 nodes of 4)"])],
+)
+def test_a_gpu_count_that_is_not_whole_nodes_is_refused_with_the_shapes_that_fit(
+    fleet, submitter_client, asked, offers
+):
     """num_gpus: 5 was accepted and held 2 whole nodes (8 GPUs) without saying so."""
     response = submit(submitter_client, name="odd", num_gpus=asked)
 

@@ -15,7 +15,14 @@ from fleet.models import Job, Tenant
 def many_jobs(fleet, submitter):
     tenant = Tenant.objects.get(name="llm")
     Job.objects.bulk_create(
-        Job(name=f"job-{i:03d}", owner=submitter, tenant=tenant, num_gpus=1 + i % 4, priority=i % 7, state="pending")
+        Job(
+            name=f"job-{i:03d}",
+            owner=submitter,
+            tenant=tenant,
+            num_gpus=1 + i % 4,
+            priority=i % 7,
+            state="pending",
+        )
         for i in range(205)
     )
     return list(Job.objects.order_by("id"))

@@ -86,7 +86,9 @@ def test_placing_a_job_that_is_not_pending_is_refused_by_the_same_table(fleet, s
     Job.objects.filter(pk=job.pk).update(state=JobState.RUNNING)
     before = _written(job=job)
 
-    placed, refused = job_allocations.place_jobs(None, [Allocate(job=job.pk, nodes={node.pk: [0, 1, 2, 3]}, reason="test")])
+    placed, refused = job_allocations.place_jobs(
+        None, [Allocate(job=job.pk, nodes={node.pk: [0, 1, 2, 3]}, reason="test")]
+    )
 
     assert placed == [] and refused == {job.pk: f"job #{job.pk} is running, not pending; it cannot be placed"}
     assert _written(job=job) == before
@@ -164,7 +166,11 @@ def _writes_of_state(tree: ast.AST) -> list[tuple[int, str, str]]:
         for target in targets:
             if isinstance(target, ast.Attribute) and target.attr in STATE_FIELDS:
                 found.append((node.lineno, ast.unparse(target.value), target.attr))
-            if isinstance(target, ast.Call) and isinstance(target.func, ast.Name) and target.func.id == "setattr":
+            if (
+                isinstance(target, ast.Call)
+                and isinstance(target.func, ast.Name)
+                and target.func.id == "setattr"
+            ):
                 found.append((node.lineno, "setattr", "?"))
         if isinstance(node, ast.Call):
             name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
@@ -202,5 +208,8 @@ def test_the_source_check_finds_a_bypass():
         "Job(name='x', state='pending')\n"
     )
     assert [(line, field) for line, _, field in _writes_of_state(sample)] == [
-        (1, "state"), (2, "state"), (3, "state_reason"), (4, "state")
+        (1, "state"),
+        (2, "state"),
+        (3, "state_reason"),
+        (4, "state"),
     ]

@@ -31,7 +31,10 @@ def _headers(user) -> list[tuple[bytes, bytes]]:
     client = Client()
     client.force_login(user)
     cookie = client.cookies[settings.SESSION_COOKIE_NAME].value
-    return [(b"origin", b"http://localhost"), (b"cookie", f"{settings.SESSION_COOKIE_NAME}={cookie}".encode())]
+    return [
+        (b"origin", b"http://localhost"),
+        (b"cookie", f"{settings.SESSION_COOKIE_NAME}={cookie}".encode()),
+    ]
 
 
 def test_the_channel_layer_read_timeout_outlasts_its_blocking_pop():

@@ -100,16 +100,33 @@ def _churn(seed: int, seconds: float) -> subprocess.Popen:
     db = connection.settings_dict
     url = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
     return subprocess.Popen(
-        [sys.executable, "-c", CHURN, str(seed), str(seconds)], cwd=ROOT,
-        env=os.environ | {"DATABASE_URL": url, "RACKWISE_LIVE_FLEET_VERIFY": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-c", CHURN, str(seed), str(seconds)],
+        cwd=ROOT,
+        env=os.environ | {"DATABASE_URL": url, "RACKWISE_LIVE_FLEET_VERIFY": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
 def _submit(user, i: int) -> None:
-    shapes = [{"num_gpus": 1}, {"num_gpus": 4}, {"num_nodes": 2, "gpus_per_node": 4},
-              {"num_nodes": 6, "gpus_per_node": 4}, {"num_nodes": 20, "gpus_per_node": 4, "segment_nodes": 10}]
-    submit_job(user, JobSpec(name=f"churn-{i}", tenant="llm", expected_duration_s=600 + 60 * i,
-                             preemptible=bool(i % 2), **shapes[i % len(shapes)]))
+    shapes = [
+        {"num_gpus": 1},
+        {"num_gpus": 4},
+        {"num_nodes": 2, "gpus_per_node": 4},
+        {"num_nodes": 6, "gpus_per_node": 4},
+        {"num_nodes": 20, "gpus_per_node": 4, "segment_nodes": 10},
+    ]
+    submit_job(
+        user,
+        JobSpec(
+            name=f"churn-{i}",
+            tenant="llm",
+            expected_duration_s=600 + 60 * i,
+            preemptible=bool(i % 2),
+            **shapes[i % len(shapes)],
+        ),
+    )
 
 
 @pytest.mark.django_db(transaction=True)
@@ -200,7 +217,9 @@ def test_starting_a_job_moves_its_racks_versions(fleet, submitter):
         assert snap.fleet.allocations[str(job.pk)].expected_end == job.started_at.timestamp() + 3600
 
 
-def test_a_job_placed_between_reading_the_queue_and_the_snapshot_is_not_planned_again(fleet, submitter, monkeypatch):
+def test_a_job_placed_between_reading_the_queue_and_the_snapshot_is_not_planned_again(
+    fleet, submitter, monkeypatch
+):
     """Another pass (one whose lease lapsed) can place a job after this pass read
     the queue: the snapshot then holds it. It raised CapacityError ("already
     holds an allocation") from the engine."""

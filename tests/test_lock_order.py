@@ -32,7 +32,9 @@ def _running_job_on(node: Node, owner) -> int:
     return job.pk
 
 
-def test_a_job_finishing_on_a_draining_node_another_transaction_holds_does_not_wait(fleet, submitter, operator):
+def test_a_job_finishing_on_a_draining_node_another_transaction_holds_does_not_wait(
+    fleet, submitter, operator
+):
     node = fleet[0].nodes.get(slot=5)
     job_id = _running_job_on(node, submitter)
     node_services.drain_node(operator, node.pk, "maintenance")

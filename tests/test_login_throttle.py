@@ -24,8 +24,12 @@ def limits(settings):
     settings.RACKWISE_LOGIN_MAX_ADDRESS_FAILURES = 6
     addresses = ["127.0.0.1", "10.0.0.2", "10.0.0.3", "203.0.113.7", "203.0.113.8"]
     names = ["vic", "walt", "root", "x1", "x2", "x3", "x4", "x5", "x6"]
-    keys = ([f"user:{n}" for n in names] + [f"ip:{a}" for a in addresses]
-            + [f"pair:{n}:{a}" for n in names for a in addresses] + [f"last:user:{n}" for n in names])
+    keys = (
+        [f"user:{n}" for n in names]
+        + [f"ip:{a}" for a in addresses]
+        + [f"pair:{n}:{a}" for n in names for a in addresses]
+        + [f"last:user:{n}" for n in names]
+    )
     # Only this test's counters: the cache shares Redis with Celery and Channels.
     login_limiter().reset(keys)
     token_limiter().reset(keys)

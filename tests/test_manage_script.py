@@ -33,8 +33,12 @@ def _new_shell_env(tmp_path, **extra: str) -> dict[str, str]:
 
 def test_the_readme_token_example_works_when_pasted(live_server, fleet, tmp_path):
     result = subprocess.run(
-        ["bash", "-c", README_EXAMPLE], cwd=ROOT, env=_new_shell_env(tmp_path, RACKWISE_URL=live_server.url),
-        capture_output=True, text=True, timeout=120,
+        ["bash", "-c", README_EXAMPLE],
+        cwd=ROOT,
+        env=_new_shell_env(tmp_path, RACKWISE_URL=live_server.url),
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
     assert result.returncode == 0, result.stderr
@@ -43,8 +47,12 @@ def test_the_readme_token_example_works_when_pasted(live_server, fleet, tmp_path
 
 def test_manage_works_without_debug_or_secret_key_exported(fleet, tmp_path):
     result = subprocess.run(
-        ["scripts/manage", "create_api_user", "bot", "--role", "viewer"], cwd=ROOT, env=_new_shell_env(tmp_path),
-        capture_output=True, text=True, timeout=120,
+        ["scripts/manage", "create_api_user", "bot", "--role", "viewer"],
+        cwd=ROOT,
+        env=_new_shell_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
     assert result.returncode == 0, result.stderr
@@ -55,8 +63,12 @@ def test_a_submitter_without_a_tenant_is_refused_in_one_line(fleet, tmp_path):
     from django.contrib.auth import get_user_model
 
     result = subprocess.run(
-        ["scripts/manage", "create_api_user", "lonely", "--role", "submitter"], cwd=ROOT,
-        env=_new_shell_env(tmp_path), capture_output=True, text=True, timeout=120,
+        ["scripts/manage", "create_api_user", "lonely", "--role", "submitter"],
+        cwd=ROOT,
+        env=_new_shell_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
     assert result.returncode != 0

@@ -24,7 +24,9 @@ def _no_bare_ids(text: str, ids) -> None:
 
 def test_a_what_if_names_the_rack_it_would_use(fleet, submitter_client):
     response = submitter_client.post(
-        "/api/jobs/what-if/", {"name": "w", "num_nodes": 8, "gpus_per_node": 4, "tenant": "llm"}, format="json"
+        "/api/jobs/what-if/",
+        {"name": "w", "num_nodes": 8, "gpus_per_node": 4, "tenant": "llm"},
+        format="json",
     )
     assert response.status_code == 200, response.content
     body = response.json()
@@ -33,7 +35,9 @@ def test_a_what_if_names_the_rack_it_would_use(fleet, submitter_client):
 
 
 def test_a_placement_names_its_racks_and_gives_hostnames_beside_node_ids(fleet, submitter, submitter_client):
-    job = submit_job(submitter, JobSpec(name="seg", num_nodes=8, gpus_per_node=4, segment_nodes=4, tenant="llm"))
+    job = submit_job(
+        submitter, JobSpec(name="seg", num_nodes=8, gpus_per_node=4, segment_nodes=4, tenant="llm")
+    )
     scheduling.schedule_pass()
     job = Job.objects.get(pk=job.pk)
     placement = submitter_client.get(f"/api/jobs/{job.pk}/").json()["placement"]

@@ -82,10 +82,14 @@ def test_a_move_back_into_service_needs_no_reason(node, operator, operator_clien
     assert response.json()["state"] == "healthy"
 
 
-def test_draining_a_busy_node_waits_for_its_job_then_drains(node, submitter, operator_client, django_capture_on_commit_callbacks):
+def test_draining_a_busy_node_waits_for_its_job_then_drains(
+    node, submitter, operator_client, django_capture_on_commit_callbacks
+):
     job = placed_job(submitter, [node])
 
-    response = operator_client.post(url(node, "drain"), {"reason": "swap PSU", "confirm": True}, format="json")
+    response = operator_client.post(
+        url(node, "drain"), {"reason": "swap PSU", "confirm": True}, format="json"
+    )
 
     assert response.status_code == 200, response.content
     assert response.json()["state"] == "draining"
@@ -106,13 +110,20 @@ def test_draining_a_busy_node_waits_for_its_job_then_drains(node, submitter, ope
     assert rack_version(node) > version
 
 
-def test_a_draining_node_stays_draining_while_another_job_is_still_on_it(fleet, submitter, operator_client, django_capture_on_commit_callbacks):
+def test_a_draining_node_stays_draining_while_another_job_is_still_on_it(
+    fleet, submitter, operator_client, django_capture_on_commit_callbacks
+):
     node = fleet[0].nodes.get(slot=0)
     first = job_services.submit_job(submitter, job_services.JobSpec(name="a", num_gpus=2))
     second = job_services.submit_job(submitter, job_services.JobSpec(name="b", num_gpus=2))
     job_allocations.apply_placement(None, first.pk, {node.id: [0, 1]}, reason="test")
     job_allocations.apply_placement(None, second.pk, {node.id: [2, 3]}, reason="test")
-    assert operator_client.post(url(node, "drain"), {"reason": "PSU", "confirm": True}, format="json").json()["state"] == "draining"
+    assert (
+        operator_client.post(url(node, "drain"), {"reason": "PSU", "confirm": True}, format="json").json()[
+            "state"
+        ]
+        == "draining"
+    )
 
     job_allocations.finish_job(None, first.pk, succeeded=True)
     node.refresh_from_db()
@@ -169,7 +180,9 @@ def test_marking_a_node_failed_moves_its_jobs_to_recovering(fleet, submitter, op
     bystander = placed_job(submitter, [elsewhere], name="bystander")
     version = rack_version(broken)
 
-    response = operator_client.post(url(broken, "mark-failed"), {"reason": "XID 79", "confirm": True}, format="json")
+    response = operator_client.post(
+        url(broken, "mark-failed"), {"reason": "XID 79", "confirm": True}, format="json"
+    )
 
     assert response.status_code == 200, response.content
     assert response.json()["state"] == "failed"
@@ -217,7 +230,9 @@ def test_a_failed_node_moves_the_versions_of_every_rack_its_jobs_hold(fleet, sub
     job_allocations.start_job(None, job.pk)
     versions = {n.rack_id: rack_version(n) for n in (broken, other)}
 
-    response = operator_client.post(url(broken, "mark-failed"), {"reason": "XID 79", "confirm": True}, format="json")
+    response = operator_client.post(
+        url(broken, "mark-failed"), {"reason": "XID 79", "confirm": True}, format="json"
+    )
 
     assert response.status_code == 200, response.content
     assert rack_version(broken) == versions[broken.rack_id] + 1
@@ -260,7 +275,9 @@ def test_returning_a_failed_node_to_service_resets_its_gpu_health(node, operator
 # --- suspect nodes --------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("action", "state"), [("drain", "drained"), ("return-to-service", "healthy"), ("mark-failed", "failed")])
+@pytest.mark.parametrize(
+    ("action", "state"), [("drain", "drained"), ("return-to-service", "healthy"), ("mark-failed", "failed")]
+)
 def test_a_suspect_node_can_be_drained_returned_or_failed(node, operator_client, action, state):
     Node.objects.filter(pk=node.pk).update(state="suspect", state_reason="ECC errors rising")
 
@@ -298,7 +315,9 @@ def _untouched(operator, node):
         (_failed, "drain", "failed", "only a healthy or suspect node can be drained"),
     ],
 )
-def test_a_transition_that_does_not_apply_is_a_conflict(node, operator, operator_client, prepare, action, state, message):
+def test_a_transition_that_does_not_apply_is_a_conflict(
+    node, operator, operator_client, prepare, action, state, message
+):
     prepare(operator, node)
     node.refresh_from_db()
     reason_before = node.state_reason
@@ -372,7 +391,9 @@ def test_each_action_bumps_the_rack_version(node, operator_client):
 # --- guarded moves: what the state allows, and confirming what a move interrupts --------
 
 
-def test_the_api_lists_the_moves_each_state_allows_and_every_other_pair_is_refused(node, operator, operator_client):
+def test_the_api_lists_the_moves_each_state_allows_and_every_other_pair_is_refused(
+    node, operator, operator_client
+):
     """Walk every (state, move) pair: the node's ``moves`` are exactly those the
     API carries out; every other move is a 409 that changes nothing."""
     for state in NodeState.values:
@@ -390,7 +411,9 @@ def test_the_api_lists_the_moves_each_state_allows_and_every_other_pair_is_refus
                 assert AuditEvent.objects.count() == events
 
 
-def test_marking_a_busy_node_failed_needs_confirming_and_names_what_it_interrupts(fleet, submitter, operator_client):
+def test_marking_a_busy_node_failed_needs_confirming_and_names_what_it_interrupts(
+    fleet, submitter, operator_client
+):
     nodes = list(fleet[0].nodes.order_by("slot")[:2])
     job = placed_job(submitter, nodes, name="llama-70b")
     job_allocations.start_job(None, job.pk)
@@ -411,7 +434,9 @@ def test_marking_a_busy_node_failed_needs_confirming_and_names_what_it_interrupt
     assert rack_version(nodes[0]) == version
     assert not node_events(nodes[0]).exists()
 
-    confirmed = operator_client.post(url(nodes[0], "mark-failed"), {"reason": "XID 79", "confirm": True}, format="json")
+    confirmed = operator_client.post(
+        url(nodes[0], "mark-failed"), {"reason": "XID 79", "confirm": True}, format="json"
+    )
     assert confirmed.status_code == 200, confirmed.content
     assert Job.objects.get(pk=job.pk).state == JobState.RECOVERING
 
@@ -439,9 +464,15 @@ def test_a_long_failure_reason_on_a_busy_node_is_kept_whole_on_the_node_and_clip
     reason = ("XID 79: " + "GPU has fallen off the bus " * 18).strip()
     assert 470 < len(reason) <= 500
 
-    response = operator_client.post(url(node, "mark-failed"), {"reason": reason, "confirm": True}, format="json")
+    response = operator_client.post(
+        url(node, "mark-failed"), {"reason": reason, "confirm": True}, format="json"
+    )
 
     assert response.status_code == 200, response.content
     assert Node.objects.get(pk=node.pk).state_reason == reason
     job_reason = Job.objects.get(pk=job.pk).state_reason
-    assert len(job_reason) == 500 and job_reason.startswith(f"node {node.hostname} failed: XID 79") and job_reason.endswith("…")
+    assert (
+        len(job_reason) == 500
+        and job_reason.startswith(f"node {node.hostname} failed: XID 79")
+        and job_reason.endswith("…")
+    )

@@ -118,7 +118,9 @@ def test_the_rack_page_names_the_spares_it_holds(browser, fleet, viewer):
     assert '<p data-testid="spares">r1-n16, r1-n17</p>' in html
 
 
-def test_the_console_snapshot_hides_other_tenants_job_names_from_a_submitter(fragmented, other_client, viewer_client):
+def test_the_console_snapshot_hides_other_tenants_job_names_from_a_submitter(
+    fragmented, other_client, viewer_client
+):
     a = fragmented[0]
     mine = viewer_client.get("/api/console/racks/").json()["racks"]
     theirs = other_client.get("/api/console/racks/").json()["racks"]

@@ -35,8 +35,16 @@ def test_a_submitter_gets_the_form_with_its_tenants_and_no_script_field_off_slur
     page = html(page_for(submitter).get(SUBMIT))
     assert 'data-testid="submit-form"' in page
     assert "<option>llm</option>" in page and "vision" not in page
-    for field in ("num_gpus", "num_nodes", "gpus_per_node", "segment_nodes", "locality", "priority",
-                  "preemptible", "expected_duration_s"):
+    for field in (
+        "num_gpus",
+        "num_nodes",
+        "gpus_per_node",
+        "segment_nodes",
+        "locality",
+        "priority",
+        "preemptible",
+        "expected_duration_s",
+    ):
         assert f'name="{field}"' in page, field
     assert 'name="script"' not in page
 
@@ -51,7 +59,9 @@ def test_an_operator_may_submit_for_any_tenant(fleet, operator, submitter, other
     assert "<option>llm</option>" in page and "<option>vision</option>" in page
 
 
-def test_viewers_and_outsiders_are_refused_the_form_and_see_no_submit_or_cancel(fleet, viewer, outsider, submitter):
+def test_viewers_and_outsiders_are_refused_the_form_and_see_no_submit_or_cancel(
+    fleet, viewer, outsider, submitter
+):
     submit_job(submitter, JobSpec(name="train", num_gpus=4, tenant="llm"))
     assert page_for(viewer).get(SUBMIT).status_code == 403
     assert page_for(outsider).get(SUBMIT).status_code == 403
@@ -68,20 +78,27 @@ def test_a_submitter_s_jobs_list_links_the_form_and_offers_cancel_on_unfinished_
 
 def test_the_job_page_shows_its_times_and_the_action_holding_it(fleet, submitter, viewer):
     job = submit_job(
-        submitter, JobSpec(name="train", num_nodes=2, gpus_per_node=4, tenant="llm", expected_duration_s=4 * 3600)
+        submitter,
+        JobSpec(name="train", num_nodes=2, gpus_per_node=4, tenant="llm", expected_duration_s=4 * 3600),
     )
     nodes = Node.objects.filter(rack=fleet[0]).order_by("slot")[:2]
     apply_placement(None, job.pk, {n.pk: [0, 1, 2, 3] for n in nodes}, reason="test setup")
     start_job(None, job.pk)
     now = timezone.now()
     # Back-date it: submitted 3 h ago, started 2 h ago (waited 1 h).
-    Job.objects.filter(pk=job.pk).update(submitted_at=now - timedelta(hours=3), started_at=now - timedelta(hours=2))
+    Job.objects.filter(pk=job.pk).update(
+        submitted_at=now - timedelta(hours=3), started_at=now - timedelta(hours=2)
+    )
     held = action_services.propose(
-        kind=ActionKind.MIGRATION, title=f"move job #{job.pk}", jobs=[job.pk], steps=[{"op": "start", "job": job.pk}]
+        kind=ActionKind.MIGRATION,
+        title=f"move job #{job.pk}",
+        jobs=[job.pk],
+        steps=[{"op": "start", "job": job.pk}],
     )
     job.refresh_from_db()
 
     page = html(page_for(submitter).get(f"/jobs/{job.pk}/"))
+
     def shown(t):  # as the server writes it; time.js then shows it in the viewer's zone
         return f'<time datetime="{t.isoformat()}" data-when data-seconds>{t.strftime("%Y-%m-%d %H:%M:%S")} UTC</time>'
 
@@ -96,8 +113,16 @@ def test_the_job_page_shows_its_times_and_the_action_holding_it(fleet, submitter
     assert 'data-testid="job-cancel"' not in html(page_for(viewer).get(f"/jobs/{job.pk}/"))
 
 
-@pytest.mark.parametrize(("seconds", "words"), [(45, "45 s"), (720, "12 min"), (3 * 3600 + 300, "3 h 5 min"),
-                                                (2 * 86400 + 4 * 3600, "2 d 4 h"), (86400, "1 d")])
+@pytest.mark.parametrize(
+    ("seconds", "words"),
+    [
+        (45, "45 s"),
+        (720, "12 min"),
+        (3 * 3600 + 300, "3 h 5 min"),
+        (2 * 86400 + 4 * 3600, "2 d 4 h"),
+        (86400, "1 d"),
+    ],
+)
 def test_durations_read_as_words(seconds, words):
     from fleet.views import span_text
 

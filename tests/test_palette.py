@@ -134,7 +134,9 @@ def test_the_rule_fails_the_old_hashed_colours():
     # And by hand: jobs 1 and 14 (137 and 125 degrees) on neighbouring nodes, job 3 amber (52).
     grid = [[1] * GPUS, [14] * GPUS, [3] * GPUS] + [[None] * GPUS] * (NODES - 3)
     assert set(violations(grid, old_hashed_hue)) == {
-        "job 3: hue 53 is in a state's bucket", "jobs 1 and 14 touch and share bucket 4", "jobs 14 and 1 touch and share bucket 4",
+        "job 3: hue 53 is in a state's bucket",
+        "jobs 1 and 14 touch and share bucket 4",
+        "jobs 14 and 1 touch and share bucket 4",
     }
     assert violations(grid, server_hues(grid)) == []
 

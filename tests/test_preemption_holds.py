@@ -31,8 +31,15 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def _run(submitter, rack, slots, *, name: str, priority: int, preemptible: bool) -> Job:
     job = submit_job(
         submitter,
-        JobSpec(name=name, num_nodes=len(slots), gpus_per_node=4, tenant="llm", priority=priority,
-                preemptible=preemptible, expected_duration_s=10**6),
+        JobSpec(
+            name=name,
+            num_nodes=len(slots),
+            gpus_per_node=4,
+            tenant="llm",
+            priority=priority,
+            preemptible=preemptible,
+            expected_duration_s=10**6,
+        ),
     )
     nodes = Node.objects.filter(rack=rack, slot__in=list(slots))
     apply_placement(None, job.pk, {n.pk: [0, 1, 2, 3] for n in nodes}, reason="test setup")
@@ -63,8 +70,12 @@ def test_the_node_a_preemption_frees_is_held_for_its_swap(preemption, submitter)
 
     _step(action.pk)  # preempt the filler: its two nodes are free
     assert Job.objects.get(pk=filler.pk).state == JobState.PENDING
-    small = submit_job(submitter, JobSpec(name="small", num_nodes=1, gpus_per_node=4, tenant="llm",
-                                          priority=20, expected_duration_s=600))
+    small = submit_job(
+        submitter,
+        JobSpec(
+            name="small", num_nodes=1, gpus_per_node=4, tenant="llm", priority=20, expected_duration_s=600
+        ),
+    )
     scheduling.schedule_pass()
     assert not set(nodes_of(small.pk)) & target, "the scheduler took the node the swap needs"
 

@@ -78,7 +78,10 @@ def _headers(user) -> list[tuple[bytes, bytes]]:
     client = Client()
     client.force_login(user)
     cookie = client.cookies[settings.SESSION_COOKIE_NAME].value
-    return [(b"origin", b"http://localhost"), (b"cookie", f"{settings.SESSION_COOKIE_NAME}={cookie}".encode())]
+    return [
+        (b"origin", b"http://localhost"),
+        (b"cookie", f"{settings.SESSION_COOKIE_NAME}={cookie}".encode()),
+    ]
 
 
 def _action_events_during(user, change, action_id: int, state: str) -> list[dict]:
@@ -185,19 +188,35 @@ def test_a_waiting_preemption_expires_and_the_job_takes_the_spare_that_freed_up_
     assert failed.pk not in after and len(after & freed) == 1, "the failed node is swapped for a freed spare"
 
 
-def test_a_node_returning_in_its_rack_is_enough_for_the_workers_to_re_decide(full_rack, operator, operator_client):
+def test_a_node_returning_in_its_rack_is_enough_for_the_workers_to_re_decide(
+    full_rack, operator, operator_client
+):
     """End to end with a real worker: the rack change itself asks for the recheck."""
     train, _ = full_rack
     with workers(1):
         failed = min(nodes_of(train.pk))
-        assert operator_client.post(f"/api/nodes/{failed}/mark-failed/", {"reason": "XID 79", "confirm": True}, format="json").status_code == 200
+        assert (
+            operator_client.post(
+                f"/api/nodes/{failed}/mark-failed/", {"reason": "XID 79", "confirm": True}, format="json"
+            ).status_code
+            == 200
+        )
         preemption = wait_for(
-            lambda: Action.objects.filter(jobs=train.pk, kind=ActionKind.PREEMPTION, state=ActionState.PROPOSED).first(),
+            lambda: Action.objects.filter(
+                jobs=train.pk, kind=ActionKind.PREEMPTION, state=ActionState.PROPOSED
+            ).first(),
             30,
             "the preemption proposal",
         )
-        assert operator_client.post(f"/api/nodes/{failed}/return-to-service/", {}, format="json").status_code == 200
-        wait_for(lambda: Job.objects.filter(pk=train.pk, state=JobState.RUNNING, attempt=2).exists(), 30, "the restart")
+        assert (
+            operator_client.post(f"/api/nodes/{failed}/return-to-service/", {}, format="json").status_code
+            == 200
+        )
+        wait_for(
+            lambda: Job.objects.filter(pk=train.pk, state=JobState.RUNNING, attempt=2).exists(),
+            30,
+            "the restart",
+        )
     preemption.refresh_from_db()
     assert preemption.state == ActionState.EXPIRED
 
@@ -305,4 +324,6 @@ def test_it_refuses_a_transition_the_table_does_not_allow(full_rack, operator):
     action_services.reject(operator, preemption.pk, "no")
     with pytest.raises(Conflict, match="is rejected; it can become expired only from proposed or approved"):
         action_lifecycle.transition(None, preemption.pk, ActionState.EXPIRED)
-    assert action_services.expire(None, preemption.pk, ["late"]) is None, "a task racing a decision does nothing"
+    assert action_services.expire(None, preemption.pk, ["late"]) is None, (
+        "a task racing a decision does nothing"
+    )

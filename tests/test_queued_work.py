@@ -31,7 +31,9 @@ def queued(queue: str = "celery") -> Counter:
     return Counter(json.loads(m)["headers"]["task"] for m in r.lrange(queue, 0, -1))
 
 
-def test_reconcile_sends_an_approved_actions_execution_once_however_often_it_runs(fragmented, operator_client):
+def test_reconcile_sends_an_approved_actions_execution_once_however_often_it_runs(
+    fragmented, operator_client
+):
     flush_broker()
     plan = operator_client.post("/api/actions/defrag/", {}, format="json").json()
     assert operator_client.post(f"/api/actions/{plan['id']}/approve/", {}, format="json").status_code == 200

@@ -15,7 +15,9 @@ def place(owner, placement: dict[Node, list[int]], name: str = "job") -> Job:
     num_gpus = sum(len(idx) for idx in placement.values())
     spec = job_services.JobSpec(name=name, num_gpus=num_gpus)
     job = job_services.submit_job(owner, spec)
-    return job_allocations.apply_placement(None, job.pk, {n.id: idx for n, idx in placement.items()}, reason="test")
+    return job_allocations.apply_placement(
+        None, job.pk, {n.id: idx for n, idx in placement.items()}, reason="test"
+    )
 
 
 def by_name(response) -> dict[str, dict]:
@@ -45,7 +47,9 @@ def test_the_rack_list_summarises_an_untouched_rack(fleet, viewer_client):
     assert (racks["r2"]["nodes_per_domain"], racks["r2"]["gpus_per_node"]) == (18, 4)
 
 
-def test_the_rack_list_counts_allocations_and_drained_and_failed_nodes(fleet, submitter, operator, viewer_client):
+def test_the_rack_list_counts_allocations_and_drained_and_failed_nodes(
+    fleet, submitter, operator, viewer_client
+):
     r1, _ = fleet
     n = {node.slot: node for node in r1.nodes.all()}
     place(submitter, {n[0]: [0, 1, 2, 3], n[1]: [0, 1, 2, 3]}, name="gang")  # 2 whole nodes
@@ -146,7 +150,11 @@ def test_the_rack_detail_shows_gpu_health_and_errors(fleet, viewer_client):
     body = viewer_client.get(f"/api/racks/{fleet[0].pk}/").json()
 
     cell = body["nodes"][4]["gpus"][2]
-    assert (cell["health"], cell["last_error"], cell["last_xid"]) == ("failed", "XID 79: GPU fell off the bus", 79)
+    assert (cell["health"], cell["last_error"], cell["last_xid"]) == (
+        "failed",
+        "XID 79: GPU fell off the bus",
+        79,
+    )
     assert body["summary"]["gpus_failed"] == 1
 
 
@@ -160,7 +168,9 @@ def test_a_submitter_sees_another_tenants_job_only_by_id(fleet, submitter, other
     assert response.status_code == 200, response.content
     nodes = response.json()["nodes"]
     assert [gpu["job"] for gpu in nodes[0]["gpus"]] == [{"id": theirs.pk, "name": None, "tenant": None}] * 4
-    assert [gpu["job"] for gpu in nodes[1]["gpus"]][:2] == [{"id": mine.pk, "name": "my-run", "tenant": "llm"}] * 2
+    assert [gpu["job"] for gpu in nodes[1]["gpus"]][:2] == [
+        {"id": mine.pk, "name": "my-run", "tenant": "llm"}
+    ] * 2
     assert "secret-vision-run" not in response.content.decode()
     assert "vision" not in response.content.decode()
 

@@ -58,7 +58,9 @@ def test_a_committed_change_is_seen_by_the_next_read(shared, submitter, django_c
     assert read_models.fragmentation() is not before
 
 
-def test_while_changes_keep_coming_it_recomputes_at_most_once_per_interval(shared, settings, submitter, django_capture_on_commit_callbacks, monkeypatch):
+def test_while_changes_keep_coming_it_recomputes_at_most_once_per_interval(
+    shared, settings, submitter, django_capture_on_commit_callbacks, monkeypatch
+):
     settings.RACKWISE_READ_MODEL_MAX_AGE_S = 1.0
     clock = [1000.0]
     monkeypatch.setattr(read_models.time, "time", lambda: clock[0])
@@ -78,7 +80,9 @@ def test_with_the_cache_down_every_read_computes(shared, submitter, monkeypatch)
     assert read_models.summary()["jobs_by_state"]["pending"] == 1
 
 
-def test_a_failing_cache_never_fails_a_writer(shared, submitter, django_capture_on_commit_callbacks, monkeypatch):
+def test_a_failing_cache_never_fails_a_writer(
+    shared, submitter, django_capture_on_commit_callbacks, monkeypatch
+):
     def broken(*args, **kwargs):
         raise ConnectionError("redis is down")
 
@@ -87,7 +91,9 @@ def test_a_failing_cache_never_fails_a_writer(shared, submitter, django_capture_
     assert job.pk
 
 
-def test_the_api_and_metrics_read_the_same_figures(shared, viewer_client, submitter, django_capture_on_commit_callbacks):
+def test_the_api_and_metrics_read_the_same_figures(
+    shared, viewer_client, submitter, django_capture_on_commit_callbacks
+):
     _submit(submitter, django_capture_on_commit_callbacks)
     summary = viewer_client.get("/api/fleet/summary/").json()
     metrics = viewer_client.get("/metrics").content.decode()
@@ -96,7 +102,9 @@ def test_the_api_and_metrics_read_the_same_figures(shared, viewer_client, submit
     assert f"rackwise_gpus_total {float(summary['gpus_total'])}" in metrics
 
 
-def test_a_change_asks_a_worker_to_refresh_and_readers_then_find_it_computed(shared, settings, submitter, django_capture_on_commit_callbacks, monkeypatch):
+def test_a_change_asks_a_worker_to_refresh_and_readers_then_find_it_computed(
+    shared, settings, submitter, django_capture_on_commit_callbacks, monkeypatch
+):
     """Off the request path: the bump on commit queues one refresh per interval,
     and after it a reader computes nothing."""
     from fleet import dispatch
@@ -112,6 +120,7 @@ def test_a_change_asks_a_worker_to_refresh_and_readers_then_find_it_computed(sha
     assert read_models.summary()["jobs_by_state"]["pending"] == 0, "younger than the max age: served"
 
     assert read_models.refresh() == read_cache.generation()
+
     def computed():
         raise AssertionError("a reader computed the read model")
 
@@ -121,7 +130,9 @@ def test_a_change_asks_a_worker_to_refresh_and_readers_then_find_it_computed(sha
     assert len(queued) == 2, "a change after the refresh started asks for the next one"
 
 
-def test_with_nobody_reading_a_change_asks_for_no_refresh(shared, submitter, django_capture_on_commit_callbacks, monkeypatch):
+def test_with_nobody_reading_a_change_asks_for_no_refresh(
+    shared, submitter, django_capture_on_commit_callbacks, monkeypatch
+):
     from django.core.cache import cache
 
     from fleet import dispatch

@@ -24,7 +24,13 @@ def test_the_openapi_schema_validates_without_warnings(tmp_path):
     assert result.returncode == 0, result.stderr
     schema = yaml.safe_load(out.read_text())
     assert schema["openapi"].startswith("3.")
-    for path in ("/api/jobs/", "/api/jobs/{id}/cancel/", "/api/racks/{id}/", "/api/nodes/{id}/drain/", "/api/fleet/summary/"):
+    for path in (
+        "/api/jobs/",
+        "/api/jobs/{id}/cancel/",
+        "/api/racks/{id}/",
+        "/api/nodes/{id}/drain/",
+        "/api/fleet/summary/",
+    ):
         assert path in schema["paths"], path
 
 

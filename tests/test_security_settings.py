@@ -19,7 +19,10 @@ SHOW = (
     "'SECURE_PROXY_SSL_HEADER']}))"
 )
 SECURITY_VARS = (
-    "SECURE_SSL_REDIRECT", "SECURE_HSTS_SECONDS", "SESSION_COOKIE_SECURE", "CSRF_COOKIE_SECURE",
+    "SECURE_SSL_REDIRECT",
+    "SECURE_HSTS_SECONDS",
+    "SESSION_COOKIE_SECURE",
+    "CSRF_COOKIE_SECURE",
     "SECURE_PROXY_SSL_HEADER",
 )
 
@@ -30,7 +33,12 @@ def _settings(**env: str) -> dict:
     base = {k: v for k, v in os.environ.items() if k not in SECURITY_VARS}
     base |= {"SECRET_KEY": "test-secret", "ALLOWED_HOSTS": "localhost"} | env
     result = subprocess.run(
-        [sys.executable, "manage.py", "shell", "-c", SHOW], cwd=ROOT, env=base, capture_output=True, text=True, timeout=60
+        [sys.executable, "manage.py", "shell", "-c", SHOW],
+        cwd=ROOT,
+        env=base,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -54,8 +62,12 @@ def test_https_settings_are_off_with_debug():
 
 def test_each_https_setting_can_be_overridden_and_the_proxy_header_named():
     got = _settings(
-        DEBUG="0", SECURE_SSL_REDIRECT="0", SECURE_HSTS_SECONDS="60", SESSION_COOKIE_SECURE="no",
-        CSRF_COOKIE_SECURE="off", SECURE_PROXY_SSL_HEADER="X-Forwarded-Proto",
+        DEBUG="0",
+        SECURE_SSL_REDIRECT="0",
+        SECURE_HSTS_SECONDS="60",
+        SESSION_COOKIE_SECURE="no",
+        CSRF_COOKIE_SECURE="off",
+        SECURE_PROXY_SSL_HEADER="X-Forwarded-Proto",
     )
     assert got == {
         "SECURE_SSL_REDIRECT": False,
@@ -109,7 +121,9 @@ def test_pages_send_a_content_security_policy_that_allows_no_foreign_or_inline_s
     response = client.get(path)
     assert response.status_code == 200
     policy = dict(
-        [*part.strip().split(" ", 1), ""][:2] for part in response["Content-Security-Policy"].split(";") if part.strip()
+        [*part.strip().split(" ", 1), ""][:2]
+        for part in response["Content-Security-Policy"].split(";")
+        if part.strip()
     )
     assert policy["script-src"] == "'self'" and policy["default-src"] == "'self'"
     assert policy["frame-ancestors"] == "'none'" and policy["object-src"] == "'none'"

@@ -25,8 +25,10 @@ URL = "/api/jobs/what-if/"
 def demo_racks(db, submitter):
     """8 racks of 18 nodes; racks 1, 3, 5, 7 run 10 nodes (8 idle), the others 11
     (7 idle), all non-preemptible, so every rack keeps its 2 spares."""
-    racks = [create_rack(None, name=f"r{i}", kind=RackKind.NVL72, site="dc", row="A", position=i)
-             for i in range(1, 9)]
+    racks = [
+        create_rack(None, name=f"r{i}", kind=RackKind.NVL72, site="dc", row="A", position=i)
+        for i in range(1, 9)
+    ]
     for i, rack in enumerate(racks, 1):
         busy = 10 if i % 2 else 11
         run_on(submitter, rack, busy, name=f"busy{i}")
@@ -34,20 +36,40 @@ def demo_racks(db, submitter):
 
 
 def run_on(submitter, rack, nodes: int, name: str) -> Job:
-    job = submit_job(submitter, JobSpec(name=name, num_nodes=nodes, gpus_per_node=4, tenant="llm",
-                                        preemptible=False, expected_duration_s=3600))
+    job = submit_job(
+        submitter,
+        JobSpec(
+            name=name,
+            num_nodes=nodes,
+            gpus_per_node=4,
+            tenant="llm",
+            preemptible=False,
+            expected_duration_s=3600,
+        ),
+    )
     picked = Node.objects.filter(rack=rack).order_by("slot")[:nodes]
     apply_placement(None, job.pk, {n.pk: [0, 1, 2, 3] for n in picked}, reason="test setup")
     return start_job(None, job.pk)
 
 
 def spec(locality: str, **kw) -> dict:
-    return {"name": "seg", "num_nodes": 12, "gpus_per_node": 4, "segment_nodes": 6, "locality": locality,
-            "preemptible": False, "expected_duration_s": 3600, "tenant": "llm", **kw}
+    return {
+        "name": "seg",
+        "num_nodes": 12,
+        "gpus_per_node": 4,
+        "segment_nodes": 6,
+        "locality": locality,
+        "preemptible": False,
+        "expected_duration_s": 3600,
+        "tenant": "llm",
+        **kw,
+    }
 
 
 def racks_of_segments(job: Job) -> list[set[int]]:
-    rows = Allocation.objects.filter(job=job, released_at__isnull=True).values_list("gpu__node_id", "gpu__node__rack_id")
+    rows = Allocation.objects.filter(job=job, released_at__isnull=True).values_list(
+        "gpu__node_id", "gpu__node__rack_id"
+    )
     by_node = dict(rows)
     return [{by_node[int(n)] for n in segment} for segment in job.placement["segments"]]
 
@@ -75,7 +97,9 @@ def test_the_what_if_says_it_starts_now(demo_racks, submitter_client, locality):
     assert body["summary"].startswith("would start now on r")
 
 
-def test_a_segmented_job_that_waits_is_told_the_room_in_whole_segments(demo_racks, submitter, submitter_client):
+def test_a_segmented_job_that_waits_is_told_the_room_in_whole_segments(
+    demo_racks, submitter, submitter_client
+):
     # Every rack down to 7 idle nodes: 5 offered beside the 2 spares, no room for a
     # segment of 6 anywhere, though each rack has more than 6 idle nodes.
     for i, rack in enumerate(demo_racks, 1):
@@ -92,15 +116,26 @@ def test_a_segmented_job_that_waits_is_told_the_room_in_whole_segments(demo_rack
     job.refresh_from_db()
     assert job.state == JobState.PENDING
     words = waiting_reason(job)
-    assert words.startswith("needs 12 nodes in segments of 6, each inside one rack; "
-                            "the free racks hold 0 nodes in whole segments of 6"), words
+    assert words.startswith(
+        "needs 12 nodes in segments of 6, each inside one rack; "
+        "the free racks hold 0 nodes in whole segments of 6"
+    ), words
     assert "largest free slice is 7" not in words
 
 
 def _one_more(submitter, rack, i: int) -> None:
     """Take the rack's 11th node too (a 1-node non-preemptible job)."""
-    job = submit_job(submitter, JobSpec(name=f"more{i}", num_nodes=1, gpus_per_node=4, tenant="llm",
-                                        preemptible=False, expected_duration_s=3600))
+    job = submit_job(
+        submitter,
+        JobSpec(
+            name=f"more{i}",
+            num_nodes=1,
+            gpus_per_node=4,
+            tenant="llm",
+            preemptible=False,
+            expected_duration_s=3600,
+        ),
+    )
     node = Node.objects.filter(rack=rack).order_by("slot")[10]
     apply_placement(None, job.pk, {node.pk: [0, 1, 2, 3]}, reason="test setup")
     start_job(None, job.pk)

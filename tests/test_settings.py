@@ -14,8 +14,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Variables the settings read; each test starts from a known-good set of them.
 SETTINGS_VARS = (
-    "DEBUG", "SECRET_KEY", "DATABASE_URL", "REDIS_URL", "CSRF_TRUSTED_ORIGINS", "ALLOWED_HOSTS",
-    "RACKWISE_VAR_DIR", "LOG_LEVEL",
+    "DEBUG",
+    "SECRET_KEY",
+    "DATABASE_URL",
+    "REDIS_URL",
+    "CSRF_TRUSTED_ORIGINS",
+    "ALLOWED_HOSTS",
+    "RACKWISE_VAR_DIR",
+    "LOG_LEVEL",
 )
 
 
@@ -70,9 +76,17 @@ def test_a_good_environment_passes_the_system_check():
     ("name", "value", "says"),
     [
         ("DEBUG", "maybe", ("DEBUG='maybe'", "is not a boolean; use one of 1/0, true/false, yes/no, on/off")),
-        ("DATABASE_URL", "mysql://x", ("DATABASE_URL='mysql://x'", "must be a URL starting with", "postgres://")),
+        (
+            "DATABASE_URL",
+            "mysql://x",
+            ("DATABASE_URL='mysql://x'", "must be a URL starting with", "postgres://"),
+        ),
         ("REDIS_URL", "http://x", ("REDIS_URL='http://x'", "must be a URL starting with", "redis://")),
-        ("CSRF_TRUSTED_ORIGINS", "example.com", ("CSRF_TRUSTED_ORIGINS entry 'example.com'", "https://example.com")),
+        (
+            "CSRF_TRUSTED_ORIGINS",
+            "example.com",
+            ("CSRF_TRUSTED_ORIGINS entry 'example.com'", "https://example.com"),
+        ),
     ],
 )
 def test_a_bad_value_stops_start_up_with_one_line_naming_the_variable(name, value, says):
@@ -98,8 +112,11 @@ def test_the_secret_key_can_come_from_a_file(tmp_path):
     key_file.write_text("from-a-mounted-file\n")
 
     result = manage(
-        "shell", "-c", "from django.conf import settings; print(settings.SECRET_KEY)",
-        unset=("SECRET_KEY",), SECRET_KEY_FILE=str(key_file),
+        "shell",
+        "-c",
+        "from django.conf import settings; print(settings.SECRET_KEY)",
+        unset=("SECRET_KEY",),
+        SECRET_KEY_FILE=str(key_file),
     )
 
     assert result.returncode == 0, result.stderr

@@ -69,7 +69,11 @@ RUNNING_JOB = HELD_JOB | {
     "required_nodes": "r01n07,r01n04,r01n05,r01n06",
     "start_time": _n(1764597000),
 }
-REQUEUEING_JOB = RUNNING_JOB | {"job_state": ["PENDING", "COMPLETING"], "state_reason": "JobHeldUser", "hold": True}
+REQUEUEING_JOB = RUNNING_JOB | {
+    "job_state": ["PENDING", "COMPLETING"],
+    "state_reason": "JobHeldUser",
+    "hold": True,
+}
 CANCELLED_JOB = RUNNING_JOB | {
     "job_state": ["CANCELLED"],
     "end_time": _n(1764597060),
@@ -109,7 +113,12 @@ def test_a_node_report_carries_reason_and_jobs():
         {"name": "r01n05", "state": ["IDLE", "DRAIN"], "reason": "rackwise: swap", "gres": "gpu:4"},
         {"r01n05": ["12"]},
     )
-    assert (report.hostname, report.state, report.reason, report.jobs) == ("r01n05", NODE_DRAINING, "rackwise: swap", ("12",))
+    assert (report.hostname, report.state, report.reason, report.jobs) == (
+        "r01n05",
+        NODE_DRAINING,
+        "rackwise: swap",
+        ("12",),
+    )
     # A healthy node's leftover reason (RESUME keeps the text) is not reported.
     assert node_report({"name": "r01n01", "state": ["IDLE"], "reason": "old"}).reason == ""
 

@@ -23,9 +23,14 @@ def test_a_placed_job_whose_node_failed_is_not_started_by_its_placement(fleet, s
     held = list(fleet[0].nodes.order_by("slot")[:2])
     job = job_services.submit_job(submitter, job_services.JobSpec(name="gang", num_gpus=8, tenant="llm"))
     action = action_services.propose(
-        kind=ActionKind.PLACEMENT, title="place",
-        steps=[st.Allocate(job=job.pk, nodes={n.pk: [0, 1, 2, 3] for n in held}, hostnames=[n.hostname for n in held]),
-               st.Start(job=job.pk)],
+        kind=ActionKind.PLACEMENT,
+        title="place",
+        steps=[
+            st.Allocate(
+                job=job.pk, nodes={n.pk: [0, 1, 2, 3] for n in held}, hostnames=[n.hostname for n in held]
+            ),
+            st.Start(job=job.pk),
+        ],
         jobs=[job.pk],
     )
     if action.state == ActionState.PROPOSED:

@@ -60,9 +60,13 @@ def test_it_refuses_credentials_in_the_url(operator_client):
 
 
 def test_it_refuses_an_internal_address_when_the_url_is_changed_too(operator, operator_client):
-    endpoint = webhook_services.create_endpoint(operator, url="https://hooks.example.com/x", event_types=["job.placed"])
+    endpoint = webhook_services.create_endpoint(
+        operator, url="https://hooks.example.com/x", event_types=["job.placed"]
+    )
 
-    response = operator_client.patch(f"/api/webhooks/{endpoint.pk}/", {"url": "http://169.254.169.254/"}, format="json")
+    response = operator_client.patch(
+        f"/api/webhooks/{endpoint.pk}/", {"url": "http://169.254.169.254/"}, format="json"
+    )
 
     assert response.status_code == 400 and "link-local" in response.json()["url"][0]
     endpoint.refresh_from_db()

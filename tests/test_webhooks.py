@@ -80,7 +80,9 @@ def test_a_failed_node_sends_node_failed_naming_the_interrupted_job(
     job = _running_job(submitter, fleet[0], range(4))
     node = Node.objects.get(rack=fleet[0], slot=2)
 
-    response = operator_client.post(f"/api/nodes/{node.pk}/mark-failed/", {"reason": "XID 79", "confirm": True}, format="json")
+    response = operator_client.post(
+        f"/api/nodes/{node.pk}/mark-failed/", {"reason": "XID 79", "confirm": True}, format="json"
+    )
     assert response.status_code == 200
     deliver_all()
 

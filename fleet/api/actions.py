@@ -31,7 +31,9 @@ class HoldSerializer(serializers.Serializer):
     hostname = serializers.CharField(source="node.hostname")
     rack = serializers.IntegerField(source="node.rack_id")
     rack_name = serializers.CharField(source="node.rack.name")
-    role = serializers.ChoiceField(choices=HoldRole.choices, help_text="empty: the plan moves jobs off it; fill: it moves jobs onto it.")
+    role = serializers.ChoiceField(
+        choices=HoldRole.choices, help_text="empty: the plan moves jobs off it; fill: it moves jobs onto it."
+    )
 
 
 class ActionSerializer(serializers.ModelSerializer):
@@ -44,14 +46,39 @@ class ActionSerializer(serializers.ModelSerializer):
     class Meta:
         model = Action
         fields = [
-            "id", "kind", "state", "title", "jobs", "steps", "plan", "cost_gpu_hours", "benefit",
-            "fleet_version", "proposed_by_name", "decided_by_name", "decided_at", "decision_note",
-            "step_index", "progress", "log", "error", "created_at", "updated_at", "started_at", "finished_at",
-            "redacted", "holds", "lost_gpu_hours", "replaces", "replaced_by",
+            "id",
+            "kind",
+            "state",
+            "title",
+            "jobs",
+            "steps",
+            "plan",
+            "cost_gpu_hours",
+            "benefit",
+            "fleet_version",
+            "proposed_by_name",
+            "decided_by_name",
+            "decided_at",
+            "decision_note",
+            "step_index",
+            "progress",
+            "log",
+            "error",
+            "created_at",
+            "updated_at",
+            "started_at",
+            "finished_at",
+            "redacted",
+            "holds",
+            "lost_gpu_hours",
+            "replaces",
+            "replaced_by",
         ]
         read_only_fields = fields
         extra_kwargs = {
-            "lost_gpu_hours": {"help_text": "What the plan's end cost: the GPU-hours of work lost by every job it stopped (null until a plan that holds nodes ends)."},
+            "lost_gpu_hours": {
+                "help_text": "What the plan's end cost: the GPU-hours of work lost by every job it stopped (null until a plan that holds nodes ends)."
+            },
             "replaces": {"help_text": "The plan this one was made to replace (it had gone stale)."},
         }
 
@@ -93,7 +120,9 @@ class ReplannedSerializer(serializers.Serializer):
 
     detail = serializers.CharField()
     replanned = serializers.BooleanField(required=False)
-    action = ActionSerializer(required=False, help_text="The new plan, proposed: approve it to confirm its cost.")
+    action = ActionSerializer(
+        required=False, help_text="The new plan, proposed: approve it to confirm its cost."
+    )
     cost_gpu_hours = serializers.FloatField(required=False)
     previous_cost_gpu_hours = serializers.FloatField(required=False)
 
@@ -103,15 +132,21 @@ class DefragRequestSerializer(serializers.Serializer):
     ``DefragGoal.check``, by what the fleet has (a 400 says what fits)."""
 
     free_racks = serializers.IntegerField(
-        required=False, min_value=1, max_value=MAX_INT32,
+        required=False,
+        min_value=1,
+        max_value=MAX_INT32,
         help_text="Target: this many whole free racks (at most the fleet's racks).",
     )
     room_for_nodes = serializers.IntegerField(
-        required=False, min_value=1, max_value=MAX_INT32,
+        required=False,
+        min_value=1,
+        max_value=MAX_INT32,
         help_text="Target: room for a rack-local job of this many nodes (at most the fleet's nodes of that size).",
     )
     gpus_per_node = serializers.IntegerField(
-        required=False, min_value=1, max_value=MAX_INT32,
+        required=False,
+        min_value=1,
+        max_value=MAX_INT32,
         help_text="With room_for_nodes: the node size (one the fleet has); default the largest.",
     )
     budget_gpu_hours = FiniteFloatField(required=False, min_value=0.001, max_value=MAX_BUDGET_GPU_HOURS)
@@ -184,7 +219,10 @@ class ActionViewSet(viewsets.ReadOnlyModelViewSet):
             else:
                 action_services.approve(request.user, action_obj.pk, note)
         except Busy:
-            return Response({"detail": "another decision is in progress; try again in a moment"}, status=status.HTTP_409_CONFLICT)
+            return Response(
+                {"detail": "another decision is in progress; try again in a moment"},
+                status=status.HTTP_409_CONFLICT,
+            )
         except action_services.Replanned as exc:
             body = {
                 "detail": str(exc),
@@ -210,7 +248,14 @@ class ActionViewSet(viewsets.ReadOnlyModelViewSet):
         request=DefragRequestSerializer,
         responses={
             201: ActionSerializer,
-            200: inline_serializer("DefragNothingToDo", {"proposed": serializers.BooleanField(), "reason": serializers.CharField(), "plan": serializers.DictField()}),
+            200: inline_serializer(
+                "DefragNothingToDo",
+                {
+                    "proposed": serializers.BooleanField(),
+                    "reason": serializers.CharField(),
+                    "plan": serializers.DictField(),
+                },
+            ),
         },
     )
     @action(detail=False, methods=["post"])
@@ -221,9 +266,14 @@ class ActionViewSet(viewsets.ReadOnlyModelViewSet):
         form.is_valid(raise_exception=True)
         try:
             with decisions(wait=30):
-                outcome = defrag_services.plan_defrag(request.user, defrag_services.DefragGoal(**form.validated_data))
+                outcome = defrag_services.plan_defrag(
+                    request.user, defrag_services.DefragGoal(**form.validated_data)
+                )
         except Busy:
-            return Response({"detail": "another decision is in progress; try again in a moment"}, status=status.HTTP_409_CONFLICT)
+            return Response(
+                {"detail": "another decision is in progress; try again in a moment"},
+                status=status.HTTP_409_CONFLICT,
+            )
         if outcome.action is None:
             return Response({"proposed": False, "reason": outcome.reason, "plan": outcome.plan})
         return Response(ActionSerializer(outcome.action).data, status=status.HTTP_201_CREATED)
@@ -232,11 +282,20 @@ class ActionViewSet(viewsets.ReadOnlyModelViewSet):
 class ApprovalPolicyView(APIView):
     """Which kinds of action run automatically and which wait for an operator."""
 
-    @extend_schema(responses=inline_serializer("ApprovalPolicies", {k: serializers.CharField() for k in ActionKind.values}))
+    @extend_schema(
+        responses=inline_serializer(
+            "ApprovalPolicies", {k: serializers.CharField() for k in ActionKind.values}
+        )
+    )
     def get(self, request):
         return Response(action_services.policies())
 
-    @extend_schema(request=PolicySerializer, responses=inline_serializer("ApprovalPoliciesUpdated", {k: serializers.CharField() for k in ActionKind.values}))
+    @extend_schema(
+        request=PolicySerializer,
+        responses=inline_serializer(
+            "ApprovalPoliciesUpdated", {k: serializers.CharField() for k in ActionKind.values}
+        ),
+    )
     def put(self, request):
         form = PolicySerializer(data=request.data)
         form.is_valid(raise_exception=True)
@@ -251,20 +310,40 @@ class ActionCallbackView(APIView):
     permission_classes = [AllowAny]
 
     @extend_schema(
-        request=inline_serializer("StepCallback", {"action_id": serializers.IntegerField(help_text="The action of the step, as the step's POST said."), "step_index": serializers.IntegerField(), "status": serializers.ChoiceField(choices=["succeeded", "failed"]), "message": serializers.CharField(required=False), "external_id": serializers.CharField(required=False, max_length=64, help_text="The job's id in the receiver's cluster.")}),
+        request=inline_serializer(
+            "StepCallback",
+            {
+                "action_id": serializers.IntegerField(
+                    help_text="The action of the step, as the step's POST said."
+                ),
+                "step_index": serializers.IntegerField(),
+                "status": serializers.ChoiceField(choices=["succeeded", "failed"]),
+                "message": serializers.CharField(required=False),
+                "external_id": serializers.CharField(
+                    required=False, max_length=64, help_text="The job's id in the receiver's cluster."
+                ),
+            },
+        ),
         responses={
-            202: inline_serializer("StepCallbackAccepted", {"status": serializers.CharField(), "message": serializers.CharField()}),
+            202: inline_serializer(
+                "StepCallbackAccepted",
+                {"status": serializers.CharField(), "message": serializers.CharField()},
+            ),
             400: OpenApiResponse(description="Malformed body."),
             403: OpenApiResponse(description="Bad or missing signature, or signed for another action."),
             404: OpenApiResponse(description="No such action."),
-            409: OpenApiResponse(description="The action is not executing this step, or the step was already reported."),
+            409: OpenApiResponse(
+                description="The action is not executing this step, or the step was already reported."
+            ),
         },
     )
     def post(self, request, pk: int):
         # The signature is checked first (in record_callback): the state of an
         # action is nobody's business until the caller proves it is the receiver.
         try:
-            result = callback_services.record_callback(pk, request.body, request.headers.get("X-Rackwise-Signature"))
+            result = callback_services.record_callback(
+                pk, request.body, request.headers.get("X-Rackwise-Signature")
+            )
         except PermissionError as exc:
             return Response({"detail": str(exc)}, status=status.HTTP_403_FORBIDDEN)
         except ValueError as exc:
@@ -280,7 +359,9 @@ class StepKindSerializer(serializers.Serializer):
         choices=["allocate", "swap", "release", "drain", "undrain", "none"],
         help_text="What the step does to the racks' picture (the console's before/after grids).",
     )
-    fields = serializers.ListField(child=serializers.CharField(), help_text="The keys a stored step of this kind may have, besides op.")
+    fields = serializers.ListField(
+        child=serializers.CharField(), help_text="The keys a stored step of this kind may have, besides op."
+    )
 
 
 class StepKindsView(APIView):

@@ -91,7 +91,9 @@ class IsNodeAgent(BasePermission):
 class HeartbeatGpuSerializer(serializers.Serializer):
     # Documentation of the bounds fleet.services.intake.health enforces (it names the
     # field of every violation in its 400).
-    index = serializers.IntegerField(min_value=0, help_text="One of the node's GPU indices, each at most once.")
+    index = serializers.IntegerField(
+        min_value=0, help_text="One of the node's GPU indices, each at most once."
+    )
     state = serializers.ChoiceField(choices=GpuHealth.choices)
     xids = serializers.ListField(
         child=serializers.IntegerField(min_value=0, max_value=health.MAX_XID),
@@ -100,7 +102,10 @@ class HeartbeatGpuSerializer(serializers.Serializer):
         help_text="XID events seen since the last delivered heartbeat.",
     )
     temperature_c = serializers.FloatField(
-        allow_null=True, required=False, min_value=health.TEMPERATURE_RANGE_C[0], max_value=health.TEMPERATURE_RANGE_C[1]
+        allow_null=True,
+        required=False,
+        min_value=health.TEMPERATURE_RANGE_C[0],
+        max_value=health.TEMPERATURE_RANGE_C[1],
     )
     error = serializers.CharField(
         required=False,
@@ -176,4 +181,8 @@ class NodeAgentTokenView(APIView):
         token = health.issue_agent_token(request.user, node.pk)
         data = {"node_id": node.pk, "hostname": node.hostname, "token": token}
         # The secret must not linger in caches along the way.
-        return Response(AgentTokenSerializer(data).data, status=status.HTTP_201_CREATED, headers={"Cache-Control": "no-store"})
+        return Response(
+            AgentTokenSerializer(data).data,
+            status=status.HTTP_201_CREATED,
+            headers={"Cache-Control": "no-store"},
+        )

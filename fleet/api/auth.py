@@ -34,7 +34,9 @@ class TokenAuthentication(KnoxTokenAuthentication):
         if not auth or auth[0].lower() not in SCHEMES:
             return None  # another scheme, or none: a 401 that names ours (authenticate_header)
         if len(auth) != 2:
-            self._failed(request, "Invalid token header: send 'Authorization: Token <key>', one key without spaces.")
+            self._failed(
+                request, "Invalid token header: send 'Authorization: Token <key>', one key without spaces."
+            )
         try:
             return self.authenticate_credentials(auth[1])
         except (AuthenticationFailed, UnicodeDecodeError):  # knox decodes the key as UTF-8

@@ -30,7 +30,9 @@ def _rack_ids(raw: str) -> list[int]:
     of racks holds (the list is one query's ``IN``)."""
     parts = [x for x in raw.split(",") if x]
     if len(parts) > settings.RACKWISE_API_MAX_LIMIT:
-        raise ValidationError({"ids": [f"at most {settings.RACKWISE_API_MAX_LIMIT} rack ids, got {len(parts)}"]})
+        raise ValidationError(
+            {"ids": [f"at most {settings.RACKWISE_API_MAX_LIMIT} rack ids, got {len(parts)}"]}
+        )
     if not all(p.isascii() and p.isdecimal() and len(p) <= 19 and int(p) <= MAX_RACK_ID for p in parts):
         raise ValidationError({"ids": ["comma-separated rack ids (positive integers)"]})
     return [int(p) for p in parts]
@@ -45,7 +47,9 @@ def _since(raw: str) -> int:
     """``since`` as an integer cursor (what an earlier answer's ``cursor`` was);
     a 400 for anything else. The cursor is a bigint like the ids."""
     if not (raw.isascii() and raw.isdecimal() and len(raw) <= 19 and int(raw) <= MAX_CURSOR):
-        raise ValidationError({"since": [f"a cursor from an earlier answer (an integer from 0 to {MAX_CURSOR})"]})
+        raise ValidationError(
+            {"since": [f"a cursor from an earlier answer (an integer from 0 to {MAX_CURSOR})"]}
+        )
     return int(raw)
 
 
@@ -79,7 +83,9 @@ class ConsoleRacksView(APIView):
             "ConsoleRacks",
             {
                 "racks": serializers.ListField(child=serializers.DictField()),
-                "cursor": serializers.IntegerField(help_text="Pass as ?since= for the racks changed after this answer."),
+                "cursor": serializers.IntegerField(
+                    help_text="Pass as ?since= for the racks changed after this answer."
+                ),
                 "rack_ids": serializers.ListField(
                     child=serializers.IntegerField(), help_text="Every rack there is now (of ids)."
                 ),
@@ -117,8 +123,11 @@ class FleetSamplesView(APIView):
     @extend_schema(
         parameters=[OpenApiParameter("hours", float, description="How far back; 1 to 720 (else a 400).")],
         responses=inline_serializer(
-            "FleetSamples", {"samples": serializers.ListField(child=serializers.DictField()),
-                             "markers": serializers.ListField(child=serializers.DictField())}
+            "FleetSamples",
+            {
+                "samples": serializers.ListField(child=serializers.DictField()),
+                "markers": serializers.ListField(child=serializers.DictField()),
+            },
         ),
     )
     def get(self, request):
@@ -129,13 +138,21 @@ class FleetSamplesView(APIView):
             hours = math.nan
         # "nan" passed min/max clamping unnoticed; refuse what is not 1..720.
         if not 1.0 <= hours <= MAX_SAMPLE_HOURS:
-            raise ValidationError({"hours": [f"a number of hours from 1 to {MAX_SAMPLE_HOURS:g}, got {raw[:40]!r}"]})
+            raise ValidationError(
+                {"hours": [f"a number of hours from 1 to {MAX_SAMPLE_HOURS:g}, got {raw[:40]!r}"]}
+            )
         return Response(
             {
                 "samples": [
-                    {"at": s.at.isoformat(), "utilization": s.utilization, "fragmentation": s.fragmentation,
-                     "gpus_used": s.gpus_used, "jobs_pending": s.jobs_pending,
-                     "wait_p50_s": s.wait_p50_s, "wait_p95_s": s.wait_p95_s}
+                    {
+                        "at": s.at.isoformat(),
+                        "utilization": s.utilization,
+                        "fragmentation": s.fragmentation,
+                        "gpus_used": s.gpus_used,
+                        "jobs_pending": s.jobs_pending,
+                        "wait_p50_s": s.wait_p50_s,
+                        "wait_p95_s": s.wait_p95_s,
+                    }
                     for s in samples_since(hours)
                 ],
                 "markers": chart_markers(hours),

@@ -51,16 +51,20 @@ def exception_handler(exc, context):
         )
     if isinstance(exc, NotAuthenticated) and (scheme := _unknown_scheme(context)):
         response = drf_exception_handler(exc, context)
-        response.data = {"detail": f"The Authorization scheme {scheme!r} is not accepted: send 'Authorization: Token <key>' "
-                         "(Bearer works too), or log in to the console."}
+        response.data = {
+            "detail": f"The Authorization scheme {scheme!r} is not accepted: send 'Authorization: Token <key>' "
+            "(Bearer works too), or log in to the console."
+        }
         return response
     if isinstance(exc, ObjectDoesNotExist):
         return Response({"detail": "Not found."}, status=status.HTTP_404_NOT_FOUND)
     if isinstance(exc, RequestDataTooBig):
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
         return Response(
-            {"detail": f"The request body is over {limit:,} bytes, the most the API takes: send less "
-             "(a batch in several requests)."},
+            {
+                "detail": f"The request body is over {limit:,} bytes, the most the API takes: send less "
+                "(a batch in several requests)."
+            },
             status=status.HTTP_400_BAD_REQUEST,
         )
     if isinstance(exc, SuspiciousOperation):  # Django refused the request's form (too many fields, ...)

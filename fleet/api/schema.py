@@ -98,6 +98,8 @@ class RackwiseAutoSchema(AutoSchema):
             codes.add(401)
         if any(p.get("in") == "path" for p in params):
             codes.add(404)
-        if method in WRITES or getattr(self.view, "action", None) in getattr(self.view, "conflict_actions", ()):
+        if method in WRITES or getattr(self.view, "action", None) in getattr(
+            self.view, "conflict_actions", ()
+        ):
             codes.add(409)
         return sorted(codes)

@@ -38,17 +38,23 @@ class SlurmSpecSerializer(serializers.Serializer):
     every node. Rackwise adds the nodes, the segment and the GPUs."""
 
     script = serializers.CharField(
-        max_length=MAX_SCRIPT_CHARS, required=False, trim_whitespace=False,
+        max_length=MAX_SCRIPT_CHARS,
+        required=False,
+        trim_whitespace=False,
         help_text="A batch script starting with #! (e.g. #!/bin/bash).",
     )
     command = serializers.CharField(
         max_length=10_000, required=False, help_text="A command line, run with srun on every node of the job."
     )
     partition = serializers.RegexField(
-        SLURM_NAME, required=False, error_messages={"invalid": "a partition name is 1-64 of A-Z a-z 0-9 _ . + -"}
+        SLURM_NAME,
+        required=False,
+        error_messages={"invalid": "a partition name is 1-64 of A-Z a-z 0-9 _ . + -"},
     )
     account = serializers.RegexField(
-        SLURM_NAME, required=False, error_messages={"invalid": "an account name is 1-64 of A-Z a-z 0-9 _ . + -"}
+        SLURM_NAME,
+        required=False,
+        error_messages={"invalid": "an account name is 1-64 of A-Z a-z 0-9 _ . + -"},
     )
     time_limit_min = serializers.IntegerField(
         required=False, min_value=1, max_value=366 * 24 * 60, help_text="Slurm's --time, in minutes."
@@ -65,14 +71,18 @@ class SlurmSpecSerializer(serializers.Serializer):
             raise serializers.ValidationError(f"at most {MAX_ENV_VARS} variables")
         bad = sorted(k for k in env if not re.match(ENV_NAME, k))
         if bad:
-            raise serializers.ValidationError(f"not a variable name: {', '.join(bad)[:200]} (use A-Z, 0-9 and _)")
+            raise serializers.ValidationError(
+                f"not a variable name: {', '.join(bad)[:200]} (use A-Z, 0-9 and _)"
+            )
         return env
 
     def validate(self, attrs: dict) -> dict:
         if ("script" in attrs) == ("command" in attrs):
             raise serializers.ValidationError({"script": ["give either script or command (one of them)"]})
         if "script" in attrs and not attrs["script"].startswith("#!"):
-            raise serializers.ValidationError({"script": ["a batch script must start with #! (e.g. #!/bin/bash)"]})
+            raise serializers.ValidationError(
+                {"script": ["a batch script must start with #! (e.g. #!/bin/bash)"]}
+            )
         if "command" in attrs and not attrs["command"].strip():
             raise serializers.ValidationError({"command": ["must not be blank"]})
         return attrs
@@ -82,16 +92,16 @@ class JobSubmitSerializer(serializers.Serializer):
     """A job request. Give ``num_gpus``, or ``num_nodes`` with ``gpus_per_node``."""
 
     name = serializers.CharField(max_length=200)
-    tenant = serializers.CharField(
-        max_length=100, required=False, help_text="Defaults to your only tenant."
-    )
+    tenant = serializers.CharField(max_length=100, required=False, help_text="Defaults to your only tenant.")
     # Capped at the columns' range so that a 400-digit number is a 400 here, not an
     # OverflowError in the shape arithmetic; the service then bounds each by the fleet.
     num_gpus = serializers.IntegerField(required=False, max_value=MAX_INT32)
     num_nodes = serializers.IntegerField(required=False, max_value=MAX_INT32)
     gpus_per_node = serializers.IntegerField(required=False, max_value=MAX_INT32)
     segment_nodes = serializers.IntegerField(
-        required=False, max_value=MAX_INT32, help_text="Nodes that must share one rack; default: the whole job."
+        required=False,
+        max_value=MAX_INT32,
+        help_text="Nodes that must share one rack; default: the whole job.",
     )
     locality = serializers.ChoiceField(
         choices=Locality.choices,
@@ -104,7 +114,8 @@ class JobSubmitSerializer(serializers.Serializer):
     checkpoint_interval_s = serializers.IntegerField(default=3600, min_value=60, max_value=2**31 - 1)
     expected_duration_s = serializers.IntegerField(required=False, min_value=1, max_value=2**31 - 1)
     slurm = SlurmSpecSerializer(
-        required=False, help_text="How Slurm runs the job; required when Rackwise drives Slurm (RACKWISE_CLUSTER=slurm)."
+        required=False,
+        help_text="How Slurm runs the job; required when Rackwise drives Slurm (RACKWISE_CLUSTER=slurm).",
     )
     idempotency_key = serializers.CharField(
         max_length=200,
@@ -145,7 +156,9 @@ class WhatIfSerializer(serializers.Serializer):
     """What would happen to a job submitted now (nothing is submitted)."""
 
     starts_now = serializers.BooleanField()
-    summary = serializers.CharField(help_text="One line: where it would start, or why it waits and until when.")
+    summary = serializers.CharField(
+        help_text="One line: where it would start, or why it waits and until when."
+    )
     reason = serializers.CharField(help_text="The engine's reason for its choice, or for waiting.")
     placement = AllocatedNodeSerializer(many=True, help_text="Where it would start now; empty if it waits.")
     racks = serializers.ListField(child=serializers.CharField())
@@ -165,10 +178,29 @@ class JobSerializer(serializers.ModelSerializer):
     class Meta:
         model = Job
         fields = [
-            "id", "name", "owner", "tenant", "num_gpus", "num_nodes", "gpus_per_node",
-            "segment_nodes", "locality", "priority", "preemptible", "checkpoint_interval_s",
-            "expected_duration_s", "state", "state_reason", "placement", "allocated",
-            "submitted_at", "placed_at", "started_at", "finished_at", "external_id", "slurm",
+            "id",
+            "name",
+            "owner",
+            "tenant",
+            "num_gpus",
+            "num_nodes",
+            "gpus_per_node",
+            "segment_nodes",
+            "locality",
+            "priority",
+            "preemptible",
+            "checkpoint_interval_s",
+            "expected_duration_s",
+            "state",
+            "state_reason",
+            "placement",
+            "allocated",
+            "submitted_at",
+            "placed_at",
+            "started_at",
+            "finished_at",
+            "external_id",
+            "slurm",
         ]
         read_only_fields = fields
 
@@ -232,8 +264,18 @@ class RackSerializer(serializers.ModelSerializer):
     class Meta:
         model = Rack
         fields = [
-            "id", "name", "external_id", "kind", "nodes_per_domain", "gpus_per_node",
-            "spare_nodes", "site", "row", "position", "version", "summary",
+            "id",
+            "name",
+            "external_id",
+            "kind",
+            "nodes_per_domain",
+            "gpus_per_node",
+            "spare_nodes",
+            "site",
+            "row",
+            "position",
+            "version",
+            "summary",
         ]
         read_only_fields = fields
 
@@ -269,16 +311,25 @@ class GPUCellSerializer(serializers.ModelSerializer):
 class NodeSerializer(serializers.ModelSerializer):
     rack = serializers.CharField(source="rack.name", read_only=True)
     rack_id = serializers.IntegerField(read_only=True)
-    moves = serializers.SerializerMethodField(help_text="The moves the node's state allows (POST /api/nodes/<id>/<move>/).")
+    moves = serializers.SerializerMethodField(
+        help_text="The moves the node's state allows (POST /api/nodes/<id>/<move>/)."
+    )
 
     class Meta:
         model = Node
         fields = [
-            "id", "rack_id", "rack", "slot", "hostname", "state", "state_reason",
-            "state_changed_at", "last_heartbeat_at", "moves",
+            "id",
+            "rack_id",
+            "rack",
+            "slot",
+            "hostname",
+            "state",
+            "state_reason",
+            "state_changed_at",
+            "last_heartbeat_at",
+            "moves",
         ]
         read_only_fields = fields
-
 
     @extend_schema_field(serializers.ListField(child=serializers.ChoiceField(choices=list(MOVES))))
     def get_moves(self, obj: Node) -> list[str]:
@@ -327,8 +378,17 @@ class AuditEventSerializer(serializers.ModelSerializer):
     class Meta:
         model = AuditEvent
         fields = [
-            "id", "created_at", "actor_name", "action", "object_type", "object_id",
-            "object_repr", "message", "before", "after", "request_id",
+            "id",
+            "created_at",
+            "actor_name",
+            "action",
+            "object_type",
+            "object_id",
+            "object_repr",
+            "message",
+            "before",
+            "after",
+            "request_id",
         ]
         read_only_fields = fields
 
@@ -364,9 +424,13 @@ class AttentionItemSerializer(serializers.Serializer):
 class AttentionSerializer(serializers.Serializer):
     awaiting_approval = AwaitingApprovalSerializer()
     jobs_recovering = serializers.IntegerField()
-    jobs_waiting_long = serializers.IntegerField(help_text="Pending jobs that waited longer than wait_warn_s.")
+    jobs_waiting_long = serializers.IntegerField(
+        help_text="Pending jobs that waited longer than wait_warn_s."
+    )
     wait_warn_s = serializers.IntegerField()
-    nodes = serializers.DictField(child=serializers.IntegerField(), help_text="Suspect, failed and in-repair nodes.")
+    nodes = serializers.DictField(
+        child=serializers.IntegerField(), help_text="Suspect, failed and in-repair nodes."
+    )
     items = AttentionItemSerializer(many=True)
 
 
@@ -400,7 +464,9 @@ class FragmentationSerializer(serializers.Serializer):
 
     free_gpus = serializers.IntegerField(help_text="Free GPUs of healthy nodes, spares included.")
     spare_gpus = serializers.IntegerField(help_text="GPUs of the idle spare nodes racks keep for recovery.")
-    counted_gpus = serializers.IntegerField(help_text="free_gpus less spare_gpus: the fraction's denominator.")
+    counted_gpus = serializers.IntegerField(
+        help_text="free_gpus less spare_gpus: the fraction's denominator."
+    )
     fragmented_gpus = serializers.IntegerField(
         help_text="Counted GPUs the typical multi-node job cannot use: those of partly used nodes (a gang "
         "takes whole nodes) and every free slice smaller than the job's share of its rack."
@@ -423,6 +489,7 @@ class FragmentationSerializer(serializers.Serializer):
     )
     typical_segment_nodes = serializers.IntegerField(allow_null=True, help_text="Its segment size, if any.")
     typical_from = serializers.ChoiceField(
-        choices=["jobs", "default"], help_text="'jobs' (the median of those jobs) or 'default' (none took more than one node)."
+        choices=["jobs", "default"],
+        help_text="'jobs' (the median of those jobs) or 'default' (none took more than one node).",
     )
     racks = RackFragmentationSerializer(many=True)

@@ -31,8 +31,14 @@ JOB_EXAMPLES = [
     OpenApiExample("one GPU", value={"name": "notebook", "tenant": "llm", "num_gpus": 1}, request_only=True),
     OpenApiExample(
         "a 2-node gang in one rack",
-        value={"name": "llama-70b-ft", "tenant": "llm", "num_nodes": 2, "gpus_per_node": 4,
-               "locality": "required", "expected_duration_s": 3600},
+        value={
+            "name": "llama-70b-ft",
+            "tenant": "llm",
+            "num_nodes": 2,
+            "gpus_per_node": 4,
+            "locality": "required",
+            "expected_duration_s": 3600,
+        },
         request_only=True,
     ),
 ]
@@ -102,14 +108,18 @@ class JobViewSet(
     def cancel(self, request, pk=None):
         job = self.get_object()  # 404 for jobs the user cannot see
         if not may_cancel(request.user, job):
-            return Response({"detail": "You can cancel only your tenants' jobs."}, status=status.HTTP_403_FORBIDDEN)
+            return Response(
+                {"detail": "You can cancel only your tenants' jobs."}, status=status.HTTP_403_FORBIDDEN
+            )
         job_services.cancel_job(request.user, job.pk)
         return Response(s.JobSerializer(self.get_queryset().get(pk=job.pk)).data)
 
     @extend_schema(
         parameters=[
             OpenApiParameter(
-                "queue", str, description="Kueue LocalQueue: the manifest gets its label and the TAS annotations"
+                "queue",
+                str,
+                description="Kueue LocalQueue: the manifest gets its label and the TAS annotations",
             )
         ],
         responses={200: OpenApiTypes.OBJECT},
@@ -145,9 +155,7 @@ class RackViewSet(viewsets.ReadOnlyModelViewSet):
     def get_queryset(self):
         qs = Rack.objects.all()
         if self.action == "retrieve":
-            qs = qs.prefetch_related(
-                Prefetch("nodes", queryset=Node.objects.prefetch_related("gpus"))
-            )
+            qs = qs.prefetch_related(Prefetch("nodes", queryset=Node.objects.prefetch_related("gpus")))
         return qs
 
     def list(self, request, *args, **kwargs):

@@ -75,7 +75,11 @@ class SimulatedAdapter:
 
     @classmethod
     def from_settings(cls) -> SimulatedAdapter:
-        return cls(settings.RACKWISE_SIM_STEP_SECONDS, settings.RACKWISE_SIM_FAILURE_RATE, settings.RACKWISE_SIM_TIME_SCALE)
+        return cls(
+            settings.RACKWISE_SIM_STEP_SECONDS,
+            settings.RACKWISE_SIM_FAILURE_RATE,
+            settings.RACKWISE_SIM_TIME_SCALE,
+        )
 
     def perform(self, action: Action, index: int, step: Step, report: Progress | None = None) -> Outcome:
         duration = SIM_DURATIONS.get(step.op, 0.5) * self.step_seconds
@@ -128,8 +132,13 @@ class SimulatedAdapter:
             if job.state == JobState.RUNNING and job.started_at is not None:
                 end = self._end(job.started_at, job.expected_duration_s) if job.expected_duration_s else None
                 if end is not None and end <= now:
-                    reports[job.pk] = JobReport(external, JOB_COMPLETED, started_at=job.started_at, ended_at=end,
-                                                reason="completed (simulated)")
+                    reports[job.pk] = JobReport(
+                        external,
+                        JOB_COMPLETED,
+                        started_at=job.started_at,
+                        ended_at=end,
+                        reason="completed (simulated)",
+                    )
                 else:
                     reports[job.pk] = JobReport(external, JOB_RUNNING, started_at=job.started_at)
             elif job.state in (JobState.PLACED, JobState.RECOVERING):

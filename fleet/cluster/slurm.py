@@ -119,7 +119,9 @@ class SlurmAdapter:
 
     # --- the protocol -----------------------------------------------------------
 
-    def perform(self, action: Action | None, index: int, step: st.Step, report: Progress | None = None) -> Outcome:
+    def perform(
+        self, action: Action | None, index: int, step: st.Step, report: Progress | None = None
+    ) -> Outcome:
         if isinstance(step, dict):  # a stored step (older callers)
             step = st.Step.from_dict(step)
         self.cli.ping()
@@ -208,7 +210,12 @@ class SlurmAdapter:
         for item in self.cli.jobs():
             job = SlurmJob.parse(item)
             partitions = str(item.get("partition") or "").split(",")
-            if job.state == "PENDING" and job.held and self.partition in partitions and rackwise_job_of(job.comment) is None:
+            if (
+                job.state == "PENDING"
+                and job.held
+                and self.partition in partitions
+                and rackwise_job_of(job.comment) is None
+            ):
                 out.append(job_report(item))
         return out
 
@@ -270,7 +277,14 @@ class SlurmAdapter:
             if done(job) or job.ended:
                 return job
             if time.monotonic() >= deadline:
-                log.info("Slurm job %s not %s after %.1f s (%s, %s)", job_id, what, self.wait_s, job.state, job.reason)
+                log.info(
+                    "Slurm job %s not %s after %.1f s (%s, %s)",
+                    job_id,
+                    what,
+                    self.wait_s,
+                    job.state,
+                    job.reason,
+                )
                 return None
             time.sleep(self.poll_s)
 
@@ -362,7 +376,9 @@ class SlurmAdapter:
         # can be changed once that is over.
         pending = self._wait(found.job_id, lambda j: j.state == "PENDING" and not j.completing, "pending")
         if pending is None:
-            raise ClusterUnavailable(f"Slurm job {found.job_id} was requeued but is not pending after {self.wait_s:g} s")
+            raise ClusterUnavailable(
+                f"Slurm job {found.job_id} was requeued but is not pending after {self.wait_s:g} s"
+            )
         if pending.ended:
             raise StepFailed(f"Slurm job {found.job_id} ended ({pending.state}) instead of requeueing")
         if not pending.held:
@@ -410,7 +426,11 @@ class SlurmAdapter:
             self.cli.run("scontrol", "release", found.job_id)
         running = self._wait(found.job_id, lambda j: j.state == "RUNNING", "running")
         if running is None:
-            return Outcome(WAITING, external_id=found.job_id, message=f"Slurm job {found.job_id} released, not yet running")
+            return Outcome(
+                WAITING,
+                external_id=found.job_id,
+                message=f"Slurm job {found.job_id} released, not yet running",
+            )
         if running.ended:
             raise StepFailed(f"Slurm job {found.job_id} ended ({running.state}) as it started")
         return Outcome(DONE, external_id=found.job_id)
@@ -418,7 +438,11 @@ class SlurmAdapter:
     def _checkpoint(self, job: Job, step: st.Step) -> Outcome:
         found = self.find(job)
         if found is None or found.state != "RUNNING":
-            return Outcome(DONE, external_id=found.job_id if found else None, message="not running: nothing to checkpoint")
+            return Outcome(
+                DONE,
+                external_id=found.job_id if found else None,
+                message="not running: nothing to checkpoint",
+            )
         self.cli.run("scancel", f"--signal={self.checkpoint_signal}", "--batch", found.job_id)
         if self.checkpoint_grace_s > 0:
             time.sleep(self.checkpoint_grace_s)
@@ -467,7 +491,9 @@ def _may_submit(job: Job) -> None:
     if (job.cluster_spec or {}).get("slurm", {}).get("adopted"):
         raise StepFailed(f"the adopted Slurm job {job.external_id} is gone from Slurm")
     if job.external_id:
-        raise StepFailed(f"Slurm no longer knows job {job.external_id} of job #{job.pk}; it is not submitted twice")
+        raise StepFailed(
+            f"Slurm no longer knows job {job.external_id} of job #{job.pk}; it is not submitted twice"
+        )
 
 
 def _ended(job: Job, found: SlurmJob) -> str:
@@ -517,5 +543,3 @@ def _no_hosts(step: st.Step):
 
 def _one_rack(hosts: list[str]) -> bool:
     return Node.objects.filter(hostname__in=hosts).values("rack_id").distinct().count() <= 1
-
-

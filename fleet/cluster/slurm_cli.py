@@ -67,7 +67,9 @@ TOOLS = ("sbatch", "scontrol", "squeue", "scancel", "sinfo", "sacct")
 class SlurmError(StepFailed):
     """Slurm answered and refused (rc != 0 for a reason other than reachability)."""
 
-    def __init__(self, message: str, *, command: list[str] | None = None, returncode: int | None = None) -> None:
+    def __init__(
+        self, message: str, *, command: list[str] | None = None, returncode: int | None = None
+    ) -> None:
         super().__init__(message)
         self.command = command or []
         self.returncode = returncode
@@ -77,7 +79,9 @@ class SlurmCli:
     """Runs Slurm's clients. ``bin_dir``: where they are (the cluster's wrapper
     directory), else ``PATH``. ``timeout_s`` bounds every command."""
 
-    def __init__(self, bin_dir: str | None = None, *, timeout_s: float = 20.0, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, bin_dir: str | None = None, *, timeout_s: float = 20.0, env: dict[str, str] | None = None
+    ) -> None:
         self.bin_dir = bin_dir or None
         self.timeout_s = timeout_s
         self.env = env
@@ -100,7 +104,12 @@ class SlurmCli:
         env = None if self.env is None else {**os.environ, **self.env}
         try:
             done = subprocess.run(
-                command, capture_output=True, text=True, timeout=timeout or self.timeout_s, env=env, check=False
+                command,
+                capture_output=True,
+                text=True,
+                timeout=timeout or self.timeout_s,
+                env=env,
+                check=False,
             )
         except subprocess.TimeoutExpired as exc:
             raise ClusterUnavailable(
@@ -380,13 +389,19 @@ def job_report(item: dict[str, Any]) -> JobReport:
     if state in (JOB_FAILED, JOB_CANCELLED, JOB_COMPLETED):
         exit_code = item.get("exit_code")
         code = number(exit_code.get("return_code")) if isinstance(exit_code, dict) else None
-        reason = f"Slurm {job.state}" + (f", exit code {code}" if code else "") + (f" ({reason})" if reason else "")
+        reason = (
+            f"Slurm {job.state}"
+            + (f", exit code {code}" if code else "")
+            + (f" ({reason})" if reason else "")
+        )
     return JobReport(
         external_id=job.job_id,
         state=state,
         hostnames=job.nodes if state != JOB_PENDING else (),
         started_at=timestamp(item.get("start_time")) if state != JOB_PENDING else None,
-        ended_at=timestamp(item.get("end_time")) if state in (JOB_COMPLETED, JOB_FAILED, JOB_CANCELLED) else None,
+        ended_at=timestamp(item.get("end_time"))
+        if state in (JOB_COMPLETED, JOB_FAILED, JOB_CANCELLED)
+        else None,
         reason=reason[:500],
         name=str(item.get("name") or ""),
         user=str(item.get("user_name") or ""),

@@ -53,7 +53,11 @@ class WebhookAdapter:
 
     @classmethod
     def from_settings(cls) -> WebhookAdapter:
-        return cls(settings.RACKWISE_WEBHOOK_URL, settings.RACKWISE_WEBHOOK_SECRET, settings.RACKWISE_WEBHOOK_TIMEOUT_S)
+        return cls(
+            settings.RACKWISE_WEBHOOK_URL,
+            settings.RACKWISE_WEBHOOK_SECRET,
+            settings.RACKWISE_WEBHOOK_TIMEOUT_S,
+        )
 
     def perform(self, action: Action, index: int, step: Step, report: Progress | None = None) -> Outcome:
         result = (action.callbacks or {}).get(str(index))

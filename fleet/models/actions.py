@@ -83,7 +83,12 @@ class Action(models.Model):
     @property
     def ended_early(self) -> bool:
         """Ended without carrying its plan out (expired, rejected, cancelled, failed)."""
-        return self.state in (ActionState.EXPIRED, ActionState.REJECTED, ActionState.CANCELLED, ActionState.FAILED)
+        return self.state in (
+            ActionState.EXPIRED,
+            ActionState.REJECTED,
+            ActionState.CANCELLED,
+            ActionState.FAILED,
+        )
 
     @property
     def held_racks(self) -> list[dict]:

@@ -9,9 +9,7 @@ from django.utils import timezone
 
 class AuditEvent(models.Model):
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
-    actor = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
-    )
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
     # Kept even if the user is deleted; "system" for workers and commands.
     actor_name = models.CharField(max_length=150)
     action = models.CharField(max_length=64, db_index=True)

@@ -34,9 +34,7 @@ class Job(models.Model):
     PLACEMENT_TERMS = ("locality", "priority", "preemptible")
 
     name = models.CharField(max_length=200)
-    owner = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs"
-    )
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs")
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="jobs")
     num_gpus = models.PositiveIntegerField()
     num_nodes = models.PositiveIntegerField(

@@ -18,8 +18,12 @@ class FleetSample(models.Model):
     gpus_failed = models.PositiveIntegerField(default=0)
     jobs_pending = models.PositiveIntegerField(default=0)
     largest_job_gpus = models.PositiveIntegerField(default=0)
-    wait_p50_s = models.FloatField(default=0.0, help_text="Median time the pending jobs have waited so far, seconds.")
-    wait_p95_s = models.FloatField(default=0.0, help_text="95th percentile of the pending jobs' waits so far, seconds.")
+    wait_p50_s = models.FloatField(
+        default=0.0, help_text="Median time the pending jobs have waited so far, seconds."
+    )
+    wait_p95_s = models.FloatField(
+        default=0.0, help_text="95th percentile of the pending jobs' waits so far, seconds."
+    )
 
     class Meta:
         ordering = ["at"]

@@ -217,7 +217,11 @@ def redeliver(actor, delivery_id: int) -> WebhookDelivery:
 
 
 def _subscribers(event_type: str) -> list[WebhookEndpoint]:
-    return list(WebhookEndpoint.objects.filter(active=True, event_types__contains=[event_type]).only("id", "event_types"))
+    return list(
+        WebhookEndpoint.objects.filter(active=True, event_types__contains=[event_type]).only(
+            "id", "event_types"
+        )
+    )
 
 
 def _insert(event_type: str, items: list[dict], endpoints: list[WebhookEndpoint]) -> list[WebhookDelivery]:

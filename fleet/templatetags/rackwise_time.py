@@ -21,7 +21,12 @@ def when(value: datetime | None, seconds: str = "") -> str:
         return ""
     utc = value.astimezone(UTC)
     shown = utc.strftime("%Y-%m-%d %H:%M:%S" if seconds else "%Y-%m-%d %H:%M")
-    return format_html('<time datetime="{}" data-when{}>{} UTC</time>', utc.isoformat(), " data-seconds" if seconds else "", shown)
+    return format_html(
+        '<time datetime="{}" data-when{}>{} UTC</time>',
+        utc.isoformat(),
+        " data-seconds" if seconds else "",
+        shown,
+    )
 
 
 @register.filter
@@ -31,5 +36,7 @@ def ago(value: datetime | None) -> str:
     utc = value.astimezone(UTC)
     return format_html(
         '<time datetime="{}" data-ago title="{} UTC">{} ago</time>',
-        utc.isoformat(), utc.strftime("%Y-%m-%d %H:%M:%S"), timesince(value).split(",")[0],
+        utc.isoformat(),
+        utc.strftime("%Y-%m-%d %H:%M:%S"),
+        timesince(value).split(",")[0],
     )

@@ -182,7 +182,13 @@ def _gpus(item: dict[str, Any], where: str, max_gpus: int) -> int:
     if raw is None:
         return 0
     # Kubernetes quantities are strings ("4"); a whole JSON number is read too.
-    text = raw if isinstance(raw, str) else str(raw) if isinstance(raw, int) and not isinstance(raw, bool) else None
+    text = (
+        raw
+        if isinstance(raw, str)
+        else str(raw)
+        if isinstance(raw, int) and not isinstance(raw, bool)
+        else None
+    )
     if text is None or not text.strip().lstrip("-").isdigit():
         raise TopologyError(f"GPU capacity {show(raw)} is not a whole number", place)
     if len(text.strip()) > 9:  # int() of thousands of digits is slow, and no node has that many

@@ -125,7 +125,9 @@ def check_name(value: object, what: str, limit: int, place: str) -> str:
     if not isinstance(value, str) or not value:
         raise TopologyError(f"{what} must be a non-empty string, found {show(value)}", place)
     if len(value) > limit:
-        raise TopologyError(f"{what} {show(value)} is {len(value)} characters long; at most {limit} fit", place)
+        raise TopologyError(
+            f"{what} {show(value)} is {len(value)} characters long; at most {limit} fit", place
+        )
     if not value.isprintable() or any(c.isspace() for c in value):
         raise TopologyError(f"{what} {show(value)} has whitespace or control characters", place)
     return value

@@ -23,7 +23,20 @@ from placement.model.records import (
 )
 
 __all__ = [
-    "DRAINING", "FAILED", "HEALTHY", "HEALTH_STATES", "LOCALITIES", "NONE", "PREFERRED",
-    "REQUIRED", "Allocation", "CapacityError", "Fleet", "JobRequest", "Node", "Rack",
-    "as_allocations", "racks_needed",
+    "DRAINING",
+    "FAILED",
+    "HEALTHY",
+    "HEALTH_STATES",
+    "LOCALITIES",
+    "NONE",
+    "PREFERRED",
+    "REQUIRED",
+    "Allocation",
+    "CapacityError",
+    "Fleet",
+    "JobRequest",
+    "Node",
+    "Rack",
+    "as_allocations",
+    "racks_needed",
 ]

@@ -60,11 +60,8 @@ class Fleet:
         for rack in self.racks:
             self.groups.setdefault(rack.gpus_per_node, []).append(rack)
         self.groups = dict(sorted(self.groups.items()))
-        self.group_size: dict[int, int] = {g: max(r.size for r in rs)
-                                           for g, rs in self.groups.items()}
-        self._slot: dict[str, dict[int, Node]] = {
-            r.id: {n.index: n for n in r.nodes} for r in self.racks
-        }
+        self.group_size: dict[int, int] = {g: max(r.size for r in rs) for g, rs in self.groups.items()}
+        self._slot: dict[str, dict[int, Node]] = {r.id: {n.index: n for n in r.nodes} for r in self.racks}
         # Capacity by size: group_pos[rack] is the rack's position in its shape group;
         # by_free[gpus_per_node] lists (idle nodes, group position) of the group's racks
         # that have an idle node, sorted, so "racks with at least n idle nodes, fewest
@@ -78,8 +75,7 @@ class Fleet:
         self.idle_total = sum(len(r.free) for r in self.racks)
         # The most spares a rack of the group keeps (spare_nodes is fixed for the life
         # of a Fleet): an offer is at most this far below a rack's idle count.
-        self.max_spares: dict[int, int] = {g: max(r.spare_nodes for r in rs)
-                                           for g, rs in self.groups.items()}
+        self.max_spares: dict[int, int] = {g: max(r.spare_nodes for r in rs) for g, rs in self.groups.items()}
         self._group_nodes: dict[tuple[int, int], int] = {}
         self._group_sizes: dict[int, list[int]] = {}
         self._undo: _Undo | None = None  # see trial()
@@ -116,8 +112,12 @@ class Fleet:
         jobs keep their order, that of ``allocations``. Allocations are shared, as
         with ``allocate``."""
         racks = [
-            Rack(r.id, [Node(n.id, n.rack, n.index, n.gpus, n.health, name=n.name) for n in r.nodes],
-                 spare_nodes=r.spare_nodes, name=r.name)
+            Rack(
+                r.id,
+                [Node(n.id, n.rack, n.index, n.gpus, n.health, name=n.name) for n in r.nodes],
+                spare_nodes=r.spare_nodes,
+                name=r.name,
+            )
             for r in self.racks
         ]
         out = Fleet(racks)  # builds the fixed indexes (shapes, slots, positions)
@@ -165,8 +165,9 @@ class Fleet:
     def _state(self, node: Node) -> tuple[bool, bool, int]:
         return node.idle, self._is_lent_node(node), self._partial_key(node)
 
-    def _node_changed(self, node: Node, before: tuple[bool, bool, int],
-                      touched: dict[str, int] | None = None) -> None:
+    def _node_changed(
+        self, node: Node, before: tuple[bool, bool, int], touched: dict[str, int] | None = None
+    ) -> None:
         """Update the indexes after ``node`` changed from state ``before``. With
         ``touched`` the racks-by-idle index is left to :meth:`_reindex_racks` (one
         update per rack for a gang): it records each changed rack's old idle count."""
@@ -223,7 +224,7 @@ class Fleet:
             out += [group[p] for _, p in index[lo:hi]]
             hi = lo
         if len(out) < count:
-            out += [r for r in group if not r.free][:count - len(out)]
+            out += [r for r in group if not r.free][: count - len(out)]
         return out[:count]
 
     def group_nodes(self, gpus_per_node: int, segment: int | None = None) -> int:
@@ -246,8 +247,7 @@ class Fleet:
             self._group_sizes[gpus_per_node] = sizes
         return sizes
 
-    def racks_with_idle(self, gpus_per_node: int, at_least: int = 1
-                        ) -> Iterator[tuple[int, int, Rack]]:
+    def racks_with_idle(self, gpus_per_node: int, at_least: int = 1) -> Iterator[tuple[int, int, Rack]]:
         """(idle nodes, group position, rack) for the racks of this shape with at least
         ``at_least`` idle nodes, fewest idle first, ties in group order. Read from the
         index, lazily: the racks without room are never looked at."""
@@ -305,8 +305,7 @@ class Fleet:
         touched: dict[str, int] = {}
         lends = alloc.job.preemptible  # (or small: checked per node shape below)
         for node, mask in masks:
-            if (not node.jobs and node.health == HEALTHY
-                    and mask == (1 << node.gpus) - 1):
+            if not node.jobs and node.health == HEALTHY and mask == (1 << node.gpus) - 1:
                 # Fast path, a whole idle node (gangs): idle -> full, no partial entry.
                 rack = self.rack_by_id[node.rack]
                 touched.setdefault(rack.id, len(rack.free))
@@ -331,9 +330,12 @@ class Fleet:
         if self._undo is not None:
             self._undo.save(alloc.nodes)
         # A node held whole by this job alone (gangs) takes the fast path below.
-        states = {nid: None if (len(nodes[nid].jobs) == 1
-                                and nodes[nid].used == (1 << nodes[nid].gpus) - 1)
-                  else self._state(nodes[nid]) for nid in alloc.nodes}
+        states = {
+            nid: None
+            if (len(nodes[nid].jobs) == 1 and nodes[nid].used == (1 << nodes[nid].gpus) - 1)
+            else self._state(nodes[nid])
+            for nid in alloc.nodes
+        }
         del self.allocations[job_id]
         touched: dict[str, int] = {}
         lends = alloc.job.preemptible
@@ -420,9 +422,22 @@ class Fleet:
     def from_dict(cls, data: Mapping[str, Any]) -> Fleet:
         """Rebuild a fleet from :meth:`to_dict` output (JSON round trip)."""
         racks = [
-            Rack(r["id"], [Node(n["id"], r["id"], n["index"], n["gpus"],
-                                n.get("health", HEALTHY), name=n.get("name", "")) for n in r["nodes"]],
-                 spare_nodes=r.get("spare_nodes", 2), name=r.get("name", ""))
+            Rack(
+                r["id"],
+                [
+                    Node(
+                        n["id"],
+                        r["id"],
+                        n["index"],
+                        n["gpus"],
+                        n.get("health", HEALTHY),
+                        name=n.get("name", ""),
+                    )
+                    for n in r["nodes"]
+                ],
+                spare_nodes=r.get("spare_nodes", 2),
+                name=r.get("name", ""),
+            )
             for r in data["racks"]
         ]
         fleet = cls(racks)
@@ -434,9 +449,13 @@ class Fleet:
     def to_dict(self) -> dict[str, Any]:
         return {
             "racks": [
-                {"id": r.id, "spare_nodes": r.spare_nodes,
-                 "nodes": [{"id": n.id, "index": n.index, "gpus": n.gpus, "health": n.health}
-                           for n in r.nodes]}
+                {
+                    "id": r.id,
+                    "spare_nodes": r.spare_nodes,
+                    "nodes": [
+                        {"id": n.id, "index": n.index, "gpus": n.gpus, "health": n.health} for n in r.nodes
+                    ],
+                }
                 for r in self.racks
             ],
             "allocations": [a.to_dict() for a in self.allocations.values()],
@@ -488,7 +507,5 @@ class _Undo:
         fleet.allocations.update(self.allocations)
 
 
-def as_allocations(
-    fleet: Fleet, allocations: Mapping[str, Allocation] | None
-) -> Mapping[str, Allocation]:
+def as_allocations(fleet: Fleet, allocations: Mapping[str, Allocation] | None) -> Mapping[str, Allocation]:
     return fleet.allocations if allocations is None else allocations

@@ -202,10 +202,13 @@ class Allocation:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Allocation:
-        return cls(JobRequest(**data["job"]),
-                   {k: tuple(v) for k, v in data["nodes"].items()},
-                   [list(s) for s in data.get("segments", [])], data.get("expected_end"),
-                   data.get("started_at"))
+        return cls(
+            JobRequest(**data["job"]),
+            {k: tuple(v) for k, v in data["nodes"].items()},
+            [list(s) for s in data.get("segments", [])],
+            data.get("expected_end"),
+            data.get("started_at"),
+        )
 
 
 def racks_needed(nodes: int, nodes_per_rack: int) -> int:

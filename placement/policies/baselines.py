@@ -18,8 +18,9 @@ def first_fit(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) ->
     gpn = racks[0].gpus_per_node
     if job.is_small(gpn):
         for node in small_candidates(fleet, racks, job.num_gpus, ctx):
-            return small_plan(job, "first-fit", node,
-                              f"lowest-numbered node with {job.num_gpus} free GPUs: {node.id}")
+            return small_plan(
+                job, "first-fit", node, f"lowest-numbered node with {job.num_gpus} free GPUs: {node.id}"
+            )
         return not_placed(job, "first-fit", f"no node has {job.num_gpus} free GPUs")
     n = job.nodes_needed(gpn)
     picked: list[str] = []
@@ -29,8 +30,7 @@ def first_fit(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) ->
         for i in sorted(rack.free):
             picked.append(fleet.node_at(rack.id, i).id)
             if len(picked) == n:
-                return blind_gang_plan(fleet, job, "first-fit", picked,
-                                       "lowest-numbered free nodes")
+                return blind_gang_plan(fleet, job, "first-fit", picked, "lowest-numbered free nodes")
     return not_placed(job, "first-fit", f"only {len(picked)} free nodes, {n} needed")
 
 
@@ -43,8 +43,7 @@ def random_fit(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) -
         node = ctx.random().choice(cands)
         return small_plan(job, "random", node, f"random node with room: {node.id}")
     n = job.nodes_needed(gpn)
-    free = [fleet.node_at(r.id, i).id for r in racks if r.id not in ctx.reserved
-            for i in sorted(r.free)]
+    free = [fleet.node_at(r.id, i).id for r in racks if r.id not in ctx.reserved for i in sorted(r.free)]
     if len(free) < n:
         return not_placed(job, "random", f"only {len(free)} free nodes, {n} needed")
     picked = ctx.random().sample(free, n)

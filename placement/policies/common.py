@@ -114,8 +114,7 @@ def whole_node_plan(
 
 def small_plan(job: JobRequest, policy: str, node: Node, reason: str) -> PlacementPlan:
     gpus = node.free_indices(job.num_gpus)
-    return PlacementPlan(job.id, policy, True, reason, {node.id: gpus}, [[node.id]],
-                         [node.rack], [reason])
+    return PlacementPlan(job.id, policy, True, reason, {node.id: gpus}, [[node.id]], [node.rack], [reason])
 
 
 def group_by_rack(fleet: Fleet, node_ids: list[str]) -> list[tuple[Rack, list[int]]]:
@@ -128,15 +127,20 @@ def group_by_rack(fleet: Fleet, node_ids: list[str]) -> list[tuple[Rack, list[in
 
 
 def blind_gang_plan(
-    fleet: Fleet, job: JobRequest, policy: str, node_ids: list[str], why: str,
+    fleet: Fleet,
+    job: JobRequest,
+    policy: str,
+    node_ids: list[str],
+    why: str,
 ) -> PlacementPlan:
     """Wrap a topology-blind pick. The policy cannot see racks, so it cannot honour
     required locality or segments either: the plan records where the nodes landed
     (one segment per rack) and the invariant checker will flag a broken constraint."""
     picks = group_by_rack(fleet, node_ids)
     n_racks = len(picks)
-    return whole_node_plan(fleet, job, policy, picks,
-                           f"{why} ({len(node_ids)} nodes in {n_racks} racks)", [why])
+    return whole_node_plan(
+        fleet, job, policy, picks, f"{why} ({len(node_ids)} nodes in {n_racks} racks)", [why]
+    )
 
 
 def small_candidates(fleet: Fleet, racks: list[Rack], gpus: int, ctx: Context) -> list[Node]:

@@ -46,18 +46,16 @@ def kueue_tas(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) ->
     pos = {r.id: i for i, r in enumerate(racks)}
     if job.locality == NONE:
         # LeastFreeCapacity: fill the fullest racks first.
-        order = sorted((r for r in racks if cap(r) or r.free_count), key=lambda r: (
-            r.free_count, pos[r.id]))
+        order = sorted((r for r in racks if cap(r) or r.free_count), key=lambda r: (r.free_count, pos[r.id]))
         return _take(fleet, job, order, slices, ctx, "LeastFreeCapacity")
     if n <= size:
         # The whole job in one rack, slices whole: the tightest rack that holds it.
-        fits = [r for r in racks if r.id not in ctx.reserved and r.free_count >= n
-                and cap(r) >= n // seg]
+        fits = [r for r in racks if r.id not in ctx.reserved and r.free_count >= n and cap(r) >= n // seg]
         if fits:
             rack = min(fits, key=lambda r: (r.free_count, pos[r.id]))
             why = f"BestFit: {rack.label} is the tightest rack that holds {n} nodes"
             slots = sorted(rack.free)[:n]
-            picks = [(rack, slots[i:i + seg]) for i in range(0, n, seg)]
+            picks = [(rack, slots[i : i + seg]) for i in range(0, n, seg)]
             return whole_node_plan(fleet, job, NAME, picks, why, [why])
         if job.locality == REQUIRED:
             return not_placed(job, NAME, f"required: no rack has {n} free nodes; waits")
@@ -67,17 +65,18 @@ def kueue_tas(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) ->
 
         def cap(rack: Rack) -> int:
             return 0 if rack.id in ctx.reserved else rack.free_count
+
     # BestFit one level up: most free first, last domain the tightest that fits.
     order = sorted(racks, key=lambda r: (-cap(r), pos[r.id]))
     plan = _take(fleet, job, order, slices, ctx, "BestFit")
-    if plan.placed and job.locality == REQUIRED and len(plan.racks) > min_racks(
-            n, size, job.segment_nodes):
+    if plan.placed and job.locality == REQUIRED and len(plan.racks) > min_racks(n, size, job.segment_nodes):
         return not_placed(job, NAME, "required: the fewest racks do not have room; waits")
     return plan
 
 
-def _take(fleet: Fleet, job: JobRequest, order: list[Rack], slices: list[int], ctx: Context,
-          profile: str) -> PlacementPlan:
+def _take(
+    fleet: Fleet, job: JobRequest, order: list[Rack], slices: list[int], ctx: Context, profile: str
+) -> PlacementPlan:
     """Greedy over ``order``; the last rack is swapped for the tightest that fits."""
     left = {r.id: (0 if r.id in ctx.reserved else r.free_count) for r in order}
     free_slots = {r.id: sorted(r.free) for r in order}
@@ -127,5 +126,9 @@ def _small(job: JobRequest, racks: list[Rack], ctx: Context) -> PlacementPlan:
     if best is None:
         return not_placed(job, NAME, f"no node has {job.num_gpus} free GPUs")
     node = best[1]
-    return small_plan(job, NAME, node, f"LeastFreeCapacity: {node.label} ({node.free_gpus} free "
-                                       f"GPUs) in the rack with least free capacity")
+    return small_plan(
+        job,
+        NAME,
+        node,
+        f"LeastFreeCapacity: {node.label} ({node.free_gpus} free GPUs) in the rack with least free capacity",
+    )

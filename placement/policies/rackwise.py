@@ -71,8 +71,9 @@ def rackwise(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) -> 
         if plan.placed or job.locality == REQUIRED or seg:
             return plan  # (a job that is one segment cannot span)
         if not may_span(job, ctx):
-            return not_placed(job, NAME, plan.reason + "; spanning racks would cost more "
-                                                       "than waiting so far, so it waits")
+            return not_placed(
+                job, NAME, plan.reason + "; spanning racks would cost more than waiting so far, so it waits"
+            )
         spill = _many_racks(fleet, job, racks, n, ctx, k_start=2)
         if spill.placed:
             spill.choices.insert(0, plan.reason)
@@ -106,9 +107,9 @@ def idle_room(fleet: Fleet, job: JobRequest, ctx: Context) -> bool:
         if not n or (seg and seg > size):
             continue
         if seg and seg < n:
-            top = index[n // -seg:]  # as many racks as segments: each holds one at least
+            top = index[n // -seg :]  # as many racks as segments: each holds one at least
         else:
-            top = index if spread and not seg else index[-min_racks(n, size, None):]
+            top = index if spread and not seg else index[-min_racks(n, size, None) :]
         if idle_holds([f for f, _ in top], n, seg):
             return True
     return False
@@ -127,8 +128,9 @@ def may_borrow(rack: Rack, n: int, preemptible: bool, whole: int | None = None) 
     big for the slice (splitting them would cost far more than the spares are worth).
     ``whole``: the part of the gang that must sit whole in the rack, when that is less
     than the gang (its segment); it is what must fit the slice."""
-    return (preemptible or n <= rack.spare_nodes
-            or (n if whole is None else whole) > rack.size - rack.spare_nodes)
+    return (
+        preemptible or n <= rack.spare_nodes or (n if whole is None else whole) > rack.size - rack.spare_nodes
+    )
 
 
 def _offer(rack: Rack, ctx: Context, borrow: bool) -> int:
@@ -137,8 +139,9 @@ def _offer(rack: Rack, ctx: Context, borrow: bool) -> int:
     return rack.free_count if borrow else rack.slice_offer()
 
 
-def _one_rack(fleet: Fleet, job: JobRequest, racks: list[Rack], n: int,
-              ctx: Context, seg: int | None = None) -> PlacementPlan:
+def _one_rack(
+    fleet: Fleet, job: JobRequest, racks: list[Rack], n: int, ctx: Context, seg: int | None = None
+) -> PlacementPlan:
     """The rack with the smallest offer that holds all ``n`` nodes (best fit); with
     ``seg``, in segments of that size (each rack lends spares by the segment)."""
     best: tuple[int, int, int, Rack] | None = None
@@ -163,10 +166,12 @@ def _one_rack(fleet: Fleet, job: JobRequest, racks: list[Rack], n: int,
     if best is None:
         return not_placed(job, NAME, f"no rack offers {n} idle nodes beyond its spares")
     rack = best[3]
-    why = (f"best fit: {rack.label} offers {best[0]} idle nodes (keeping "
-           f"{rack.free_count - best[0]} spare), the fewest that hold {n}")
+    why = (
+        f"best fit: {rack.label} offers {best[0]} idle nodes (keeping "
+        f"{rack.free_count - best[0]} spare), the fewest that hold {n}"
+    )
     slots = sorted(rack.free)[:n]
-    picks = [(rack, slots[i:i + seg]) for i in range(0, n, seg)] if seg else [(rack, slots)]
+    picks = [(rack, slots[i : i + seg]) for i in range(0, n, seg)] if seg else [(rack, slots)]
     if seg:
         why += f" in segments of {seg}"
     return whole_node_plan(fleet, job, NAME, picks, why, [why])
@@ -177,8 +182,9 @@ def _split(n: int, k: int) -> list[int]:
     return [base + 1] * extra + [base] * (k - extra)
 
 
-def _segmented(fleet: Fleet, job: JobRequest, racks: list[Rack], n: int, seg: int,
-               ctx: Context) -> PlacementPlan:
+def _segmented(
+    fleet: Fleet, job: JobRequest, racks: list[Rack], n: int, seg: int, ctx: Context
+) -> PlacementPlan:
     """Step 5: a gang in segments of ``seg`` (fewer than its ``n`` nodes), each whole
     in one rack, over the fewest racks, at any locality. A rack offers its idle nodes
     less the spares it keeps, unless it lends them by the segment (:func:`may_borrow`).
@@ -205,10 +211,11 @@ def _segmented(fleet: Fleet, job: JobRequest, racks: list[Rack], n: int, seg: in
         if plan.placed:
             return plan
     if whole:
-        most = [f for f, _ in reversed(fleet.by_free.get(gpn, [])[-len(sizes):])]
+        most = [f for f, _ in reversed(fleet.by_free.get(gpn, [])[-len(sizes) :])]
         if fewest_racks(most, n, seg) is None:
-            return not_placed(job, NAME, _segment_room(
-                n, seg, sizes, most, "the racks with the most idle nodes have"))
+            return not_placed(
+                job, NAME, _segment_room(n, seg, sizes, most, "the racks with the most idle nodes have")
+            )
         pos = fleet.group_pos
         cands: Iterable[Rack] = (r for _, _, r in fleet.racks_with_idle(gpn, shortest))
     else:
@@ -222,8 +229,9 @@ def _segmented(fleet: Fleet, job: JobRequest, racks: list[Rack], n: int, seg: in
     offers.sort(key=lambda x: (-x[0], x[1]))  # largest offer first, ties in group order
     k = fewest_racks((o for o, _, _ in offers), n, seg)
     if k is None:
-        return not_placed(job, NAME, _segment_room(n, seg, sizes, [o for o, _, _ in offers],
-                                                   "the racks offer"))
+        return not_placed(
+            job, NAME, _segment_room(n, seg, sizes, [o for o, _, _ in offers], "the racks offer")
+        )
     assert k > 1  # one rack would have been found in step 1
     how = "best fit"
     picks = _best_fit(sorted(offers, key=lambda x: (x[0], x[1])), sizes, k)
@@ -245,12 +253,15 @@ def _segment_room(n: int, seg: int, sizes: list[int], room: list[int], whose: st
     fits = min(q, slots)
     if len(sizes) > q and (slots > q or any(r % seg >= sizes[-1] for r in room)):
         fits += 1
-    return (f"no set of racks holds {n} nodes in segments of {seg}: {whose} room for "
-            f"{fits} of its {len(sizes)} segments")
+    return (
+        f"no set of racks holds {n} nodes in segments of {seg}: {whose} room for "
+        f"{fits} of its {len(sizes)} segments"
+    )
 
 
-def _many_racks(fleet: Fleet, job: JobRequest, racks: list[Rack], n: int, ctx: Context,
-                k_start: int) -> PlacementPlan:
+def _many_racks(
+    fleet: Fleet, job: JobRequest, racks: list[Rack], n: int, ctx: Context, k_start: int
+) -> PlacementPlan:
     """A gang without segments over the fewest racks: equal parts, each best fit
     (smallest offer that holds it); else unequal parts over the same racks."""
     size = fleet.group_size[racks[0].gpus_per_node]
@@ -287,26 +298,38 @@ def _many_racks(fleet: Fleet, job: JobRequest, racks: list[Rack], n: int, ctx: C
                 elif desc is None or desc_k < k:
                     desc, desc_k = _top_offers(index, gpn, k, ctx, n, job.preemptible), k
             elif desc is None:
-                desc = sorted(((_offer(r, ctx, may_borrow(r, n, job.preemptible)),
-                                pos[r.id], r) for r in racks if r.free_count),
-                              key=lambda x: (-x[0], x[1]))
+                desc = sorted(
+                    (
+                        (_offer(r, ctx, may_borrow(r, n, job.preemptible)), pos[r.id], r)
+                        for r in racks
+                        if r.free_count
+                    ),
+                    key=lambda x: (-x[0], x[1]),
+                )
             picks = _unequal(desc[:k], n, k)
             note = f" (no {k} racks hold {'+'.join(map(str, sizes))}, so unequal)"
         if picks is not None:
             n_racks = len({r.id for r, _ in picks})
-            why = (f"{n} nodes over the fewest racks ({n_racks}) in segments "
-                   + "+".join(str(len(s)) for _, s in picks) + note)
+            why = (
+                f"{n} nodes over the fewest racks ({n_racks}) in segments "
+                + "+".join(str(len(s)) for _, s in picks)
+                + note
+            )
             choices = [why] + [f"segment of {len(s)} -> {r.label} (best fit)" for r, s in picks]
             return whole_node_plan(fleet, job, NAME, picks, why, choices)
     if spread_ok:
         return not_placed(job, NAME, f"the racks together do not offer {n} idle nodes")
-    return not_placed(job, NAME, f"no {k_limit} racks offer {n} idle nodes together"
-                      + ("; required locality, the job waits" if job.locality == REQUIRED
-                         else ""))
+    return not_placed(
+        job,
+        NAME,
+        f"no {k_limit} racks offer {n} idle nodes together"
+        + ("; required locality, the job waits" if job.locality == REQUIRED else ""),
+    )
 
 
-def _top_offers(fleet: Fleet, gpn: int, k: int, ctx: Context, n: int, preemptible: bool
-                ) -> list[tuple[int, int, Rack]]:
+def _top_offers(
+    fleet: Fleet, gpn: int, k: int, ctx: Context, n: int, preemptible: bool
+) -> list[tuple[int, int, Rack]]:
     """The ``k`` largest (offer, group position, rack) of the group's racks that have an
     idle node, largest offer first (ties: group order), read from the index: racks are
     taken by idle count, largest first, until the next one's idle count (a bound on its
@@ -329,9 +352,16 @@ def _top_offers(fleet: Fleet, gpn: int, k: int, ctx: Context, n: int, preemptibl
     return got[:k]
 
 
-def _assign(fleet: Fleet | None, racks: list[Rack], sizes: list[int], ctx: Context,
-            pos: dict[str, int], k: int, preemptible: bool, n: int
-            ) -> list[tuple[Rack, list[int]]] | None:
+def _assign(
+    fleet: Fleet | None,
+    racks: list[Rack],
+    sizes: list[int],
+    ctx: Context,
+    pos: dict[str, int],
+    k: int,
+    preemptible: bool,
+    n: int,
+) -> list[tuple[Rack, list[int]]] | None:
     """Best-fit each part (largest first) onto a rack, at most ``k`` racks. A rack
     lends its spares by the largest part, the most it must hold (:func:`may_borrow`).
     With ``fleet`` (``racks`` is its whole shape group) the racks with room come from
@@ -340,8 +370,7 @@ def _assign(fleet: Fleet | None, racks: list[Rack], sizes: list[int], ctx: Conte
     offers: list[tuple[int, int, Rack]] = []
     biggest = max(sizes)
     if fleet is not None:
-        cands: Iterable[Rack] = (r for _, _, r in fleet.racks_with_idle(
-            racks[0].gpus_per_node, smallest))
+        cands: Iterable[Rack] = (r for _, _, r in fleet.racks_with_idle(racks[0].gpus_per_node, smallest))
     else:
         cands = racks
     for r in cands:
@@ -356,8 +385,9 @@ def _assign(fleet: Fleet | None, racks: list[Rack], sizes: list[int], ctx: Conte
     return _best_fit(offers, sizes, k)
 
 
-def _best_fit(offers: list[tuple[int, int, Rack]], sizes: list[int], k: int
-              ) -> list[tuple[Rack, list[int]]] | None:
+def _best_fit(
+    offers: list[tuple[int, int, Rack]], sizes: list[int], k: int
+) -> list[tuple[Rack, list[int]]] | None:
     """Each part (largest first) onto a rack, at most ``k`` racks: the rack already
     used with the least room left that holds it, else a new rack, the one with the
     smallest offer that holds it (``offers`` sorted by offer, then group position;
@@ -368,8 +398,7 @@ def _best_fit(offers: list[tuple[int, int, Rack]], sizes: list[int], k: int
     slots: dict[str, list[int]] = {}
     picks: list[tuple[Rack, list[int]]] = []
     for size in sorted(sizes, reverse=True):
-        rid = min((r for r in left if left[r] >= size), key=lambda r: (left[r], used[r][0]),
-                  default=None)
+        rid = min((r for r in left if left[r] >= size), key=lambda r: (left[r], used[r][0]), default=None)
         if rid is None:
             if len(used) >= k:
                 return None
@@ -387,8 +416,7 @@ def _best_fit(offers: list[tuple[int, int, Rack]], sizes: list[int], k: int
     return picks
 
 
-def _fill(offers: list[tuple[int, int, Rack]], sizes: list[int]
-          ) -> list[tuple[Rack, list[int]]] | None:
+def _fill(offers: list[tuple[int, int, Rack]], sizes: list[int]) -> list[tuple[Rack, list[int]]] | None:
     """Segments, largest first, each onto the first of ``offers`` (largest first) with
     room left for it."""
     left = [o for o, _, _ in offers]
@@ -404,8 +432,7 @@ def _fill(offers: list[tuple[int, int, Rack]], sizes: list[int]
     return picks
 
 
-def _unequal(offers: list[tuple[int, int, Rack]], n: int, k: int
-             ) -> list[tuple[Rack, list[int]]] | None:
+def _unequal(offers: list[tuple[int, int, Rack]], n: int, k: int) -> list[tuple[Rack, list[int]]] | None:
     """The ``k`` racks with the largest offers, filled as evenly as they allow."""
     if len(offers) < k or sum(o for o, _, _ in offers) < n:
         return None
@@ -453,8 +480,9 @@ def _small(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) -> Pl
                 best = (key, node)
         if best is not None:
             node = best[1]
-            return small_plan(job, NAME, node, f"best fit on partly used node {node.label} "
-                                               f"({free} free GPUs)")
+            return small_plan(
+                job, NAME, node, f"best fit on partly used node {node.label} ({free} free GPUs)"
+            )
     # 2. An idle node in the busiest rack that still has one.
     brack: tuple[int, int, Rack] | None = None
     if whole:
@@ -472,14 +500,18 @@ def _small(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) -> Pl
         return not_placed(job, NAME, f"no node has {g} free GPUs")
     rack = brack[2]
     node = fleet.node_at(rack.id, min(rack.free))
-    return small_plan(job, NAME, node, f"idle node {node.label} in the busiest rack with room "
-                                       f"({rack.label}, {rack.free_count} idle), keeping "
-                                       "emptier racks whole")
+    return small_plan(
+        job,
+        NAME,
+        node,
+        f"idle node {node.label} in the busiest rack with room "
+        f"({rack.label}, {rack.free_count} idle), keeping "
+        "emptier racks whole",
+    )
 
 
 def nodes_for(job: JobRequest, gpn: int) -> int:
     return job.nodes_needed(gpn) if not job.is_small(gpn) else 1
-
 
 
 def rack_room(job: JobRequest, racks: list[Rack]) -> Callable[[dict[str, int]], bool]:
@@ -498,6 +530,7 @@ def rack_room(job: JobRequest, racks: list[Rack]) -> Callable[[dict[str, int]], 
 
         def in_segments(avail: dict[str, int]) -> bool:
             return fewest_racks(heapq.nlargest(m, (avail[r] for r in ids)), n, seg) is not None
+
         in_segments.blocks = [(ids, n, seg)]  # type: ignore[attr-defined]
         return in_segments
     k = min_racks(n, size, seg)
@@ -506,8 +539,12 @@ def rack_room(job: JobRequest, racks: list[Rack]) -> Callable[[dict[str, int]], 
         if k == 1:
             return any(avail[r] >= n for r in ids)
         return sum(heapq.nlargest(k, (avail[r] for r in ids))) >= n
+
     # The same as blocks (a weaker test for k > 1: all racks together), for
     # Backfill to find the first time worth trying.
-    test.blocks = ([([r], n, seg) for r in ids] if k == 1  # type: ignore[attr-defined]
-                   else [(ids, n, seg)])
+    test.blocks = (
+        [([r], n, seg) for r in ids]
+        if k == 1  # type: ignore[attr-defined]
+        else [(ids, n, seg)]
+    )
     return test

@@ -53,12 +53,13 @@ def block_level(racks: list[Rack], n: int, seg: int | None) -> tuple[int, list[l
     """Steps 1-2: the smallest level whose aggregated blocks can hold ``n`` nodes (in
     whole segments), and its blocks; the last level is the top block (all racks), also
     when the rack count is not a power of two. None: no block ever holds the job."""
+
     def capacity(block: list[Rack]) -> int:
         return sum((r.size // seg) * seg if seg else r.size for r in block)
 
     level = 1
     while True:
-        blocks = [racks[i:i + level] for i in range(0, len(racks), level)]
+        blocks = [racks[i : i + level] for i in range(0, len(racks), level)]
         if max(capacity(b) for b in blocks) >= n:
             return level, blocks
         if level >= len(racks):
@@ -77,8 +78,8 @@ def block_room(job: JobRequest, racks: list[Rack]) -> Callable[[dict[str, int]],
     blocks = [[r.id for r in b] for b in found[1]] if found else []
 
     def test(avail: dict[str, int]) -> bool:
-        return any(sum((avail[r] // seg) * seg if seg else avail[r] for r in b) >= n
-                   for b in blocks)
+        return any(sum((avail[r] // seg) * seg if seg else avail[r] for r in b) >= n for b in blocks)
+
     test.blocks = [(b, n, seg) for b in blocks]  # type: ignore[attr-defined]
     return test
 
@@ -95,8 +96,7 @@ def slurm_block(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) 
     #      is the top block (all racks), also when the count is not a power of two.
     found = block_level(racks, n, seg)
     if found is None:
-        return not_placed(job, NAME, f"no block holds {n} nodes"
-                                     f"{' in whole segments' if seg else ''}")
+        return not_placed(job, NAME, f"no block holds {n} nodes{' in whole segments' if seg else ''}")
     level, blocks = found
     # 3. Best fit among blocks of that level that have room right now.
     best: tuple[int, int] | None = None
@@ -111,12 +111,17 @@ def slurm_block(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) 
         if best is None or free < best[0]:
             best = (free, bi)
     if best is None:
-        return not_placed(job, NAME, f"no level-{level} block has {n} free nodes "
-                                     f"{'in whole segments ' if seg else ''}; the job waits")
+        return not_placed(
+            job,
+            NAME,
+            f"no level-{level} block has {n} free nodes {'in whole segments ' if seg else ''}; the job waits",
+        )
     block = blocks[best[1]]
     label = f"block {block[0].id}" if level == 1 else f"level-{level} block {block[0].id}.."
-    choices = [f"smallest block level holding {n} nodes is {level} rack(s); {label} has "
-               f"the fewest free nodes ({best[0]}) among blocks with room"]
+    choices = [
+        f"smallest block level holding {n} nodes is {level} rack(s); {label} has "
+        f"the fewest free nodes ({best[0]}) among blocks with room"
+    ]
     picks: list[tuple[Rack, list[int]]] = []
     if seg:
         # 4a. Each segment into the base block with the fewest free nodes that holds it.
@@ -147,8 +152,12 @@ def slurm_block(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) 
         size = max(fleet.rack_by_id[r].size for r in plan.racks)
         fewest = min_racks(n, size, job.segment_nodes)
         if len(plan.racks) > fewest:
-            return not_placed(job, NAME, f"{label} would spread it over {len(plan.racks)} racks where "
-                                         f"{fewest} would hold it; the job waits")
+            return not_placed(
+                job,
+                NAME,
+                f"{label} would spread it over {len(plan.racks)} racks where "
+                f"{fewest} would hold it; the job waits",
+            )
     return plan
 
 
@@ -158,15 +167,19 @@ def _small(job: JobRequest, racks: list[Rack], ctx: Context) -> PlacementPlan:
     best: tuple[int, int, Rack] | None = None
     for pos, rack in enumerate(racks):
         reserved = rack.id in ctx.reserved
-        avail = sum(1 for nd in rack.nodes if nd.free_gpus >= job.num_gpus
-                    and not (reserved and nd.used == 0))
+        avail = sum(
+            1 for nd in rack.nodes if nd.free_gpus >= job.num_gpus and not (reserved and nd.used == 0)
+        )
         if avail and (best is None or avail < best[0]):
             best = (avail, pos, rack)
     if best is None:
         return not_placed(job, NAME, f"no node has {job.num_gpus} free GPUs")
     rack = best[2]
     reserved = rack.id in ctx.reserved
-    node = next(nd for nd in rack.nodes if nd.free_gpus >= job.num_gpus
-                and not (reserved and nd.used == 0))
-    return small_plan(job, NAME, node, f"block {rack.label} has the fewest nodes with room "
-                                       f"({best[0]}); lowest-numbered node {node.label}")
+    node = next(nd for nd in rack.nodes if nd.free_gpus >= job.num_gpus and not (reserved and nd.used == 0))
+    return small_plan(
+        job,
+        NAME,
+        node,
+        f"block {rack.label} has the fewest nodes with room ({best[0]}); lowest-numbered node {node.label}",
+    )

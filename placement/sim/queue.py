@@ -76,8 +76,9 @@ class QueuePasses:
         self.fifo_blocked = None
 
     def _pass(self, now: float) -> None:
-        if self.policy == "slurm-block" or (self.policy == "rackwise"
-                                            and self.cfg.rackwise_queue == "backfill"):
+        if self.policy == "slurm-block" or (
+            self.policy == "rackwise" and self.cfg.rackwise_queue == "backfill"
+        ):
             self._pass_backfill(now)
         elif self.policy == "kueue-tas":
             self._pass_strict_fifo(now)
@@ -88,8 +89,7 @@ class QueuePasses:
     def _in_order(self, limit: int) -> list[JobState]:
         """The first ``limit`` queued jobs in queue order (groups are kept sorted)."""
         out: list[JobState] = []
-        for st in heapq.merge(*self.groups.values(),
-                              key=lambda s: s.order):
+        for st in heapq.merge(*self.groups.values(), key=lambda s: s.order):
             out.append(st)
             if len(out) >= limit:
                 break
@@ -116,42 +116,58 @@ class QueuePasses:
         age = 0.0 if rackwise else cfg.bf_min_age_reserve_s
         lxf = rackwise and cfg.rackwise_order == "lxf"
         last = self.bf_last
-        if (self.bf is not None and last is not None
-                and not age  # else ageing alone changes the plan
-                and all((st.submit == now and st.order[0] >= last[0]) if lxf
-                        else st.order > last for st in self.fresh)):
+        if (
+            self.bf is not None
+            and last is not None
+            and not age  # else ageing alone changes the plan
+            and all(
+                (st.submit == now and st.order[0] >= last[0]) if lxf else st.order > last for st in self.fresh
+            )
+        ):
             # Nothing came back since the last cycle: its reservations still hold and
             # the jobs it looked at still cannot start; only new arrivals are new, and
             # they come last in the queue's order (by expansion factor, a job that has
             # not waited has the lowest), so they are tried against the same holds
             # (only while the cycle's bf_max_job_test bound would reach them).
-            todo = (sorted(self.fresh, key=lambda s: s.order)
-                    if self.queued - len(self.fresh) < cfg.bf_max_job_test else [])
+            todo = (
+                sorted(self.fresh, key=lambda s: s.order)
+                if self.queued - len(self.fresh) < cfg.bf_max_job_test
+                else []
+            )
             self.bf.now = now
             self.bf.ctx.now = now
         else:
             self.bf_last = None
             if self.node_ends is None:
                 self.node_ends = NodeEnds(self.fleet)
-            self.bf = Backfill(self.fleet, now, POLICIES[self.policy], self.policy,
-                               window_s=cfg.bf_window_s,
-                               min_age_reserve_s=age,
-                               max_reservations=(cfg.rackwise_max_reservations if rackwise
-                                                 else cfg.bf_max_reservations),
-                               room=self._room, ends=self.node_ends,
-                               # rackwise keeps a gang's reservation from cycle to
-                               # cycle while it stays the earliest (see
-                               # Backfill._reuse): its racks do not change under
-                               # it at every completion, nor is it planned again.
-                               kept=(self.kept_holds if rackwise
-                                     and cfg.rackwise_keep_reservations else None),
-                               idle_room=idle_room if rackwise else None)
+            self.bf = Backfill(
+                self.fleet,
+                now,
+                POLICIES[self.policy],
+                self.policy,
+                window_s=cfg.bf_window_s,
+                min_age_reserve_s=age,
+                max_reservations=(cfg.rackwise_max_reservations if rackwise else cfg.bf_max_reservations),
+                room=self._room,
+                ends=self.node_ends,
+                # rackwise keeps a gang's reservation from cycle to
+                # cycle while it stays the earliest (see
+                # Backfill._reuse): its racks do not change under
+                # it at every completion, nor is it planned again.
+                kept=(self.kept_holds if rackwise and cfg.rackwise_keep_reservations else None),
+                idle_room=idle_room if rackwise else None,
+            )
             if lxf:
                 tau = cfg.rackwise_lxf_tau_s
-                todo = sorted((st for g in self.groups.values() for st in g),
-                              key=lambda st: (st.order[0], -expansion_factor(
-                                  now - st.submit, self._expected_run(st), tau), st.order))
-                del todo[cfg.bf_max_job_test:]
+                todo = sorted(
+                    (st for g in self.groups.values() for st in g),
+                    key=lambda st: (
+                        st.order[0],
+                        -expansion_factor(now - st.submit, self._expected_run(st), tau),
+                        st.order,
+                    ),
+                )
+                del todo[cfg.bf_max_job_test :]
             else:
                 todo = self._in_order(cfg.bf_max_job_test)
         bf = self.bf
@@ -173,7 +189,8 @@ class QueuePasses:
                     hopeless = not idle_total and max_partial < job.num_gpus
                 else:
                     hopeless = job.nodes_needed(gpn) > idle_total or (
-                        rackwise and not idle_room(fleet, job, bf.ctx))
+                        rackwise and not idle_room(fleet, job, bf.ctx)
+                    )
                 plan = None if hopeless else bf.try_start(job, run)
                 if plan is not None and plan.placed and self._spans(job, len(plan.racks)):
                     # Spread over more racks than it needs, it runs slower: it must
@@ -206,7 +223,8 @@ class QueuePasses:
     def _spans(self, job: JobRequest, racks_used: int) -> bool:
         gpn = self.cfg.gpus_per_node
         return not job.is_small(gpn) and racks_used > min_racks(
-            job.nodes_needed(gpn), self.cfg.nodes_per_rack, job.segment_nodes)
+            job.nodes_needed(gpn), self.cfg.nodes_per_rack, job.segment_nodes
+        )
 
     def _pass_strict_fifo(self, now: float) -> None:
         """kueue-tas: Kueue's StrictFIFO ClusterQueue. Workloads go by priority, then
@@ -250,8 +268,15 @@ class QueuePasses:
                 self.blocked.add(key)
                 self._maybe_reserve(job, now)
                 continue
-            plan = place(fleet, job, self.policy, rng=self.rng, reserved=self.reserved,
-                         reserved_until=self.reserved_until, now=now)
+            plan = place(
+                fleet,
+                job,
+                self.policy,
+                rng=self.rng,
+                reserved=self.reserved,
+                reserved_until=self.reserved_until,
+                now=now,
+            )
             if not plan.placed:
                 self.blocked.add(key)
                 self._maybe_reserve(job, now)
@@ -274,8 +299,7 @@ class QueuePasses:
 
     def _maybe_reserve(self, job: JobRequest, now: float) -> None:
         # rackwise look-ahead: the first blocked gang holds the racks nearest to fitting it.
-        if (self.policy != "rackwise" or not self.cfg.lookahead
-                or self.reserved_for is not None):
+        if self.policy != "rackwise" or not self.cfg.lookahead or self.reserved_for is not None:
             return
         if job.is_small(self.cfg.gpus_per_node):
             return

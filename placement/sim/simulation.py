@@ -38,11 +38,20 @@ from placement.validate import validate, validate_indexes
 
 # The simulator's public names (placement.sim.cli, the benchmarks and tests read
 # them from here).
-__all__ = ["COMPLETE", "FAIL", "POLICY_NAMES", "SIZE_CLASSES", "JobState", "SimConfig",
-           "SimResult", "Simulation", "simulate", "size_class"]
+__all__ = [
+    "COMPLETE",
+    "FAIL",
+    "POLICY_NAMES",
+    "SIZE_CLASSES",
+    "JobState",
+    "SimConfig",
+    "SimResult",
+    "Simulation",
+    "simulate",
+    "size_class",
+]
 
-POLICY_NAMES = ("rackwise", "first-fit", "random", "slurm-block", "slurm-block-greedy",
-                "kueue-tas")
+POLICY_NAMES = ("rackwise", "first-fit", "random", "slurm-block", "slurm-block-greedy", "kueue-tas")
 # Policies whose failed jobs are requeued whole (Slurm --requeue, and the blind ones).
 REQUEUE_ON_FAILURE = ("first-fit", "random", "slurm-block", "slurm-block-greedy")
 # Event kinds, in the order they are handled at one instant: free first, then harm,
@@ -57,12 +66,14 @@ Progress = Callable[[str, float, int, int], None]
 class Simulation(QueuePasses):
     """One policy over one trace. Call :meth:`run`."""
 
-    def __init__(self, trace: Sequence[TraceJob], policy: str, cfg: SimConfig,
-                 progress: Progress | None = None) -> None:
+    def __init__(
+        self, trace: Sequence[TraceJob], policy: str, cfg: SimConfig, progress: Progress | None = None
+    ) -> None:
         self.cfg = cfg
         self.policy = policy
-        self.fleet = Fleet.uniform(cfg.racks, cfg.nodes_per_rack, cfg.gpus_per_node,
-                                   spare_nodes=cfg.spare_nodes)
+        self.fleet = Fleet.uniform(
+            cfg.racks, cfg.nodes_per_rack, cfg.gpus_per_node, spare_nodes=cfg.spare_nodes
+        )
         self.node_ids = list(self.fleet.nodes)
         self.total_gpus = self.fleet.total_gpus
         self.rng = random.Random(cfg.seed + 1)  # policy choices (random policy)
@@ -87,8 +98,7 @@ class Simulation(QueuePasses):
         self.arrivals_left = 0
         self.held_gpu_s = 0.0
         self.useful_gpu_s = 0.0
-        self.counts = {"failures": 0, "in_place_recoveries": 0, "requeues": 0,
-                       "migrations": 0, "rejected": 0}
+        self.counts = {"failures": 0, "in_place_recoveries": 0, "requeues": 0, "migrations": 0, "rejected": 0}
         self.migration_gpu_s = 0.0
         self.lost_gpu_s = dict.fromkeys(LOSS_CAUSES, 0.0)
         self.relaunches_pending = 0
@@ -126,14 +136,16 @@ class Simulation(QueuePasses):
             # PriorityWeightAge and PriorityWeightJobSize default to 0, so only the
             # trace's priority differs; ties go by submit time, then job id:
             # priority_multifactor.html) and Kueue's (priority, then creation time).
-            st = JobState(job, tj.submit, tj.duration, (-job.priority, tj.submit, i),
-                          remaining=tj.duration)
+            st = JobState(job, tj.submit, tj.duration, (-job.priority, tj.submit, i), remaining=tj.duration)
             self.jobs[tj.job.id] = st
             self.push(tj.submit, ARRIVE, tj.job.id)
         self.arrivals_left = len(self.trace)
         self.unfinished = len(self.trace)
-        fail_gap = (cfg.node_mtbf_hours * 3600 / len(self.node_ids)
-                    if cfg.node_mtbf_hours > 0 and self.node_ids else 0.0)
+        fail_gap = (
+            cfg.node_mtbf_hours * 3600 / len(self.node_ids)
+            if cfg.node_mtbf_hours > 0 and self.node_ids
+            else 0.0
+        )
         if fail_gap and self.trace:
             self.push(first_submit + self.fail_rng.expovariate(1 / fail_gap), FAIL, "")
         last_t = first_submit
@@ -169,8 +181,13 @@ class Simulation(QueuePasses):
             if cfg.check_invariants:
                 self._check(t)
             last_t = max(last_t, t)
-            if (self.queued and not self.running and not self.arrivals_left
-                    and not self.repairs_pending and not self.relaunches_pending):
+            if (
+                self.queued
+                and not self.running
+                and not self.arrivals_left
+                and not self.repairs_pending
+                and not self.relaunches_pending
+            ):
                 self._reject_stuck()
             if t >= next_sample:
                 frag = fragmentation(self.fleet, shapes_seen or None).fraction
@@ -181,8 +198,12 @@ class Simulation(QueuePasses):
                 self.progress(self.policy, t - first_submit, self.done, len(self.trace))
             if self.unfinished == 0:
                 break
-        return SimResult(self.policy, metrics(self, first_submit, time.perf_counter() - wall0),
-                         self.series, fingerprint(self.jobs))
+        return SimResult(
+            self.policy,
+            metrics(self, first_submit, time.perf_counter() - wall0),
+            self.series,
+            fingerprint(self.jobs),
+        )
 
     def _check(self, t: float) -> None:
         # Jobs on a node that failed this instant were recovered already, so the
@@ -194,8 +215,7 @@ class Simulation(QueuePasses):
             kept = self.node_ends
             kept.refresh()
             fresh = NodeEnds(self.fleet, track=False)
-            if (kept.free_at, kept.ends, kept.rack_ends) != (fresh.free_at, fresh.ends,
-                                                             fresh.rack_ends):
+            if (kept.free_at, kept.ends, kept.rack_ends) != (fresh.free_at, fresh.ends, fresh.rack_ends):
                 bad.append("backfill node ends drifted from the fleet")
         if bad:
             raise AssertionError(f"t={t}: {bad[:3]}")
@@ -206,16 +226,28 @@ class Simulation(QueuePasses):
         cfg = self.cfg
         assert cfg.defrag_after_s is not None
         heads = [g[0] for g in self.groups.values()]
-        blocked = sorted((st for st in heads if not st.job.is_small(cfg.gpus_per_node)
-                          and now - st.submit >= cfg.defrag_after_s
-                          and now - self.defrag_tried.get(st.job.id, -math.inf)
-                          >= cfg.defrag_after_s), key=lambda st: st.order)
+        blocked = sorted(
+            (
+                st
+                for st in heads
+                if not st.job.is_small(cfg.gpus_per_node)
+                and now - st.submit >= cfg.defrag_after_s
+                and now - self.defrag_tried.get(st.job.id, -math.inf) >= cfg.defrag_after_s
+            ),
+            key=lambda st: st.order,
+        )
         if not blocked:
             return
         st = blocked[0]
         self.defrag_tried[st.job.id] = now
-        plan = defragment(self.fleet, [st.job], budget_gpu_hours=cfg.defrag_budget_gpu_hours,
-                          restart_minutes=cfg.restart_minutes, now=now, figures=False)
+        plan = defragment(
+            self.fleet,
+            [st.job],
+            budget_gpu_hours=cfg.defrag_budget_gpu_hours,
+            restart_minutes=cfg.restart_minutes,
+            now=now,
+            figures=False,
+        )
         if st.job.id not in plan.jobs_made_placeable:
             return
         for move in plan.moves:
@@ -304,8 +336,7 @@ class Simulation(QueuePasses):
         self.done += 1
         self._freed(early=False)
 
-    def _charge(self, st: JobState, elapsed: float, saved: float | None,
-                cause: str = "failures") -> None:
+    def _charge(self, st: JobState, elapsed: float, saved: float | None, cause: str = "failures") -> None:
         """Split a run's held GPU-seconds into losses: the restart penalty goes to what
         caused the restart, work since the last checkpoint (``saved`` of the
         productive time kept; None: all of it, the job completed) to ``cause``, and
@@ -378,8 +409,9 @@ class Simulation(QueuePasses):
                 self._requeue(t, st)
                 return
         else:
-            plan = recover(self.fleet, jid, [nid], policy="rackwise",
-                           restart_minutes=self.cfg.restart_minutes, now=t)
+            plan = recover(
+                self.fleet, jid, [nid], policy="rackwise", restart_minutes=self.cfg.restart_minutes, now=t
+            )
         if plan.action == "requeue":
             self._requeue(t, st)
             return
@@ -399,8 +431,12 @@ class Simulation(QueuePasses):
         self._begin_run(t, st, alloc)
 
 
-def simulate(trace: Sequence[TraceJob], policy: str = "rackwise", cfg: SimConfig | None = None,
-             progress: Progress | None = None) -> SimResult:
+def simulate(
+    trace: Sequence[TraceJob],
+    policy: str = "rackwise",
+    cfg: SimConfig | None = None,
+    progress: Progress | None = None,
+) -> SimResult:
     """Replay ``trace`` under ``policy``; deterministic for a given config and seed."""
     if policy not in POLICY_NAMES:
         raise ValueError(f"unknown policy {policy!r}")

@@ -183,11 +183,17 @@ def metrics(run: Replay, first_submit: float, wall: float) -> dict[str, Any]:
 
     # Wait weighted by the GPU-hours each started job asked for (GPUs x duration).
     weight = sum(s.job.total_gpus * s.duration for s in started)
-    weighted_wait = (sum((s.first_start - s.submit) * s.job.total_gpus * s.duration
-                         for s in started if s.first_start is not None) / weight
-                     if weight else 0.0)
-    bsld = [max(1.0, (s.end - s.submit) / max(s.duration, BSLD_TAU_S))
-            for s in done if s.end is not None]
+    weighted_wait = (
+        sum(
+            (s.first_start - s.submit) * s.job.total_gpus * s.duration
+            for s in started
+            if s.first_start is not None
+        )
+        / weight
+        if weight
+        else 0.0
+    )
+    bsld = [max(1.0, (s.end - s.submit) / max(s.duration, BSLD_TAU_S)) for s in done if s.end is not None]
     by_size: dict[str, list[float]] = {c: [] for c in SIZE_CLASSES}
     for s in started:
         if s.first_start is not None:
@@ -201,16 +207,17 @@ def metrics(run: Replay, first_submit: float, wall: float) -> dict[str, Any]:
         "jobs": len(run.jobs),
         "completed": len(done),
         "rejected": run.counts["rejected"],
-        "gpu_utilization": _r(run.held_gpu_s / (run.total_gpus * makespan)
-                              if makespan > 0 else 0.0),
-        "rack_local_fraction": _r(sum(s.always_local for s in local_pool) / len(local_pool)
-                                  if local_pool else 1.0),
+        "gpu_utilization": _r(run.held_gpu_s / (run.total_gpus * makespan) if makespan > 0 else 0.0),
+        "rack_local_fraction": _r(
+            sum(s.always_local for s in local_pool) / len(local_pool) if local_pool else 1.0
+        ),
         "excess_racks_mean": _r(sum(s.excess for s in multi) / len(multi) if multi else 0.0),
         "mean_wait_s": _r(sum(waits) / len(waits) if waits else 0.0),
         "p50_wait_s": _r(pct(0.5)),
         "p95_wait_s": _r(pct(0.95)),
-        "mean_jct_s": _r(sum(s.end - s.submit for s in done if s.end is not None) / len(done)
-                         if done else 0.0),
+        "mean_jct_s": _r(
+            sum(s.end - s.submit for s in done if s.end is not None) / len(done) if done else 0.0
+        ),
         "makespan_s": _r(makespan),
         "goodput": _r(run.useful_gpu_s / run.held_gpu_s if run.held_gpu_s else 0.0),
         "failures": run.counts["failures"],
@@ -223,8 +230,7 @@ def metrics(run: Replay, first_submit: float, wall: float) -> dict[str, Any]:
         "p95_wait_s_by_size": {c: _r(pct(0.95, xs)) for c, xs in by_size.items()},
         "max_wait_s_by_size": {c: _r(xs[-1] if xs else 0.0) for c, xs in by_size.items()},
         "gpu_hours_lost": {c: _r(run.lost_gpu_s[c] / 3600) for c in LOSS_CAUSES},
-        "useful_utilization": _r(run.useful_gpu_s / (run.total_gpus * makespan)
-                                 if makespan > 0 else 0.0),
+        "useful_utilization": _r(run.useful_gpu_s / (run.total_gpus * makespan) if makespan > 0 else 0.0),
         "wall_s": round(wall, 3),
     }
 

@@ -31,7 +31,15 @@ from placement.sim.trace import COLUMNS, write_trace
 
 # GPUs -> share of jobs.
 SIZE_MIX: dict[int, float] = {
-    1: 0.16, 2: 0.08, 4: 0.12, 8: 0.12, 16: 0.12, 32: 0.12, 64: 0.14, 128: 0.09, 256: 0.05,
+    1: 0.16,
+    2: 0.08,
+    4: 0.12,
+    8: 0.12,
+    16: 0.12,
+    32: 0.12,
+    64: 0.14,
+    128: 0.09,
+    256: 0.05,
 }
 
 
@@ -66,7 +74,11 @@ class Preset:
 #   within a millisecond).
 ITP = Preset(
     mix={1: 0.8928, 2: 0.0453, 4: 0.0320, 8: 0.0227, 16: 0.0025, 32: 0.0020, 64: 0.0027},
-    median_minutes=9744 / 60, sigma=1.22, same_instant=0.148, gap_cv=4.80, bare=True,
+    median_minutes=9744 / 60,
+    sigma=1.22,
+    same_instant=0.148,
+    gap_cv=4.80,
+    bare=True,
 )
 PRESETS = {"default": Preset(SIZE_MIX, 60.0, 1.3), "itp": ITP}
 
@@ -100,8 +112,7 @@ def generate(
     weights = [mix[g] for g in sizes_all]
     sizes = rng.choices(sizes_all, weights, k=jobs)
     durations = [
-        min(7 * 86400.0, max(60.0, median_minutes * 60 * math.exp(rng.gauss(0, sigma))))
-        for _ in range(jobs)
+        min(7 * 86400.0, max(60.0, median_minutes * 60 * math.exp(rng.gauss(0, sigma)))) for _ in range(jobs)
     ]
     work = sum(g * d for g, d in zip(sizes, durations, strict=True))
     span = work / (load * total_gpus)
@@ -110,8 +121,9 @@ def generate(
     for i, (g, d) in enumerate(zip(sizes, durations, strict=True)):
         if pre is not None and pre.bare:
             t += _gap(rng, pre, span / jobs)
-            rows.append({"job_id": f"j{i:06d}", "submit_time": round(t, 3),
-                         "duration": round(d, 3), "num_gpus": g})
+            rows.append(
+                {"job_id": f"j{i:06d}", "submit_time": round(t, 3), "duration": round(d, 3), "num_gpus": g}
+            )
             continue
         t += rng.expovariate(jobs / span)
         nodes = math.ceil(g / gpus_per_node)
@@ -122,19 +134,21 @@ def generate(
         seg = ""
         if nodes > nodes_per_rack and rng.random() < 0.5:
             seg = str(min(16, nodes_per_rack))
-        rows.append({
-            "job_id": f"j{i:06d}",
-            "submit_time": round(t, 3),
-            "duration": round(d, 3),
-            "num_gpus": g,
-            "num_nodes": "",
-            "gpus_per_node": "",
-            "segment_nodes": seg,
-            "locality": locality,
-            "priority": 1 if rng.random() < 0.1 else 0,
-            "preemptible": 0 if rng.random() < 0.2 else 1,
-            "tenant": f"t{rng.randrange(4)}",
-        })
+        rows.append(
+            {
+                "job_id": f"j{i:06d}",
+                "submit_time": round(t, 3),
+                "duration": round(d, 3),
+                "num_gpus": g,
+                "num_nodes": "",
+                "gpus_per_node": "",
+                "segment_nodes": seg,
+                "locality": locality,
+                "priority": 1 if rng.random() < 0.1 else 0,
+                "preemptible": 0 if rng.random() < 0.2 else 1,
+                "tenant": f"t{rng.randrange(4)}",
+            }
+        )
     return rows
 
 
@@ -147,7 +161,7 @@ def _gap(rng: random.Random, pre: Preset, mean: float) -> float:
     if rng.random() < pre.same_instant:
         return 0.0
     m = mean / (1.0 - pre.same_instant)
-    c2 = max(1.0, pre.gap_cv ** 2)
+    c2 = max(1.0, pre.gap_cv**2)
     p = (1 + math.sqrt((c2 - 1) / (c2 + 1))) / 2
     phase_mean = m / (2 * p) if rng.random() < p else m / (2 * (1 - p))
     return rng.expovariate(1.0 / phase_mean)
@@ -157,18 +171,30 @@ LOADS = {"moderate": 0.6, "high": 0.85}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m placement.sim.tracegen", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m placement.sim.tracegen",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--jobs", type=int, default=2000)
-    ap.add_argument("--load", default="moderate",
-                    help="offered load: a fraction (0.7) or moderate (0.6) / high (0.85)")
+    ap.add_argument(
+        "--load", default="moderate", help="offered load: a fraction (0.7) or moderate (0.6) / high (0.85)"
+    )
     ap.add_argument("--racks", type=int, default=64)
     ap.add_argument("--nodes-per-rack", type=int, default=18)
     ap.add_argument("--gpus-per-node", type=int, default=4)
-    ap.add_argument("--median-minutes", type=float, default=None,
-                    help="median duration (default 60; with --mix itp, the ITP figure)")
-    ap.add_argument("--mix", choices=sorted(PRESETS), default="default",
-                    help="default (single GPUs to multi-rack gangs) or itp (the ITP traces)")
+    ap.add_argument(
+        "--median-minutes",
+        type=float,
+        default=None,
+        help="median duration (default 60; with --mix itp, the ITP figure)",
+    )
+    ap.add_argument(
+        "--mix",
+        choices=sorted(PRESETS),
+        default="default",
+        help="default (single GPUs to multi-rack gangs) or itp (the ITP traces)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("-o", "--out", default="-", help="output CSV (default stdout)")
     args = ap.parse_args(argv)
@@ -178,14 +204,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error(f"--load must be a number or one of {', '.join(LOADS)}")
     pre: Preset | None = PRESETS[args.mix]
     if pre is not None and args.median_minutes is not None:
-        pre = Preset(pre.mix, args.median_minutes, pre.sigma, pre.same_instant, pre.gap_cv,
-                     pre.bare)
+        pre = Preset(pre.mix, args.median_minutes, pre.sigma, pre.same_instant, pre.gap_cv, pre.bare)
     if args.mix == "default" and args.median_minutes is None:
         pre = None  # exactly the old generator (and its random sequence)
-    rows = generate(args.jobs, load, racks=args.racks, nodes_per_rack=args.nodes_per_rack,
-                    gpus_per_node=args.gpus_per_node, seed=args.seed, preset=pre)
+    rows = generate(
+        args.jobs,
+        load,
+        racks=args.racks,
+        nodes_per_rack=args.nodes_per_rack,
+        gpus_per_node=args.gpus_per_node,
+        seed=args.seed,
+        preset=pre,
+    )
     if args.out == "-":
-
         writer = csv.DictWriter(sys.stdout, fieldnames=list(COLUMNS))
         writer.writeheader()
         writer.writerows(rows)

@@ -24,8 +24,14 @@ from tests.support import FAST_CLUSTER, ROOT, wait_for, workers
 from tests.webhook_receiver import ALLOW_LOOPBACK_ENV
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
 SCREENSHOTS = ROOT / "var" / "screenshots"
 
 # Playwright's sync API keeps an event loop on the main thread, which Django
@@ -77,8 +83,21 @@ class AppServer:
     def start(self) -> AppServer:
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "rackwise.asgi:application"],
-            cwd=ROOT, env=_subprocess_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "daphne",
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "rackwise.asgi:application",
+            ],
+            cwd=ROOT,
+            env=_subprocess_env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         wait_for(self._answers, 30, "daphne to listen")
         return self
@@ -102,7 +121,12 @@ class AppServer:
 @pytest.fixture(scope="session")
 def app_server(django_db_setup) -> Iterator[AppServer]:
     # WhiteNoise serves collected files when DEBUG is off.
-    subprocess.run([sys.executable, "manage.py", "collectstatic", "--noinput", "-v0"], cwd=ROOT, env=_subprocess_env(), check=True)
+    subprocess.run(
+        [sys.executable, "manage.py", "collectstatic", "--noinput", "-v0"],
+        cwd=ROOT,
+        env=_subprocess_env(),
+        check=True,
+    )
     server = AppServer().start()
     yield server
     server.stop()
@@ -163,7 +187,9 @@ def pytest_runtest_makereport(item, call):
 def page(chromium, server, request):
     # bypass_csp: wait_for_function evaluates its string with eval, which the
     # policy refuses; tests/browser/test_console_csp.py runs the pages under it.
-    context = chromium.new_context(base_url=server.url, viewport={"width": 1400, "height": 1000}, bypass_csp=True)
+    context = chromium.new_context(
+        base_url=server.url, viewport={"width": 1400, "height": 1000}, bypass_csp=True
+    )
     context.set_default_timeout(15000)
     page = context.new_page()
     errors: list[str] = []

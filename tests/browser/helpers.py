@@ -65,7 +65,6 @@ def post_api(page, path: str, data: dict | None = None) -> tuple[int, dict]:
     return response.status, body
 
 
-
 def in_thread(fn, *args, **kwargs):
     """Call a service from a worker thread: Playwright's loop owns the main
     thread, and the services publish their events with async_to_sync."""

@@ -28,7 +28,9 @@ def defrag_plan(request, operator):
     return outcome.action
 
 
-def test_an_operator_approves_a_defrag_plan_and_watches_it_to_the_final_grid(page, fleet, defrag_plan, fragmented, operator, worker):
+def test_an_operator_approves_a_defrag_plan_and_watches_it_to_the_final_grid(
+    page, fleet, defrag_plan, fragmented, operator, worker
+):
     a, b, _waiting = fragmented
     r1, r2 = fleet
     log_in_as(page, operator)
@@ -53,7 +55,8 @@ def test_an_operator_approves_a_defrag_plan_and_watches_it_to_the_final_grid(pag
     }).observe(el, { subtree: true, childList: true, attributes: true }); }""")
     card.locator("[data-testid=approve]").click()
     page.wait_for_function(
-        f"document.querySelector('[data-action-id=\"{defrag_plan.pk}\"]').dataset.state === 'succeeded'", timeout=30000
+        f"document.querySelector('[data-action-id=\"{defrag_plan.pk}\"]').dataset.state === 'succeeded'",
+        timeout=30000,
     )
     assert page.evaluate("window.sawTarget")
     assert card.locator("[data-testid=progress]").evaluate("el => el.value") == 1
@@ -108,4 +111,6 @@ def test_a_proposed_drain_shows_the_node_drained_in_the_after_picture(page, flee
     before_cells = [c for c in grid_cells(page, before) if c["node"] == node.pk]
     assert len(after_cells) == 4
     assert {(c["state"], c["pattern"], c["letter"]) for c in after_cells} == {("drained", "p-drain", "D")}
-    assert {(c["state"], c["pattern"], c["letter"], "free" in c["edges"]) for c in before_cells} == {("free", None, None, True)}
+    assert {(c["state"], c["pattern"], c["letter"], "free" in c["edges"]) for c in before_cells} == {
+        ("free", None, None, True)
+    }

@@ -16,7 +16,9 @@ from tests.browser.helpers import grid_cells, in_thread, log_in_as, open_live, p
 pytestmark = pytest.mark.browser
 
 
-def test_an_operator_plans_a_defrag_from_the_console_and_approves_it_there(page, fleet, fragmented, operator, worker):
+def test_an_operator_plans_a_defrag_from_the_console_and_approves_it_there(
+    page, fleet, fragmented, operator, worker
+):
     a, _b, c = fragmented
     log_in_as(page, operator)
     open_live(page, "/actions/")
@@ -39,12 +41,17 @@ def test_an_operator_plans_a_defrag_from_the_console_and_approves_it_there(page,
     page.wait_for_selector("[data-testid=decisions] article[data-kind=defrag]")
     short = Action.objects.get(kind=ActionKind.DEFRAG)
     assert error.text_content() == ""
-    assert "this plan misses it" in page.locator(f"#action-{short.pk} [data-testid=target-missed]").text_content()
+    assert (
+        "this plan misses it"
+        in page.locator(f"#action-{short.pk} [data-testid=target-missed]").text_content()
+    )
 
     # Room for the waiting gangs (no target): this plan replaces it and opens here.
     form.locator("input[name=free_racks]").fill("")
     form.locator("[data-testid=defrag-submit]").click()
-    page.wait_for_selector(f"[data-testid=decisions] article[data-kind=defrag][data-state=proposed]:not(#action-{short.pk})")
+    page.wait_for_selector(
+        f"[data-testid=decisions] article[data-kind=defrag][data-state=proposed]:not(#action-{short.pk})"
+    )
     plan = Action.objects.filter(kind=ActionKind.DEFRAG).exclude(pk=short.pk).get()
     assert Action.objects.get(pk=short.pk).state == ActionState.EXPIRED
     assert f"action #{plan.pk}" in form.locator("[data-testid=defrag-result]").text_content()
@@ -54,12 +61,16 @@ def test_an_operator_plans_a_defrag_from_the_console_and_approves_it_there(page,
     # The moved cells are outlined in the "after" grid: A's new cells in r2 and its old ones in r1.
     moved = [c for c in after if "moved" in c["edges"]]
     assert len(moved) == 32
-    assert {c["rack"] for c in moved if c["fill"] == a.pk} == {fleet[1].pk} and len([c for c in moved if c["fill"] == "free"]) == 16
+    assert {c["rack"] for c in moved if c["fill"] == a.pk} == {fleet[1].pk} and len(
+        [c for c in moved if c["fill"] == "free"]
+    ) == 16
     before = grid_cells(page, f"#action-{plan.pk} [data-testid=grid-before]")
     assert len(before) == 144 and [c for c in before if "moved" in c["edges"]] == []
     assert "this plan meets it" in card.locator("[data-testid=defrag-target]").text_content()
     assert card.locator("[data-testid=free-racks-now]").text_content() == "0"
-    page.wait_for_function(f"document.querySelector('[data-testid=nav-badge]').dataset.count === '{Action.objects.filter(state=ActionState.PROPOSED).count()}'")
+    page.wait_for_function(
+        f"document.querySelector('[data-testid=nav-badge]').dataset.count === '{Action.objects.filter(state=ActionState.PROPOSED).count()}'"
+    )
 
     # Costly: the first click asks to confirm the GPU-hours (the page's threshold
     # is lowered below this plan's cost), the second approves.
@@ -69,11 +80,16 @@ def test_an_operator_plans_a_defrag_from_the_console_and_approves_it_there(page,
     assert approve.text_content() == f"Confirm: lose {plan.cost_gpu_hours:.1f} GPU-hours"
     assert Action.objects.get(pk=plan.pk).state == ActionState.PROPOSED
     approve.click()
-    page.wait_for_function(f"document.getElementById('action-{plan.pk}').dataset.state === 'succeeded'", timeout=30000)
+    page.wait_for_function(
+        f"document.getElementById('action-{plan.pk}').dataset.state === 'succeeded'", timeout=30000
+    )
     assert Action.objects.get(pk=plan.pk).decided_by_name == operator.username
     # The target stays in view; the waiting gang C takes the room the plan made.
     assert card.locator("[data-testid=defrag-target]").is_visible()
-    page.wait_for_function(f"window.rackwise.jobCells({c.pk}).length === 64 && window.rackwise.jobCells({c.pk}).every(x => x.rack === {fleet[0].pk})", timeout=30000)
+    page.wait_for_function(
+        f"window.rackwise.jobCells({c.pk}).length === 64 && window.rackwise.jobCells({c.pk}).every(x => x.rack === {fleet[0].pk})",
+        timeout=30000,
+    )
     assert card.locator("[data-testid=free-racks-now]").text_content() == "0"
 
 
@@ -88,7 +104,14 @@ def test_a_proposal_made_elsewhere_appears_without_a_reload_and_the_badge_counts
         propose,
         kind=ActionKind.DRAIN,
         title=f"drain {node.hostname}: <b>ECC</b> errors",
-        steps=[{"op": "drain", "node": node.pk, "hostname": node.hostname, "reason": "<img src=x onerror=alert(1)>"}],
+        steps=[
+            {
+                "op": "drain",
+                "node": node.pk,
+                "hostname": node.hostname,
+                "reason": "<img src=x onerror=alert(1)>",
+            }
+        ],
         jobs=[],
     )
     card = page.locator(f"#action-{drain.pk}")
@@ -107,7 +130,10 @@ def test_a_proposal_made_elsewhere_appears_without_a_reload_and_the_badge_counts
 
 def test_a_viewer_gets_no_operator_tools_and_the_api_refuses_them(page, fleet, viewer):
     in_thread(
-        propose, kind=ActionKind.DRAIN, title="drain", jobs=[],
+        propose,
+        kind=ActionKind.DRAIN,
+        title="drain",
+        jobs=[],
         steps=[{"op": "drain", "node": fleet[0].nodes.first().pk, "hostname": "h", "reason": "r"}],
     )
     log_in_as(page, viewer)
@@ -119,7 +145,11 @@ def test_a_viewer_gets_no_operator_tools_and_the_api_refuses_them(page, fleet, v
     status, _ = post_api(page, "/api/actions/defrag/", {})
     assert status == 403
     token = next(c["value"] for c in page.context.cookies() if c["name"] == "csrftoken")
-    response = page.request.put("/api/approval-policy/", data={"kind": "drain", "mode": "auto"}, headers={"X-CSRFToken": token, "Referer": page.url})
+    response = page.request.put(
+        "/api/approval-policy/",
+        data={"kind": "drain", "mode": "auto"},
+        headers={"X-CSRFToken": token, "Referer": page.url},
+    )
     assert response.status == 403
     assert ApprovalPolicy.mode_for(ActionKind.DRAIN) == ApprovalMode.MANUAL
 

@@ -12,8 +12,18 @@ from tests.browser.helpers import in_thread, log_in_as
 
 pytestmark = pytest.mark.browser
 
-PAGES = ["/", "/?kiosk=1", "/racks/{rack}/", "/jobs/", "/jobs/{job}/", "/jobs/submit/", "/actions/", "/audit/",
-         "/webhooks/", "/api/docs/"]
+PAGES = [
+    "/",
+    "/?kiosk=1",
+    "/racks/{rack}/",
+    "/jobs/",
+    "/jobs/{job}/",
+    "/jobs/submit/",
+    "/actions/",
+    "/audit/",
+    "/webhooks/",
+    "/api/docs/",
+]
 
 
 def test_every_page_runs_under_the_policy(chromium, server, fragmented, fleet, operator):

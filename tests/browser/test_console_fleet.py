@@ -27,7 +27,7 @@ def test_a_viewer_logs_in_and_sees_a_grid_of_72_gpus_per_rack(page, fleet):
     page.click("button[type=submit]")
     page.wait_for_function("document.body.dataset.ws === 'open' && document.body.dataset.ready === '1'")
 
-    assert page.text_content("[data-testid=who]").split() [:2] == ["vic", "Viewer"]
+    assert page.text_content("[data-testid=who]").split()[:2] == ["vic", "Viewer"]
     for rack in fleet:
         el = page.locator(f"article.rack[data-rack-id='{rack.pk}']")
         assert int(el.get_attribute("data-version")) == rack.version
@@ -46,7 +46,17 @@ def test_a_viewer_logs_in_and_sees_a_grid_of_72_gpus_per_rack(page, fleet):
 def test_a_rack_grid_is_a_few_elements_whatever_its_gpu_count(page, fleet, viewer):
     """One path per fill, pattern and edge, one text for the letters: a rack of
     18 x 8 GPUs takes as many elements as one of 18 x 4."""
-    wide = create_rack(None, name="w1", kind="CUSTOM", nodes=18, gpus_per_node=8, spare_nodes=2, site="dc", row="A", position=9)
+    wide = create_rack(
+        None,
+        name="w1",
+        kind="CUSTOM",
+        nodes=18,
+        gpus_per_node=8,
+        spare_nodes=2,
+        site="dc",
+        row="A",
+        position=9,
+    )
     log_in_as(page, viewer)
     open_live(page)
     count = "s => document.querySelector(s).getElementsByTagName('*').length"
@@ -82,11 +92,17 @@ def test_a_job_submitted_through_the_api_appears_on_the_grid_without_a_reload(pa
     before = {r.pk: rack_version(page, r.pk) for r in fleet}
     page.evaluate("window.__noReload = true")
 
-    status, job = post_api(page, "/api/jobs/", {"name": "llama-8b", "tenant": "llm", "num_nodes": 2, "gpus_per_node": 4})
+    status, job = post_api(
+        page, "/api/jobs/", {"name": "llama-8b", "tenant": "llm", "num_nodes": 2, "gpus_per_node": 4}
+    )
     assert status == 201, job
 
     # Painted: 8 cells in the job's colour.
-    page.wait_for_function("id => window.rackwiseGrid.cells('main').filter(c => c.fill === id).length === 8", arg=job["id"], timeout=20000)
+    page.wait_for_function(
+        "id => window.rackwiseGrid.cells('main').filter(c => c.fill === id).length === 8",
+        arg=job["id"],
+        timeout=20000,
+    )
     cells = page.evaluate(f"window.rackwise.jobCells({job['id']})")
     rack_id = cells[0]["rack"]
     assert rack_version(page, rack_id) > before[rack_id]
@@ -107,8 +123,16 @@ def _eight_racks_with_big_jobs(submitter):
     for i in range(8):
         rack = create_rack(None, name=f"wall-{i:02d}", kind=RackKind.NVL72, site="dc1", row="A", position=i)
         nodes = list(Node.objects.filter(rack=rack).order_by("slot"))[: 8 + i % 4]
-        job = submit_job(submitter, JobSpec(name=f"llama-{i}", num_nodes=len(nodes), gpus_per_node=4, tenant="llm",
-                                            expected_duration_s=10**6))
+        job = submit_job(
+            submitter,
+            JobSpec(
+                name=f"llama-{i}",
+                num_nodes=len(nodes),
+                gpus_per_node=4,
+                tenant="llm",
+                expected_duration_s=10**6,
+            ),
+        )
         apply_placement(None, job.pk, {n.pk: [0, 1, 2, 3] for n in nodes}, reason="test setup")
         start_job(None, job.pk)
 
@@ -119,7 +143,9 @@ def test_the_racks_are_on_the_first_screen_and_a_wall_reads_from_afar(chromium, 
     in_thread(_eight_racks_with_big_jobs, submitter)
     seen = {}
     for name, (width, height), path in [("laptop", (1440, 900), "/"), ("wall", (3840, 2160), "/?kiosk=1")]:
-        context = chromium.new_context(base_url=server.url, viewport={"width": width, "height": height}, bypass_csp=True)
+        context = chromium.new_context(
+            base_url=server.url, viewport={"width": width, "height": height}, bypass_csp=True
+        )
         page = context.new_page()
         page.base_url = server.url
         log_in_as(page, operator)

@@ -21,7 +21,9 @@ def big_fleet(db):
     """60 NVL72 racks: sites east and west, rows A to C, 10 racks a row (east-A01 ...)."""
     racks = [
         create_rack(None, name=f"{site}-{row}{pos:02d}", site=site, row=row, position=pos)
-        for site in ("east", "west") for row in "ABC" for pos in range(1, 11)
+        for site in ("east", "west")
+        for row in "ABC"
+        for pos in range(1, 11)
     ]
     # create_rack moves the read models' generation on commit, and this fixture's
     # transaction is not the app server's: move it now, or the server could serve
@@ -38,16 +40,32 @@ def _agg(group, key):
     return group.locator(f"[data-agg={key}]").text_content()
 
 
-def test_a_large_fleet_is_grouped_collapsed_to_live_aggregates_and_a_rack_name_search_opens_its_group(page, big_fleet, operator):
+def test_a_large_fleet_is_grouped_collapsed_to_live_aggregates_and_a_rack_name_search_opens_its_group(
+    page, big_fleet, operator
+):
     log_in_as(page, operator)
     open_live(page)
     assert page.locator("[data-testid=group]").count() == 6
-    assert page.eval_on_selector_all("[data-testid=group-toggle]", "bs => bs.map(b => b.getAttribute('aria-expanded'))") == ["false"] * 6
-    assert page.evaluate("document.querySelectorAll('article.rack').length") == 0  # parsed, not in the document
+    assert (
+        page.eval_on_selector_all(
+            "[data-testid=group-toggle]", "bs => bs.map(b => b.getAttribute('aria-expanded'))"
+        )
+        == ["false"] * 6
+    )
+    assert (
+        page.evaluate("document.querySelectorAll('article.rack').length") == 0
+    )  # parsed, not in the document
     east_a = _group(page, "east", "A")
     # 10 racks of 18 nodes (2 spares each): 180 free nodes, a largest free slice of 16.
-    assert [_agg(east_a, k) for k in ("racks", "used", "total", "free", "slice", "failed", "draining")] == \
-        ["10", "0", "720", "180", "16", "0", "0"]
+    assert [_agg(east_a, k) for k in ("racks", "used", "total", "free", "slice", "failed", "draining")] == [
+        "10",
+        "0",
+        "720",
+        "180",
+        "16",
+        "0",
+        "0",
+    ]
 
     # The keyboard opens a group; its racks are drawn.
     east_a.locator("[data-testid=group-toggle]").focus()
@@ -64,7 +82,9 @@ def test_a_large_fleet_is_grouped_collapsed_to_live_aggregates_and_a_rack_name_s
     node = Node.objects.get(rack__name="west-B03", slot=7)
     status, body = post_api(page, f"/api/nodes/{node.pk}/mark-failed/", {"reason": "XID 79"})
     assert status == 200, body
-    page.wait_for_function("""() => document.querySelector("[data-testid=group][data-site=west][data-row=B] [data-agg=failed]").textContent === '1'""")
+    page.wait_for_function(
+        """() => document.querySelector("[data-testid=group][data-site=west][data-row=B] [data-agg=failed]").textContent === '1'"""
+    )
     assert (_agg(west_b, "free"), _agg(west_b, "slice")) == ("179", "16")
     assert "bad" in west_b.locator("[data-agg-box=failed]").get_attribute("class")
 
@@ -102,7 +122,10 @@ def test_filters_and_density_survive_a_reload_through_the_url(page, big_fleet, v
     values = [page.locator(f"[name={n}]").input_value() for n in ("site", "row", "sort", "density", "state")]
     assert values == ["west", "B", "slice", "tiny", ""]
     assert page.text_content("[data-testid=shown]") == "10"
-    assert _group(page, "west", "B").locator("[data-testid=group-toggle]").get_attribute("aria-expanded") == "true"
+    assert (
+        _group(page, "west", "B").locator("[data-testid=group-toggle]").get_attribute("aria-expanded")
+        == "true"
+    )
     # Tiny: 4 px cells (and a 1 px gap), 4 GPUs wide.
     page.wait_for_function("document.querySelectorAll('article.rack[data-painted-cell=\"4\"]').length === 10")
     assert page.locator("article.rack:visible .grid svg").first.get_attribute("width") == "20"
@@ -115,7 +138,9 @@ def test_the_overview_map_is_one_tab_stop_and_arrow_keys_move_inside_it(page, bi
     open_live(page)
     squares = page.locator("[data-testid=overview] [data-ov]")
     assert squares.count() == 60
-    assert page.evaluate("[...document.querySelectorAll('[data-ov]')].filter(b => b.tabIndex >= 0).length") == 1
+    assert (
+        page.evaluate("[...document.querySelectorAll('[data-ov]')].filter(b => b.tabIndex >= 0).length") == 1
+    )
     active = "document.activeElement.dataset.ov ? Number(document.activeElement.dataset.ov) : null"
     ids = [r.pk for r in big_fleet]
 
@@ -124,7 +149,9 @@ def test_the_overview_map_is_one_tab_stop_and_arrow_keys_move_inside_it(page, bi
     assert page.evaluate(active) == ids[0]
     page.keyboard.press("ArrowRight")
     assert page.evaluate(active) == ids[1]
-    cols = page.evaluate("(() => { const b = [...document.querySelectorAll('[data-ov]')]; return b.filter(x => x.offsetTop === b[0].offsetTop).length; })()")
+    cols = page.evaluate(
+        "(() => { const b = [...document.querySelectorAll('[data-ov]')]; return b.filter(x => x.offsetTop === b[0].offsetTop).length; })()"
+    )
     assert 1 < cols < 60
     page.keyboard.press("ArrowDown")
     assert page.evaluate(active) == ids[1 + cols]
@@ -142,7 +169,10 @@ def test_the_overview_map_is_one_tab_stop_and_arrow_keys_move_inside_it(page, bi
     # Enter goes to the rack: its group opens and its grid has the focus.
     page.keyboard.press("Enter")
     assert page.evaluate("document.activeElement.closest('article.rack').dataset.name") == "west-C10"
-    assert _group(page, "west", "C").locator("[data-testid=group-toggle]").get_attribute("aria-expanded") == "true"
+    assert (
+        _group(page, "west", "C").locator("[data-testid=group-toggle]").get_attribute("aria-expanded")
+        == "true"
+    )
     assert page.js_errors == []
 
 

@@ -74,7 +74,9 @@ def test_the_job_page_draws_the_rack_the_job_is_placed_on_and_follows_it_when_it
     page.wait_for_function("document.querySelector('[data-testid=job-state]').textContent === 'running'")
     assert page.locator("[data-testid=no-racks]").is_hidden()
     # The export panel, absent while the job waited, now hands over r1's nodes.
-    page.wait_for_function("document.querySelector('[data-testid=export-slurm]').textContent.includes('--nodelist=r1-')")
+    page.wait_for_function(
+        "document.querySelector('[data-testid=export-slurm]').textContent.includes('--nodelist=r1-')"
+    )
     assert page.locator("[data-testid=export-panel]").is_visible()
 
     # Moved: requeued off r1, then placed on r2. The page shows r2 and only r2.
@@ -91,6 +93,8 @@ def test_the_job_page_draws_the_rack_the_job_is_placed_on_and_follows_it_when_it
     )
     assert page.locator("[data-live-rack]").count() == 1
     assert page.locator("[data-testid=job-state]").text_content() == "placed"
-    page.wait_for_function("document.querySelector('[data-testid=export-slurm]').textContent.includes('--nodelist=r2-')")
+    page.wait_for_function(
+        "document.querySelector('[data-testid=export-slurm]').textContent.includes('--nodelist=r2-')"
+    )
     assert "r1-" not in page.locator("[data-testid=export-kubernetes]").text_content()
     assert page.js_errors == []

@@ -21,12 +21,16 @@ pytestmark = pytest.mark.browser
 
 def _four_node_job(rack, submitter):
     nodes = list(Node.objects.filter(rack=rack).order_by("slot")[:4])
-    job = in_thread(submit_job, submitter, JobSpec(name="llama-70b", num_nodes=4, gpus_per_node=4, tenant="llm"))
+    job = in_thread(
+        submit_job, submitter, JobSpec(name="llama-70b", num_nodes=4, gpus_per_node=4, tenant="llm")
+    )
     in_thread(apply_placement, None, job.pk, {n.pk: [0, 1, 2, 3] for n in nodes}, reason="test setup")
     return job, nodes
 
 
-def test_an_operator_drains_a_node_from_the_rack_page_and_the_grid_shows_it_draining(page, fleet, operator, submitter):
+def test_an_operator_drains_a_node_from_the_rack_page_and_the_grid_shows_it_draining(
+    page, fleet, operator, submitter
+):
     rack = fleet[0]
     job, nodes = _four_node_job(rack, submitter)
     node = nodes[1]
@@ -34,7 +38,9 @@ def test_an_operator_drains_a_node_from_the_rack_page_and_the_grid_shows_it_drai
     open_live(page, f"/racks/{rack.pk}/")
     # The big job is labelled on the grid, and its table row carries its grid colour.
     assert page.locator(f"text.job-label[data-job-label='{job.pk}']").text_content().startswith(f"#{job.pk}")
-    cell_fill = page.evaluate(f"getComputedStyle(document.querySelector('[data-testid=rack] path.fill[data-job=\"{job.pk}\"]')).fill")
+    cell_fill = page.evaluate(
+        f"getComputedStyle(document.querySelector('[data-testid=rack] path.fill[data-job=\"{job.pk}\"]')).fill"
+    )
     swatch = page.locator(f"[data-testid=rack-jobs] [data-job-swatch='{job.pk}']")
     assert swatch.evaluate("el => getComputedStyle(el).backgroundColor") == cell_fill
 
@@ -99,7 +105,9 @@ def test_a_viewer_sees_no_node_controls_and_the_api_refuses_the_drain(page, flee
     assert Node.objects.get(pk=node.pk).state == NodeState.HEALTHY
 
 
-def test_fleet_cards_count_failed_draining_and_spares_live_and_problems_only_finds_the_rack(page, fleet, operator, submitter):
+def test_fleet_cards_count_failed_draining_and_spares_live_and_problems_only_finds_the_rack(
+    page, fleet, operator, submitter
+):
     r1, r2 = fleet
     _four_node_job(r1, submitter)
     drained = r2.nodes.get(slot=5)
@@ -135,10 +143,14 @@ def test_fleet_cards_count_failed_draining_and_spares_live_and_problems_only_fin
     failed = r1.nodes.get(slot=10)
     status, body = post_api(page, f"/api/nodes/{failed.pk}/mark-failed/", {"reason": "XID 79"})
     assert status == 200, body
-    page.wait_for_function(f"document.querySelector('article.rack[data-rack-id=\"{r1.pk}\"] [data-stat=failed]').textContent === '1'")
+    page.wait_for_function(
+        f"document.querySelector('article.rack[data-rack-id=\"{r1.pk}\"] [data-stat=failed]').textContent === '1'"
+    )
     page.wait_for_function(f"!document.querySelector('article.rack[data-rack-id=\"{r1.pk}\"]').hidden")
     assert page.text_content("[data-testid=shown]") == "2"
     # The slice follows with the next fragmentation report (at most 4 s).
-    page.wait_for_function(f"document.querySelector('article.rack[data-rack-id=\"{r1.pk}\"] [data-stat=slice]').textContent === '13'")
+    page.wait_for_function(
+        f"document.querySelector('article.rack[data-rack-id=\"{r1.pk}\"] [data-stat=slice]').textContent === '13'"
+    )
     assert page.text_content("[data-testid=largest]") == "15 nodes (60 GPUs)"
     assert page.js_errors == []

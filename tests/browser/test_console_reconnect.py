@@ -45,9 +45,10 @@ def test_the_page_recovers_after_the_websocket_is_cut(page, server, fleet, opera
         f"document.body.dataset.ws === 'open' && Number(document.querySelector('article.rack[data-rack-id=\"{rack.pk}\"]').dataset.version) >= {version}",
         timeout=20000,
     )
-    assert page.evaluate(f"window.rackwise.cellState({node.pk}, 0).nodeState") == "draining" or page.evaluate(
-        f"window.rackwise.cellState({node.pk}, 0).nodeState"
-    ) == "drained"
+    assert (
+        page.evaluate(f"window.rackwise.cellState({node.pk}, 0).nodeState") == "draining"
+        or page.evaluate(f"window.rackwise.cellState({node.pk}, 0).nodeState") == "drained"
+    )
     # Drawn, not only applied: the node's four cells carry the drain pattern's letter.
     page.wait_for_function(
         f"window.rackwiseGrid.cells('main').filter(c => c.node === {node.pk} && c.state.startsWith('drain') && c.letter === 'D').length === 4"
@@ -64,16 +65,23 @@ def test_a_rack_removed_while_disconnected_is_dropped_on_reconnect(page, server,
     open_live(page)
     gone_node = Node.objects.filter(rack=removed).order_by("slot").first()
     assert page.evaluate(f"window.rackwise.cellState({gone_node.pk}, 0)") is not None
-    removals = page.evaluate("(() => { const ids = []; window.rackwise.live.on('removed', (id) => ids.push(id)); window.__removed = ids; return ids.length; })()")
+    removals = page.evaluate(
+        "(() => { const ids = []; window.rackwise.live.on('removed', (id) => ids.push(id)); window.__removed = ids; return ids.length; })()"
+    )
     assert removals == 0
 
     server.stop()
     page.wait_for_function("document.body.dataset.ws === 'closed'")
     # An import that lists only the first rack's hosts empties the second: it is removed.
     hosts = [n.hostname for n in Node.objects.filter(rack=kept).order_by("slot")]
-    topology = Topology(source="test", domains=[
-        DesiredDomain(name=kept.name, external_id="", nodes=[DesiredNode(hostname=h, gpus=4) for h in hosts])
-    ])
+    topology = Topology(
+        source="test",
+        domains=[
+            DesiredDomain(
+                name=kept.name, external_id="", nodes=[DesiredNode(hostname=h, gpus=4) for h in hosts]
+            )
+        ],
+    )
     in_thread(import_topology, operator, topology, allow_shrink=True)
     assert not Rack.objects.filter(pk=removed.pk).exists()
 

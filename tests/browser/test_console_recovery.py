@@ -13,10 +13,15 @@ from tests.browser.helpers import hover_cell, log_in_as, open_live, post_api
 pytestmark = pytest.mark.browser
 
 
-def test_a_failed_node_shows_as_failed_and_the_recovered_jobs_new_cell_appears(page, fleet, operator, submitter, worker):
+def test_a_failed_node_shows_as_failed_and_the_recovered_jobs_new_cell_appears(
+    page, fleet, operator, submitter, worker
+):
     rack = fleet[0]
     nodes = list(Node.objects.filter(rack=rack).order_by("slot")[:2])
-    job = submit_job(submitter, JobSpec(name="train", num_nodes=2, gpus_per_node=4, tenant="llm", expected_duration_s=10**6))
+    job = submit_job(
+        submitter,
+        JobSpec(name="train", num_nodes=2, gpus_per_node=4, tenant="llm", expected_duration_s=10**6),
+    )
     apply_placement(None, job.pk, {n.pk: [0, 1, 2, 3] for n in nodes}, reason="test setup")
     start_job(None, job.pk)
 
@@ -25,7 +30,9 @@ def test_a_failed_node_shows_as_failed_and_the_recovered_jobs_new_cell_appears(p
     page.wait_for_function(f"window.rackwiseGrid.cells('main').filter(c => c.fill === {job.pk}).length === 8")
     failed = nodes[1]
 
-    status, body = post_api(page, f"/api/nodes/{failed.pk}/mark-failed/", {"reason": "XID 79", "confirm": True})
+    status, body = post_api(
+        page, f"/api/nodes/{failed.pk}/mark-failed/", {"reason": "XID 79", "confirm": True}
+    )
     assert status == 200, body
 
     page.wait_for_function(

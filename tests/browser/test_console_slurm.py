@@ -46,14 +46,24 @@ def test_a_node_down_in_slurm_is_swapped_in_place_and_the_grid_shows_it(
 
         job = submit_job(
             submitter,
-            JobSpec(name="train", num_nodes=8, gpus_per_node=4, tenant="llm",
-                    slurm={"script": "#!/bin/bash\nsrun hostname\nsleep 600\n"}),
+            JobSpec(
+                name="train",
+                num_nodes=8,
+                gpus_per_node=4,
+                tenant="llm",
+                slurm={"script": "#!/bin/bash\nsrun hostname\nsleep 600\n"},
+            ),
         )
         wait_for(
             lambda: Job.objects.filter(pk=job.pk, state=JobState.RUNNING, external_id__isnull=False).exists(),
-            40, "the job to run",
+            40,
+            "the job to run",
         )
-        before = set(Allocation.objects.filter(job=job, released_at__isnull=True).values_list("gpu__node_id", flat=True))
+        before = set(
+            Allocation.objects.filter(job=job, released_at__isnull=True).values_list(
+                "gpu__node_id", flat=True
+            )
+        )
         victim = Node.objects.filter(pk__in=before).order_by("hostname")[2]
 
         log_in_as(page, operator)
@@ -62,14 +72,23 @@ def test_a_node_down_in_slurm_is_swapped_in_place_and_the_grid_shows_it(
 
         cluster.run("scontrol", "update", f"NodeName={victim.hostname}", "State=DOWN", "Reason=test: XID 79")
         _sync_until(
-            lambda: Action.objects.filter(jobs=job, kind=ActionKind.RECOVERY, state=ActionState.SUCCEEDED).exists(),
-            60, "the swap",
+            lambda: Action.objects.filter(
+                jobs=job, kind=ActionKind.RECOVERY, state=ActionState.SUCCEEDED
+            ).exists(),
+            60,
+            "the swap",
         )
         external = Job.objects.get(pk=job.pk).external_id
         cluster.wait_job_state(external, "RUNNING", timeout=30)
-        in_slurm = set(cluster.run("scontrol", "show", "hostnames", cluster.job(external)["nodes"]).stdout.split())
+        in_slurm = set(
+            cluster.run("scontrol", "show", "hostnames", cluster.job(external)["nodes"]).stdout.split()
+        )
 
-    after = set(Allocation.objects.filter(job=job, released_at__isnull=True).values_list("gpu__node__hostname", flat=True))
+    after = set(
+        Allocation.objects.filter(job=job, released_at__isnull=True).values_list(
+            "gpu__node__hostname", flat=True
+        )
+    )
     assert in_slurm == after and victim.hostname not in after and len(after) == 8
     page.wait_for_function(
         f"""() => {{

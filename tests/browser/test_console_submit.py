@@ -15,11 +15,19 @@ from tests.browser.helpers import log_in_as, open_live, post_api
 
 pytestmark = pytest.mark.browser
 
-GANG = {"name": "train-16", "tenant": "llm", "num_nodes": "16", "gpus_per_node": "4", "locality": "required",
-        "preemptible": True}
+GANG = {
+    "name": "train-16",
+    "tenant": "llm",
+    "num_nodes": "16",
+    "gpus_per_node": "4",
+    "locality": "required",
+    "preemptible": True,
+}
 
 
-def test_an_engineer_submits_through_the_form_sees_the_what_if_and_cancels_from_the_job_page(page, fleet, submitter):
+def test_an_engineer_submits_through_the_form_sees_the_what_if_and_cancels_from_the_job_page(
+    page, fleet, submitter
+):
     log_in_as(page, submitter)
     page.goto("/jobs/")
     page.get_by_test_id("submit-link").click()
@@ -103,7 +111,9 @@ def test_an_operator_cancels_a_job_from_its_row_in_the_jobs_list(page, fleet, op
 
     page.once("dialog", lambda dialog: dialog.accept())
     row.get_by_test_id("job-cancel").click()
-    page.wait_for_function(f"document.querySelector('[data-job-state=\"{job.pk}\"]').textContent === 'cancelled'")
+    page.wait_for_function(
+        f"document.querySelector('[data-job-state=\"{job.pk}\"]').textContent === 'cancelled'"
+    )
     assert row.get_by_test_id("job-cancel").is_hidden()
     assert "stale" in row.get_attribute("class")  # no longer queued or running: dimmed in place
     job.refresh_from_db()

@@ -18,7 +18,9 @@ pytestmark = pytest.mark.browser
 
 @pytest.fixture
 def new_york(chromium, server):
-    context = chromium.new_context(base_url=server.url, timezone_id="America/New_York", locale="en-US", bypass_csp=True)
+    context = chromium.new_context(
+        base_url=server.url, timezone_id="America/New_York", locale="en-US", bypass_csp=True
+    )
     page = context.new_page()
     page.base_url = server.url
     errors: list[str] = []
@@ -60,11 +62,19 @@ def test_the_charts_read_in_the_viewers_zone_and_no_axis_repeats_a_label(new_yor
     from fleet.models import FleetSample
 
     now = timezone.now()
-    in_thread(lambda: FleetSample.objects.bulk_create(
-        FleetSample(at=now - timedelta(minutes=m), utilization=0.5, fragmentation=0.1, jobs_pending=m % 2,
-                    wait_p50_s=60 + m, wait_p95_s=90 + m)
-        for m in range(30)
-    ))
+    in_thread(
+        lambda: FleetSample.objects.bulk_create(
+            FleetSample(
+                at=now - timedelta(minutes=m),
+                utilization=0.5,
+                fragmentation=0.1,
+                jobs_pending=m % 2,
+                wait_p50_s=60 + m,
+                wait_p95_s=90 + m,
+            )
+            for m in range(30)
+        )
+    )
     log_in_as(new_york, viewer)
     new_york.goto("/")
     new_york.wait_for_selector("[data-chart=queue] text.axis")

@@ -451,7 +451,9 @@ def main() -> None:
     broken("k8s_taints_not_list.json", lambda items: items[10]["spec"].update(taints={"key": "x"}))
     broken(
         "k8s_taint_key_not_string.json",
-        lambda items: items[11]["spec"].update(taints=[{"key": {"nvidia.com": "gpu"}, "effect": "NoSchedule"}]),
+        lambda items: items[11]["spec"].update(
+            taints=[{"key": {"nvidia.com": "gpu"}, "effect": "NoSchedule"}]
+        ),
     )
     broken(
         "k8s_taint_effect_not_string.json",
@@ -464,11 +466,20 @@ def main() -> None:
         "k8s_long_clique_label.json",
         lambda items: items[15]["metadata"]["labels"].update({"nvidia.com/gpu.clique": "u" * 300 + ".1"}),
     )
-    broken("k8s_gpus_not_string.json", lambda items: items[16]["status"]["capacity"].update({"nvidia.com/gpu": [4]}))
-    broken("k8s_5000_gpus.json", lambda items: items[17]["status"]["capacity"].update({"nvidia.com/gpu": "5000"}))
+    broken(
+        "k8s_gpus_not_string.json",
+        lambda items: items[16]["status"]["capacity"].update({"nvidia.com/gpu": [4]}),
+    )
+    broken(
+        "k8s_5000_gpus.json", lambda items: items[17]["status"]["capacity"].update({"nvidia.com/gpu": "5000"})
+    )
     text = json.dumps(small, indent=2)
-    (HERE / "k8s_huge_number.json").write_text(text.replace('"nvidia.com/gpu": "4"', '"nvidia.com/gpu": ' + "4" * 5000, 1))
-    (HERE / "k8s_not_utf8.json").write_bytes(text.replace("gb200-r1-n07", "gb200-r1-n\u00e7", 1).encode("latin-1"))
+    (HERE / "k8s_huge_number.json").write_text(
+        text.replace('"nvidia.com/gpu": "4"', '"nvidia.com/gpu": ' + "4" * 5000, 1)
+    )
+    (HERE / "k8s_not_utf8.json").write_bytes(
+        text.replace("gb200-r1-n07", "gb200-r1-n\u00e7", 1).encode("latin-1")
+    )
     (HERE / "k8s_deep.json").write_text('{"items": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
     # A single node reporting 5,000 GPUs, alone in its list (issue 10: it was
     # accepted, and every other node removed).
@@ -495,7 +506,9 @@ def main() -> None:
         "BlockName=nvl72-r1 Nodes=gb200-r1-n[01-18]\nBlockName=" + "b" * 300 + " Nodes=gb200-r2-n[01-18]\n"
     )
     (HERE / "slurm_digit_hostname.conf").write_text(
-        "BlockName=nvl72-r1 Nodes=gb200-r1-n[01-18]\nBlockName=nvl72-r2 Nodes=" + "7" * 5000 + "\nBlockSizes=1\n"
+        "BlockName=nvl72-r1 Nodes=gb200-r1-n[01-18]\nBlockName=nvl72-r2 Nodes="
+        + "7" * 5000
+        + "\nBlockSizes=1\n"
     )
     (HERE / "slurm_not_utf8.conf").write_bytes(
         "# topology for the caf\u00e9 cluster\nBlockName=nvl72-r1 Nodes=gb200-r1-n[01-18]\n".encode("latin-1")

@@ -19,11 +19,26 @@ ROOT = Path(__file__).resolve().parents[2]
 QUIET = dict(racks=1, node_mtbf_hours=0.0)
 
 
-def _job(jid: str, nodes: int, submit: float, duration: float, *, gpus: int | None = None,
-         priority: int = 0, locality: str = "required", segment: int | None = None
-         ) -> TraceJob:
-    job = JobRequest(jid, num_gpus=gpus or nodes * 4, locality=locality, priority=priority,
-                     segment_nodes=segment, submit_time=submit, expected_duration=duration)
+def _job(
+    jid: str,
+    nodes: int,
+    submit: float,
+    duration: float,
+    *,
+    gpus: int | None = None,
+    priority: int = 0,
+    locality: str = "required",
+    segment: int | None = None,
+) -> TraceJob:
+    job = JobRequest(
+        jid,
+        num_gpus=gpus or nodes * 4,
+        locality=locality,
+        priority=priority,
+        segment_nodes=segment,
+        submit_time=submit,
+        expected_duration=duration,
+    )
     return TraceJob(job, submit, duration, 0)
 
 
@@ -129,8 +144,7 @@ def test_a_requeued_job_goes_back_by_its_submit_time() -> None:
     # t=500: that job is requeued and, once the node is repaired, it starts before C,
     # which was submitted later (Slurm keeps the job's submit time on requeue).
     trace = [_job("A", 18, 0, 1000), _job("B", 18, 10, 1000), _job("C", 18, 20, 1000)]
-    sim = Simulation(trace, "slurm-block", SimConfig(racks=2, node_mtbf_hours=1e12,
-                                                     repair_hours=0.1))
+    sim = Simulation(trace, "slurm-block", SimConfig(racks=2, node_mtbf_hours=1e12, repair_hours=0.1))
     sim.push(500.0, FAIL, "")
     sim.run()
     assert sim.counts["requeues"] == 1
@@ -142,8 +156,7 @@ def test_a_requeued_job_goes_back_by_its_submit_time() -> None:
 
 def test_locality_fills_in_rows_that_have_none(tmp_path: Path) -> None:
     path = tmp_path / "t.csv"
-    path.write_text("job_id,submit_time,duration,num_gpus,locality\n"
-                    "a,0,100,16,\nb,0,100,16,none\n")
+    path.write_text("job_id,submit_time,duration,num_gpus,locality\na,0,100,16,\nb,0,100,16,none\n")
     trace = read_trace(path)
     assert [t.locality_given for t in trace] == [False, True]
     for loc in ("required", "preferred", "none"):
@@ -151,9 +164,13 @@ def test_locality_fills_in_rows_that_have_none(tmp_path: Path) -> None:
         assert sim.jobs["a"].job.locality == loc
         assert sim.jobs["b"].job.locality == "none"
     assert _replay(trace, "rackwise").jobs["a"].job.locality == "required"
-    res = subprocess.run([sys.executable, "-m", "placement.sim.cli", str(path), "--racks",
-                          "1", "--locality", "preferred"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "placement.sim.cli", str(path), "--racks", "1", "--locality", "preferred"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     assert "rows without locality: preferred" in res.stdout
 
@@ -183,8 +200,7 @@ def test_a_deferred_reservation_is_made_as_of_the_cycle_that_asked_for_it() -> N
     # would fit: B's reservation is made then, but as of t=0, whose window A's end is
     # past (made as of t=1 it would hold the rack from A's end and keep C out).
     window = 1440 * 60.0
-    trace = [_job("A", 17, 0, window + 0.5), _job("B", 18, 0, 500),
-             _job("C", 1, 1, 100_000)]
+    trace = [_job("A", 17, 0, window + 0.5), _job("B", 18, 0, 500), _job("C", 1, 1, 100_000)]
     starts = _starts(_replay(trace, "slurm-block"))
     assert starts["C"] == 1
     assert starts["B"] == 100_001

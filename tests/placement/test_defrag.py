@@ -85,9 +85,13 @@ def test_without_figures_it_plans_the_same_moves_and_reports_no_figures() -> Non
     with_figures = defragment(_scattered(), [gang("wanted", 16)])
     plan = defragment(_scattered(), [gang("wanted", 16)], figures=False)
     assert with_figures.moves and with_figures.fragmentation_before > 0
-    assert plan.to_dict() == {**with_figures.to_dict(), "fragmentation_before": 0.0,
-                              "fragmentation_after": 0.0, "free_racks_before": 0,
-                              "free_racks_after": 0}
+    assert plan.to_dict() == {
+        **with_figures.to_dict(),
+        "fragmentation_before": 0.0,
+        "fragmentation_after": 0.0,
+        "free_racks_before": 0,
+        "free_racks_after": 0,
+    }
 
 
 def test_nothing_to_do_is_a_feasible_empty_plan() -> None:
@@ -115,7 +119,9 @@ def _plan_in_a_small_process(target: str) -> str:
         f"plan = defragment(Fleet.uniform(2), target={target})\n"
         "print(plan.feasible, len(plan.moves), plan.reason)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
     assert done.returncode == 0, done.stderr[-500:]
     return done.stdout.strip()
 
@@ -244,8 +250,11 @@ def test_a_segmented_gang_needs_room_in_whole_segments_to_move_out() -> None:
     occupy(fleet, "busy2", 2, list(range(16)))
     r0, r3 = fleet.racks[0], fleet.racks[3]
     nodes = {fleet.node_at(r.id, i).id: (0, 1, 2, 3) for r in (r0, r3) for i in range(4)}
-    seg = Allocation(JobRequest("seg", num_gpus=32, segment_nodes=4, locality="required"),
-                     nodes, [list(nodes)[:4], list(nodes)[4:]])
+    seg = Allocation(
+        JobRequest("seg", num_gpus=32, segment_nodes=4, locality="required"),
+        nodes,
+        [list(nodes)[:4], list(nodes)[4:]],
+    )
     fleet.allocate(seg)
     avoid = {r0.id, r3.id}
     assert not _room_elsewhere(fleet, seg, avoid, 2)

@@ -49,8 +49,15 @@ def demo_fleet(rng: random.Random) -> Fleet:
 
 
 def pending_gangs(rng: random.Random) -> list[JobRequest]:
-    return [JobRequest(f"p{i}", num_gpus=4 * rng.choice([8, 12, 16, 32]), segment_nodes=rng.choice([None, None, 16]),
-                       locality=rng.choice(["required", "preferred"])) for i in range(rng.randint(0, 4))]
+    return [
+        JobRequest(
+            f"p{i}",
+            num_gpus=4 * rng.choice([8, 12, 16, 32]),
+            segment_nodes=rng.choice([None, None, 16]),
+            locality=rng.choice(["required", "preferred"]),
+        )
+        for i in range(rng.randint(0, 4))
+    ]
 
 
 @pytest.mark.parametrize("first_seed", range(0, 400, 100))

@@ -47,11 +47,16 @@ def test_small_and_preemptible_jobs_count_as_borrowing_spares() -> None:
     assert rack.unlent_spares() == 1
     assert rack.slice_offer() == 16
     assert fleet.partial[3] == {"r000-n05"}
-    fleet.allocate(Allocation(JobRequest("keep", num_gpus=8, preemptible=False),
-                              {"r000-n06": (0, 1, 2, 3), "r000-n07": (0, 1, 2, 3)}))
+    fleet.allocate(
+        Allocation(
+            JobRequest("keep", num_gpus=8, preemptible=False),
+            {"r000-n06": (0, 1, 2, 3), "r000-n07": (0, 1, 2, 3)},
+        )
+    )
     assert rack.lent_nodes == 1
-    fleet.allocate(Allocation(JobRequest("pre", num_gpus=8),
-                              {"r000-n08": (0, 1, 2, 3), "r000-n09": (0, 1, 2, 3)}))
+    fleet.allocate(
+        Allocation(JobRequest("pre", num_gpus=8), {"r000-n08": (0, 1, 2, 3), "r000-n09": (0, 1, 2, 3)})
+    )
     assert rack.lent_nodes == 3 and rack.unlent_spares() == 0
 
 

@@ -11,8 +11,7 @@ from placement.place import place, schedule, what_if
 from placement.testing import gang, occupy
 from placement.validate import validate
 
-POLICIES = ["rackwise", "first-fit", "random", "slurm-block", "slurm-block-greedy",
-            "kueue-tas"]
+POLICIES = ["rackwise", "first-fit", "random", "slurm-block", "slurm-block-greedy", "kueue-tas"]
 
 
 def test_rackwise_keeps_two_spares_in_a_healthy_rack() -> None:

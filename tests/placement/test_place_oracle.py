@@ -29,9 +29,12 @@ from placement.place import place, what_if
 from placement.testing import occupy
 from placement.validate import validate
 
-SETTINGS = settings(max_examples=int(os.environ.get("ORACLE_EXAMPLES", "500")), deadline=None,
-                    derandomize=bool(os.environ.get("CI")),
-                    suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=int(os.environ.get("ORACLE_EXAMPLES", "500")),
+    deadline=None,
+    derandomize=bool(os.environ.get("CI")),
+    suppress_health_check=[HealthCheck.too_slow],
+)
 NOW = 10_000.0
 
 
@@ -46,8 +49,7 @@ def fleets(draw: st.DrawFn) -> Fleet:
         gpn = draw(st.sampled_from([4, 4, 8]))
         spares = draw(st.integers(0, min(2, size - 1)))
         rid = f"r{i}"
-        racks.append(Rack(rid, [Node(f"{rid}-n{j}", rid, j, gpn) for j in range(size)],
-                          spare_nodes=spares))
+        racks.append(Rack(rid, [Node(f"{rid}-n{j}", rid, j, gpn) for j in range(size)], spare_nodes=spares))
     fleet = Fleet(racks)
     rng = random.Random(draw(st.integers(0, 10**6)))
     busy = draw(st.floats(0.0, 0.6))
@@ -57,8 +59,7 @@ def fleets(draw: st.DrawFn) -> Fleet:
                 continue
             pre = rng.random() < 0.5
             if rng.random() < 0.6:
-                job = JobRequest(f"w-{node.id}", num_nodes=1, gpus_per_node=node.gpus,
-                                 preemptible=pre)
+                job = JobRequest(f"w-{node.id}", num_nodes=1, gpus_per_node=node.gpus, preemptible=pre)
                 gpus = tuple(range(node.gpus))
             else:
                 g = rng.randint(1, node.gpus - 1)
@@ -89,8 +90,13 @@ def jobs(draw: st.DrawFn) -> JobRequest:
         return JobRequest("j", num_gpus=draw(st.integers(1, 8)), **common)
     if kind == "gpus":
         return JobRequest("j", num_gpus=draw(st.integers(5, 48)), segment_nodes=seg, **common)
-    return JobRequest("j", num_nodes=draw(st.integers(1, 12)),
-                      gpus_per_node=draw(st.sampled_from([4, 8])), segment_nodes=seg, **common)
+    return JobRequest(
+        "j",
+        num_nodes=draw(st.integers(1, 12)),
+        gpus_per_node=draw(st.sampled_from([4, 8])),
+        segment_nodes=seg,
+        **common,
+    )
 
 
 @st.composite
@@ -115,10 +121,18 @@ def check_reason(fleet: Fleet, job: JobRequest, reason: str, kw: dict[str, objec
         return
     gpn = next(iter(fleet.groups))
     reserved = kw.get("reserved", ()) if not _cleared(job, kw) else ()
-    for m in re.finditer(r"(the racks with the most idle nodes have|the racks offer) room for "
-                         r"(\d+) of its (\d+) segments", reason):
-        got, pieces = oracle.segments_room(fleet, job, gpn, reserved=reserved,  # type: ignore[arg-type]
-                                           idle_only=m.group(1).startswith("the racks with"))
+    for m in re.finditer(
+        r"(the racks with the most idle nodes have|the racks offer) room for "
+        r"(\d+) of its (\d+) segments",
+        reason,
+    ):
+        got, pieces = oracle.segments_room(
+            fleet,
+            job,
+            gpn,
+            reserved=reserved,  # type: ignore[arg-type]
+            idle_only=m.group(1).startswith("the racks with"),
+        )
         assert (int(m.group(2)), int(m.group(3))) == (got, pieces), reason
     m = re.search(r"no rack offers (\d+) idle nodes", reason)
     if m:
@@ -129,8 +143,12 @@ def check_reason(fleet: Fleet, job: JobRequest, reason: str, kw: dict[str, objec
 
 def _cleared(job: JobRequest, kw: dict[str, object]) -> bool:
     until, now = kw.get("reserved_until"), kw.get("now")
-    return (until is not None and now is not None and job.expected_duration is not None
-            and now + job.expected_duration <= until)  # type: ignore[operator]
+    return (
+        until is not None
+        and now is not None
+        and job.expected_duration is not None
+        and now + job.expected_duration <= until
+    )  # type: ignore[operator]
 
 
 def demo_fleet(preemptible_neighbours: bool = False) -> Fleet:
@@ -147,8 +165,16 @@ def demo_fleet(preemptible_neighbours: bool = False) -> Fleet:
 def test_place_finds_a_placement_whenever_the_oracle_does(data) -> None:
     if data is None:
         fleet = demo_fleet()
-        job = JobRequest("j", num_nodes=12, gpus_per_node=4, segment_nodes=6, locality="required",
-                         preemptible=False, submit_time=0.0, expected_duration=3600.0)
+        job = JobRequest(
+            "j",
+            num_nodes=12,
+            gpus_per_node=4,
+            segment_nodes=6,
+            locality="required",
+            preemptible=False,
+            submit_time=0.0,
+            expected_duration=3600.0,
+        )
         kw: dict[str, object] = {"now": NOW}
     else:
         fleet = data.draw(fleets())
@@ -156,8 +182,13 @@ def test_place_finds_a_placement_whenever_the_oracle_does(data) -> None:
         kw = data.draw(options(fleet))
     ans = oracle.solve(fleet, job, **kw)  # type: ignore[arg-type]
     plan = place(fleet, job, **kw)  # type: ignore[arg-type]
-    kind = ("small" if not any(g.nodes for g in ans.groups) else
-            "segments" if any(len(g.pieces) > 1 for g in ans.groups) else "gang")
+    kind = (
+        "small"
+        if not any(g.nodes for g in ans.groups)
+        else "segments"
+        if any(len(g.pieces) > 1 for g in ans.groups)
+        else "gang"
+    )
     event(f"{kind}, {'fits' if ans.feasible else 'waits'} in {ans.fewest_racks} rack(s)")
     if ans.feasible:
         assert plan.placed, f"the oracle found {ans.fewest_racks} rack(s); place(): {plan.reason}"
@@ -199,8 +230,16 @@ def test_what_if_agrees_with_the_oracle_and_its_figure_is_the_fleets(data) -> No
 @pytest.mark.parametrize("preemptible", [False, True])
 def test_the_demo_case_is_placed_in_whole_segments_and_what_if_says_now(locality, preemptible):
     fleet = demo_fleet()
-    job = JobRequest("j", num_nodes=12, gpus_per_node=4, segment_nodes=6, locality=locality,
-                     preemptible=preemptible, submit_time=NOW, expected_duration=3600.0)
+    job = JobRequest(
+        "j",
+        num_nodes=12,
+        gpus_per_node=4,
+        segment_nodes=6,
+        locality=locality,
+        preemptible=preemptible,
+        submit_time=NOW,
+        expected_duration=3600.0,
+    )
     plan = place(fleet, job, now=NOW)
 
     assert plan.placed, plan.reason

@@ -25,8 +25,7 @@ def test_it_swaps_a_failed_node_for_a_spare_in_the_same_rack() -> None:
     alloc = apply_recovery(fleet, plan)
     assert alloc is not None
     # Every other node stays where it was.
-    assert set(alloc.nodes) - {plan.swaps["r000-n03"]} == {
-        f"r000-n{i:02d}" for i in range(16) if i != 3}
+    assert set(alloc.nodes) - {plan.swaps["r000-n03"]} == {f"r000-n{i:02d}" for i in range(16) if i != 3}
     assert validate(fleet) == []
 
 
@@ -138,7 +137,7 @@ def test_with_a_clock_it_preempts_the_job_that_checkpointed_last() -> None:
     late = occupy(fleet, "late", 0, [17])
     now = 7_300.0
     early.started_at = 3_900.0  # 3,400 s of work since its last checkpoint
-    late.started_at = 7_200.0   # 100 s since it started: little to lose
+    late.started_at = 7_200.0  # 100 s since it started: little to lose
     assert recover(fleet, "job", ["r000-n03"], now=now).preempted == ["late"]
     early.started_at, late.started_at = 7_200.0, 3_900.0
     assert recover(fleet, "job", ["r000-n03"], now=now).preempted == ["early"]

@@ -17,14 +17,21 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _trace(*rows: tuple[str, float, float, int, dict[str, Any]]) -> list[TraceJob]:
-    return [TraceJob(JobRequest(jid, num_gpus=g, submit_time=sub, expected_duration=dur,
-                                **kw), sub, dur, i + 2)
-            for i, (jid, sub, dur, g, kw) in enumerate(rows)]
+    return [
+        TraceJob(JobRequest(jid, num_gpus=g, submit_time=sub, expected_duration=dur, **kw), sub, dur, i + 2)
+        for i, (jid, sub, dur, g, kw) in enumerate(rows)
+    ]
 
 
 def _cfg(**kw: Any) -> SimConfig:
-    base: dict[str, Any] = {"racks": 1, "nodes_per_rack": 2, "gpus_per_node": 4,
-                            "node_mtbf_hours": 0.0, "spare_nodes": 0, "check_invariants": True}
+    base: dict[str, Any] = {
+        "racks": 1,
+        "nodes_per_rack": 2,
+        "gpus_per_node": 4,
+        "node_mtbf_hours": 0.0,
+        "spare_nodes": 0,
+        "check_invariants": True,
+    }
     return SimConfig(**{**base, **kw})
 
 
@@ -33,8 +40,16 @@ def test_size_classes_follow_nodes_of_the_fleet_shape() -> None:
         return size_class(JobRequest("j", num_gpus=g), 4, 18)
 
     assert [cls(g) for g in (1, 2, 4, 5, 32, 33, 72, 73, 256)] == [
-        "1gpu", "1node", "1node", "2-8nodes", "2-8nodes", "9-18nodes", "9-18nodes",
-        "multirack", "multirack"]
+        "1gpu",
+        "1node",
+        "1node",
+        "2-8nodes",
+        "2-8nodes",
+        "9-18nodes",
+        "9-18nodes",
+        "multirack",
+        "multirack",
+    ]
     # num_nodes x gpus_per_node: a 1-node gang is a whole node, not a shared one.
     assert size_class(JobRequest("j", num_nodes=1, gpus_per_node=4), 4, 18) == "1node"
     assert size_class(JobRequest("j", num_nodes=20, gpus_per_node=4), 4, 18) == "multirack"
@@ -52,8 +67,13 @@ def test_weighted_wait_bounded_slowdown_useful_utilization_and_sizes() -> None:
     # 8100 useful GPU-seconds over 8 GPUs x 1100 s.
     assert m["useful_utilization"] == pytest.approx(8100 / 8800, abs=1e-5)
     assert list(m["p95_wait_s_by_size"]) == list(SIZE_CLASSES)
-    assert m["p95_wait_s_by_size"] == {"1gpu": 1000, "1node": 0, "2-8nodes": 0,
-                                       "9-18nodes": 0, "multirack": 0}
+    assert m["p95_wait_s_by_size"] == {
+        "1gpu": 1000,
+        "1node": 0,
+        "2-8nodes": 0,
+        "9-18nodes": 0,
+        "multirack": 0,
+    }
     assert m["max_wait_s_by_size"]["1gpu"] == 1000
     assert m["gpu_hours_lost"] == {"span_slowdown": 0, "failures": 0, "migrations": 0}
     assert set(JSON_KEYS) <= set(m)
@@ -80,8 +100,7 @@ def test_span_slowdown_is_lost_gpu_hours() -> None:
     m = simulate(trace, "first-fit", _cfg(racks=2)).metrics
     assert m["rack_local_fraction"] == 0.0
     # y runs 570 / 0.57 = 1000 s on 8 GPUs, 43% of it lost.
-    assert m["gpu_hours_lost"]["span_slowdown"] == pytest.approx(8 * 1000 * 0.43 / 3600,
-                                                                 abs=1e-5)
+    assert m["gpu_hours_lost"]["span_slowdown"] == pytest.approx(8 * 1000 * 0.43 / 3600, abs=1e-5)
 
 
 def test_a_segmented_gang_needs_racks_by_its_segments() -> None:
@@ -106,8 +125,7 @@ class _Faults:
         return at
 
     def randrange(self, n: int) -> int:
-        return next(i for i, nid in enumerate(self.sim.node_ids)
-                    if self.sim.fleet.nodes[nid].jobs)
+        return next(i for i, nid in enumerate(self.sim.node_ids) if self.sim.fleet.nodes[nid].jobs)
 
 
 def _fail_once(policy: str, **kw: Any) -> dict[str, Any]:
@@ -149,20 +167,24 @@ def test_the_table_shows_the_headline_set() -> None:
     assert "1000 (1gpu)" in out
 
 
-def test_the_real_trace_benchmark_runs_on_small_traces(tmp_path: Path,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_real_trace_benchmark_runs_on_small_traces(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     spec = importlib.util.spec_from_file_location(
-        "bench_real_traces", ROOT / "benchmarks" / "bench_real_traces.py")
+        "bench_real_traces", ROOT / "benchmarks" / "bench_real_traces.py"
+    )
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    for name, rows in (("a", [(0, 3600, 8), (10, 600, 1), (2592000, 7200, 64)]),
-                       ("b", [(0, 100, 1), (5, 100, 2), (86400, 100, 4)])):
+    for name, rows in (
+        ("a", [(0, 3600, 8), (10, 600, 1), (2592000, 7200, 64)]),
+        ("b", [(0, 100, 1), (5, 100, 2), (86400, 100, 4)]),
+    ):
         (tmp_path / f"{name}.csv").write_text(
             "job_id,submit_time,duration,num_gpus\n"
-            + "".join(f"{name}{i},{s},{d},{g}\n" for i, (s, d, g) in enumerate(rows)))
-    assert bench.main(["--traces", str(tmp_path), "--workers", "1", "--seeds", "1",
-                       "--mtbfs", "2000"]) == 0
+            + "".join(f"{name}{i},{s},{d},{g}\n" for i, (s, d, g) in enumerate(rows))
+        )
+    assert bench.main(["--traces", str(tmp_path), "--workers", "1", "--seeds", "1", "--mtbfs", "2000"]) == 0
     out = capsys.readouterr().out
     # 2 traces x 2 scales x 2 loads, but at this tiny demand both loads give the
     # 2-rack floor (a x4: the 4 racks its 256-GPU job needs): one cell each.
@@ -185,17 +207,28 @@ def test_held_gpu_time_is_useful_work_plus_the_losses(policy: str) -> None:
     from placement.sim.tracegen import generate
 
     rows = generate(400, 0.95, racks=4, seed=1)
-    trace = _trace(*[(str(r["job_id"]), float(r["submit_time"]), float(r["duration"]),  # type: ignore[arg-type]
-                      int(r["num_gpus"]), {"locality": r["locality"]})  # type: ignore[call-overload]
-                     for r in rows])
-    cfg = SimConfig(racks=4, node_mtbf_hours=300, seed=3,
-                    defrag_after_s=1800 if policy == "rackwise" else None)
+    trace = _trace(
+        *[
+            (
+                str(r["job_id"]),
+                float(r["submit_time"]),
+                float(r["duration"]),  # type: ignore[arg-type]
+                int(r["num_gpus"]),
+                {"locality": r["locality"]},
+            )  # type: ignore[call-overload]
+            for r in rows
+        ]
+    )
+    cfg = SimConfig(
+        racks=4, node_mtbf_hours=300, seed=3, defrag_after_s=1800 if policy == "rackwise" else None
+    )
     m = simulate(trace, policy, cfg).metrics
     assert m["completed"] == 400 and m["failures"] > 0
     gpus_x_span = 4 * 18 * 4 * m["makespan_s"]
     lost = m["gpu_hours_lost"]
     assert (m["gpu_utilization"] - m["useful_utilization"]) * gpus_x_span == pytest.approx(
-        sum(lost.values()) * 3600, rel=1e-3, abs=50)
+        sum(lost.values()) * 3600, rel=1e-3, abs=50
+    )
     if policy == "rackwise":
         assert m["migrations"] > 0 and lost["migrations"] > 0
     else:

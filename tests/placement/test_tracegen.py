@@ -38,8 +38,23 @@ def test_sizes_run_from_single_gpus_to_multi_rack_gangs() -> None:
 
 def test_the_cli_writes_a_trace_the_simulator_can_read(tmp_path: Path) -> None:
     out = tmp_path / "t.csv"
-    subprocess.run([sys.executable, "-m", "placement.sim.tracegen", "--jobs", "50", "--load",
-                    "high", "--seed", "5", "-o", str(out)], check=True, cwd=ROOT)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "placement.sim.tracegen",
+            "--jobs",
+            "50",
+            "--load",
+            "high",
+            "--seed",
+            "5",
+            "-o",
+            str(out),
+        ],
+        check=True,
+        cwd=ROOT,
+    )
     with open(out, newline="") as fh:
         assert next(csv.reader(fh)) == list(COLUMNS)
     jobs = read_trace(out)
@@ -50,7 +65,8 @@ def test_the_cli_writes_a_trace_the_simulator_can_read(tmp_path: Path) -> None:
 def test_the_itp_preset_follows_the_itp_size_mix_durations_and_bursts() -> None:
     rows = generate(6000, 0.7, racks=4, seed=1, preset="itp")
     assert generate(300, 0.7, racks=4, seed=1, preset="itp") == generate(
-        300, 0.7, racks=4, seed=1, preset="itp")
+        300, 0.7, racks=4, seed=1, preset="itp"
+    )
     sizes = [int(r["num_gpus"]) for r in rows]  # type: ignore[call-overload]
     assert set(sizes) <= set(ITP.mix)
     assert 0.87 < sizes.count(1) / len(sizes) < 0.91  # 89.3% single GPUs in ITP
@@ -63,8 +79,14 @@ def test_the_itp_preset_follows_the_itp_size_mix_durations_and_bursts() -> None:
     mean = sum(nz) / len(nz)
     cv = (sum((g - mean) ** 2 for g in nz) / len(nz)) ** 0.5 / mean
     assert cv > 2.5  # far burstier than Poisson (1.0); ITP's is 4.8
-    work = sum(s * d for s, d in zip(sizes, [float(r["duration"]) for r in rows],  # type: ignore[arg-type]
-                                         strict=True))
+    work = sum(
+        s * d
+        for s, d in zip(
+            sizes,
+            [float(r["duration"]) for r in rows],  # type: ignore[arg-type]
+            strict=True,
+        )
+    )
     assert 0.5 < work / (t[-1] * 4 * 18 * 4) < 0.95  # the load asked for, within the bursts
     # Bare rows like the real traces: no locality, priority, preemptible or tenant.
     assert set(rows[0]) == {"job_id", "submit_time", "duration", "num_gpus"}
@@ -72,8 +94,25 @@ def test_the_itp_preset_follows_the_itp_size_mix_durations_and_bursts() -> None:
 
 def test_the_cli_mix_itp_writes_a_readable_bare_trace(tmp_path: Path) -> None:
     out = tmp_path / "itp.csv"
-    subprocess.run([sys.executable, "-m", "placement.sim.tracegen", "--jobs", "200", "--mix",
-                    "itp", "--racks", "4", "--seed", "2", "-o", str(out)], check=True, cwd=ROOT)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "placement.sim.tracegen",
+            "--jobs",
+            "200",
+            "--mix",
+            "itp",
+            "--racks",
+            "4",
+            "--seed",
+            "2",
+            "-o",
+            str(out),
+        ],
+        check=True,
+        cwd=ROOT,
+    )
     jobs = read_trace(out)
     assert len(jobs) == 200 and max(j.job.num_gpus for j in jobs) <= 64
 

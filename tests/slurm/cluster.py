@@ -48,8 +48,14 @@ class SlurmCluster:
     def run(self, *args: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess[str]:
         """Run a Slurm client, e.g. ``run("scontrol", "show", "topology")``."""
         cmd, *rest = args
-        return subprocess.run([str(self.bin / cmd), *rest], capture_output=True, text=True, check=check,
-                              timeout=timeout, env={**os.environ, **self.env})
+        return subprocess.run(
+            [str(self.bin / cmd), *rest],
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=timeout,
+            env={**os.environ, **self.env},
+        )
 
     def json(self, *args: str, timeout: float = 30) -> Any:
         """Run a client with ``--json`` and parse its answer."""
@@ -80,19 +86,22 @@ class SlurmCluster:
                 pytest.fail(f"timed out after {timeout} s waiting for {what}")
             time.sleep(interval)
 
-    def wait_job_state(self, job_id: int | str, *states: str, timeout: float = 20,
-                       exact: bool = False) -> dict[str, Any]:
+    def wait_job_state(
+        self, job_id: int | str, *states: str, timeout: float = 20, exact: bool = False
+    ) -> dict[str, Any]:
         """Wait until the job's state list includes one of ``states`` (e.g. "RUNNING"); return the job.
 
         With ``exact``, the list must be just that one state: after ``requeuehold`` the job is first
         ``['PENDING', 'COMPLETING']``, and an update made before COMPLETING is gone is overwritten
         by the requeue (the job then waits ~121 s in BeginTime).
         """
+
         def reached():
             job = self.job(job_id)
             if exact:
                 return job if job["job_state"] in ([s] for s in states) else None
             return job if set(job["job_state"]) & set(states) else None
+
         return self.wait_for(reached, timeout=timeout, what=f"job {job_id} in {states}")
 
     def reset(self, timeout: float = 30) -> None:
@@ -101,18 +110,21 @@ class SlurmCluster:
         if ids:
             self.run("scancel", *ids, check=False)
         self.start_slurmctld()  # in case a test stopped it
+
         def all_idle():
             states = self.node_states()
             stuck = [n for n, s in states.items() if any(w in s for w in ("drain", "down", "fail", "drng"))]
             if stuck:
                 self.run("scontrol", "update", f"NodeName={','.join(stuck)}", "State=RESUME", check=False)
             return len(states) == len(self.nodes) and all(s == "idle" for s in states.values())
+
         self.wait_for(all_idle, timeout=timeout, interval=0.2, what="all nodes idle")
 
     def script(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         """Run ``scripts/slurm-cluster`` against this cluster (its dir and port base)."""
-        return subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
-                              env=self.script_env)
+        return subprocess.run(
+            [str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout, env=self.script_env
+        )
 
     def stop_slurmctld(self) -> None:
         """Stop only slurmctld (fault tests). The slurmds and the saved state stay."""
@@ -154,9 +166,22 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
     subprocess.run([str(SCRIPT), "stop"], capture_output=True, text=True, env=env, timeout=60)
     env["RACKWISE_SLURM_PORT_BASE"] = str(_free_base(RACKS * NODES_PER_RACK))
     t0 = time.monotonic()
-    r = subprocess.run([str(SCRIPT), "start", "--racks", str(RACKS), "--nodes-per-rack", str(NODES_PER_RACK),
-                        "--gpus-per-node", str(GPUS_PER_NODE)], capture_output=True, text=True, env=env,
-                       timeout=900)
+    r = subprocess.run(
+        [
+            str(SCRIPT),
+            "start",
+            "--racks",
+            str(RACKS),
+            "--nodes-per-rack",
+            str(NODES_PER_RACK),
+            "--gpus-per-node",
+            str(GPUS_PER_NODE),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
     if r.returncode:
         pytest.fail(f"scripts/slurm-cluster start failed:\n{r.stderr}", pytrace=False)
     print(f"\nslurm test cluster up in {time.monotonic() - t0:.1f} s ({run_dir})")

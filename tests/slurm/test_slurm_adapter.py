@@ -71,7 +71,9 @@ def place(operator, nodes: dict[str, Node], hosts: list[str], *, name="train", s
         job_services.JobSpec(name=name, tenant="llm", num_nodes=len(hosts), gpus_per_node=4),
     )
     Job.objects.filter(pk=job.pk).update(cluster_spec={"slurm": {"script": f"#!/bin/bash\n{script}\n"}})
-    job_allocations.apply_placement(operator, job.pk, {nodes[h].pk: [0, 1, 2, 3] for h in hosts}, reason="test")
+    job_allocations.apply_placement(
+        operator, job.pk, {nodes[h].pk: [0, 1, 2, 3] for h in hosts}, reason="test"
+    )
     return Job.objects.get(pk=job.pk)
 
 
@@ -100,7 +102,9 @@ def start(adapter, job: Job) -> None:
 def test_the_live_import_makes_one_rack_per_block_and_the_sync_keeps_it(cluster, adapter, fleet_of_slurm):
     racks = {r.name: r for r in Rack.objects.all()}
     assert sorted(racks) == ["rack01", "rack02"]
-    assert all((r.nodes_per_domain, r.gpus_per_node, r.external_id) == (18, 4, r.name) for r in racks.values())
+    assert all(
+        (r.nodes_per_domain, r.gpus_per_node, r.external_id) == (18, 4, r.name) for r in racks.values()
+    )
     assert Node.objects.get(hostname="r02n18").rack.name == "rack02"
     cluster.run("scontrol", "update", "NodeName=r01n18", "State=DRAIN", "Reason=sync test")
     result = slurm_sync.sync(adapter)
@@ -109,7 +113,9 @@ def test_the_live_import_makes_one_rack_per_block_and_the_sync_keeps_it(cluster,
     assert result["adopted"] == [] and result["scancelled"] == []
 
 
-def test_a_placed_job_runs_on_exactly_the_chosen_nodes_in_one_block(cluster, adapter, fleet_of_slurm, operator):
+def test_a_placed_job_runs_on_exactly_the_chosen_nodes_in_one_block(
+    cluster, adapter, fleet_of_slurm, operator
+):
     chosen = ["r01n03", "r01n04", "r01n05", "r01n06"]
     job = place(operator, fleet_of_slurm, chosen)
     sid = allocate(adapter, job, fleet_of_slurm, chosen)
@@ -128,7 +134,9 @@ def test_a_placed_job_runs_on_exactly_the_chosen_nodes_in_one_block(cluster, ada
     running = squeue_job(cluster, sid)
     assert running["job_state"] == ["RUNNING"]
     assert hosts_of(cluster, sid) == chosen
-    blocks = [line for line in cluster.run("scontrol", "show", "topology").stdout.splitlines() if "rack01" in line]
+    blocks = [
+        line for line in cluster.run("scontrol", "show", "topology").stdout.splitlines() if "rack01" in line
+    ]
     assert blocks and all(h.startswith("r01") for h in hosts_of(cluster, sid))
     # start again (a redelivered task): already running there, nothing done.
     assert adapter.perform(None, 1, as_handed(st.Start(job=job.pk))).status == DONE
@@ -184,7 +192,9 @@ def test_a_migration_requeueholds_repins_and_releases(cluster, adapter, fleet_of
     held = squeue_job(cluster, sid)
     assert "PENDING" in held["job_state"] and held["hold"] is True
     job_allocations.requeue_job(None, job.pk, reason="moving", action="job.stop")
-    job_allocations.apply_placement(None, job.pk, {fleet_of_slurm[h].pk: [0, 1, 2, 3] for h in new}, reason="move")
+    job_allocations.apply_placement(
+        None, job.pk, {fleet_of_slurm[h].pk: [0, 1, 2, 3] for h in new}, reason="move"
+    )
     assert allocate(adapter, job, fleet_of_slurm, new) == sid
     assert adapter.perform(None, 3, as_handed(st.Start(job=job.pk))).status == DONE
     took = time.monotonic() - t0
@@ -196,7 +206,9 @@ def test_a_migration_requeueholds_repins_and_releases(cluster, adapter, fleet_of
 
 def test_drain_and_undrain_both_ways(cluster, adapter, fleet_of_slurm):
     def slurm_state(host):
-        return set(next(n for n in cluster.json("scontrol", "show", "nodes")["nodes"] if n["name"] == host)["state"])
+        return set(
+            next(n for n in cluster.json("scontrol", "show", "nodes")["nodes"] if n["name"] == host)["state"]
+        )
 
     # Rackwise -> Slurm, idempotently.
     adapter.set_node_state("r02n07", NODE_DRAINING, "swap prep")
@@ -208,7 +220,12 @@ def test_drain_and_undrain_both_ways(cluster, adapter, fleet_of_slurm):
     adapter.set_node_state("r02n07", NODE_HEALTHY, "")  # RESUME on an idle node would be refused
     back = {"DRAIN", "DOWN"}  # (a resumed node is IDLE+NOT_RESPONDING for about a second)
     assert "IDLE" in slurm_state("r02n07") and not slurm_state("r02n07") & back
-    assert adapter.perform(None, 0, st.Drain(node=fleet_of_slurm["r02n08"].pk, hostname="r02n08", reason="x")).status == DONE
+    assert (
+        adapter.perform(
+            None, 0, st.Drain(node=fleet_of_slurm["r02n08"].pk, hostname="r02n08", reason="x")
+        ).status
+        == DONE
+    )
     assert "DRAIN" in slurm_state("r02n08")
     adapter.perform(None, 0, st.Undrain(node=fleet_of_slurm["r02n08"].pk, hostname="r02n08"))
     assert not slurm_state("r02n08") & back
@@ -221,7 +238,9 @@ def test_drain_and_undrain_both_ways(cluster, adapter, fleet_of_slurm):
     assert slurm_sync.sync_nodes(adapter)["drain"] == []  # idempotent
     cluster.run("scontrol", "update", "NodeName=r02n09", "State=RESUME")
     # Just resumed, the node is IDLE+NOT_RESPONDING for about a second: no change until it answers.
-    cluster.wait_for(lambda: slurm_sync.sync_nodes(adapter)["undrain"] == ["r02n09"], timeout=10, what="undrain")
+    cluster.wait_for(
+        lambda: slurm_sync.sync_nodes(adapter)["undrain"] == ["r02n09"], timeout=10, what="undrain"
+    )
     assert Node.objects.get(hostname="r02n09").state == NodeState.HEALTHY
 
 
@@ -268,7 +287,9 @@ def test_a_held_sbatch_job_is_adopted_placed_and_released(cluster, adapter, flee
     assert job.cluster_spec["slurm"]["adopted"] is True
 
     chosen = ["r02n05", "r02n06"]
-    job_allocations.apply_placement(None, job.pk, {fleet_of_slurm[h].pk: [0, 1, 2, 3] for h in chosen}, reason="test")
+    job_allocations.apply_placement(
+        None, job.pk, {fleet_of_slurm[h].pk: [0, 1, 2, 3] for h in chosen}, reason="test"
+    )
     assert allocate(adapter, job, fleet_of_slurm, chosen) == sid
     start(adapter, job)
     assert hosts_of(cluster, sid) == chosen
@@ -288,7 +309,9 @@ def test_slurmctld_down_is_cluster_unavailable(cluster, adapter, fleet_of_slurm,
         print(f"\nslurmctld down: ClusterUnavailable after {took:.2f} s: {caught.value}")
         assert took < 2  # scontrol ping says DOWN at once
         with pytest.raises(ClusterUnavailable, match="slurmctld unreachable"):
-            adapter.perform(None, 0, st.Allocate(job=job.pk, nodes={fleet_of_slurm["r02n16"].pk: [0, 1, 2, 3]}))
+            adapter.perform(
+                None, 0, st.Allocate(job=job.pk, nodes={fleet_of_slurm["r02n16"].pk: [0, 1, 2, 3]})
+            )
         # Without the ping, the client's own message, after its connection retries (about 9 s),
         # and a client that hangs past RACKWISE_SLURM_TIMEOUT_S is unavailable too.
         adapter.cli.timeout_s = 1
@@ -305,5 +328,6 @@ def test_slurmctld_down_is_cluster_unavailable(cluster, adapter, fleet_of_slurm,
         seen.append(len(reports))
         time.sleep(0.2)
     assert all(r.state == NODE_HEALTHY for r in reports.values()) and len(reports) == len(cluster.nodes)
-    print(f"all nodes reported again {time.monotonic() - t0:.2f} s after slurmctld restarted (partial: {seen[:5]})")
-
+    print(
+        f"all nodes reported again {time.monotonic() - t0:.2f} s after slurmctld restarted (partial: {seen[:5]})"
+    )

@@ -17,8 +17,16 @@ def submit(cluster, name: str, body: str, *args: str) -> str:
     """Write a batch script into the shared jobs directory and sbatch it; return the job id."""
     (cluster.jobs_dir / f"{name}.sh").write_text(f"#!/bin/bash\n{body}\n")
     inside = cluster.jobs_dir_in_cluster
-    out = cluster.run("sbatch", "--parsable", f"--partition={cluster.partition}", f"--job-name={name}",
-                      f"--chdir={inside}", f"--output={inside}/{name}-%j.out", *args, f"{inside}/{name}.sh")
+    out = cluster.run(
+        "sbatch",
+        "--parsable",
+        f"--partition={cluster.partition}",
+        f"--job-name={name}",
+        f"--chdir={inside}",
+        f"--output={inside}/{name}-%j.out",
+        *args,
+        f"{inside}/{name}.sh",
+    )
     return out.stdout.strip().split(";")[0]
 
 
@@ -38,13 +46,26 @@ def test_topology_has_one_block_per_rack(cluster):
 
 def test_a_pinned_segmented_job_runs_on_exactly_its_nodes(cluster):
     chosen = ["r02n03", "r02n04", "r02n05", "r02n06"]
-    job = submit(cluster, "pinned", "srun hostname\nsrun bash -c 'echo node=$SLURMD_NODENAME gpus=$CUDA_VISIBLE_DEVICES'",
-                 f"--nodelist={','.join(chosen)}", "-N", "4", "--segment=4", "--gres=gpu:4", "--exclusive")
-    done = cluster.wait_job_state(job, "COMPLETED", "FAILED", timeout=20, exact=True)  # not COMPLETED+COMPLETING: the output may not be flushed yet
+    job = submit(
+        cluster,
+        "pinned",
+        "srun hostname\nsrun bash -c 'echo node=$SLURMD_NODENAME gpus=$CUDA_VISIBLE_DEVICES'",
+        f"--nodelist={','.join(chosen)}",
+        "-N",
+        "4",
+        "--segment=4",
+        "--gres=gpu:4",
+        "--exclusive",
+    )
+    done = cluster.wait_job_state(
+        job, "COMPLETED", "FAILED", timeout=20, exact=True
+    )  # not COMPLETED+COMPLETING: the output may not be flushed yet
     assert done["job_state"] == ["COMPLETED"]
     assert nodelist(cluster, job) == chosen
     out = (cluster.jobs_dir / f"pinned-{job}.out").read_text().splitlines()
-    assert sorted(line.split()[0] for line in out if line.startswith("node=")) == [f"node={n}" for n in chosen]
+    assert sorted(line.split()[0] for line in out if line.startswith("node=")) == [
+        f"node={n}" for n in chosen
+    ]
     assert all(line.endswith("gpus=0,1,2,3") for line in out if line.startswith("node="))
 
 
@@ -66,8 +87,17 @@ def test_drain_with_a_reason_shows_in_json_and_resume_returns_the_node(cluster):
 
 
 def test_requeuehold_update_release_moves_a_running_job(cluster):
-    job = submit(cluster, "mover", "srun sleep 300", "--nodelist=r01n01,r01n02", "-N", "2", "--gres=gpu:4",
-                 "--exclusive", "--requeue")
+    job = submit(
+        cluster,
+        "mover",
+        "srun sleep 300",
+        "--nodelist=r01n01,r01n02",
+        "-N",
+        "2",
+        "--gres=gpu:4",
+        "--exclusive",
+        "--requeue",
+    )
     cluster.wait_job_state(job, "RUNNING")
     assert nodelist(cluster, job) == ["r01n01", "r01n02"]
 
@@ -89,8 +119,10 @@ def test_the_rest_api_answers_with_a_token(cluster):
     import json
     import urllib.request
 
-    req = urllib.request.Request(f"{cluster.rest_url}/slurm/v0.0.42/nodes/", headers={
-        "X-SLURM-USER-NAME": "root", "X-SLURM-USER-TOKEN": cluster.token()})
+    req = urllib.request.Request(
+        f"{cluster.rest_url}/slurm/v0.0.42/nodes/",
+        headers={"X-SLURM-USER-NAME": "root", "X-SLURM-USER-TOKEN": cluster.token()},
+    )
     with urllib.request.urlopen(req, timeout=10) as resp:
         nodes = json.load(resp)["nodes"]
     assert len(nodes) == len(cluster.nodes)
@@ -104,7 +136,8 @@ def test_start_status_and_stop_are_idempotent(cluster):
     assert again.returncode == 0, again.stderr
     assert "already up" in again.stderr
     assert again.stdout.strip().splitlines()[-1] == "export " + " ".join(
-        f"{k}={v}" for k, v in cluster.env.items())
+        f"{k}={v}" for k, v in cluster.env.items()
+    )
     assert cluster.script("start").stdout == again.stdout
 
     # A different shape is refused while it runs, with one clear line.
@@ -133,5 +166,7 @@ def test_stop_twice_then_start_again_gives_the_same_cluster(cluster):
     up = cluster.script("start")
     assert up.returncode == 0, up.stderr
     print(f"\nrestart: {time.monotonic() - t0:.1f} s to 36 idle nodes")
-    assert up.stdout.strip().splitlines()[-1] == "export " + " ".join(f"{k}={v}" for k, v in cluster.env.items())
+    assert up.stdout.strip().splitlines()[-1] == "export " + " ".join(
+        f"{k}={v}" for k, v in cluster.env.items()
+    )
     assert cluster.node_states() == dict.fromkeys(cluster.nodes, "idle")

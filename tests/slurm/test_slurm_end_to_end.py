@@ -60,7 +60,9 @@ def slurm_state(cluster, external_id: str) -> str:
 
 def rackwise_hostnames(job_id: int) -> set[str]:
     return set(
-        Allocation.objects.filter(job_id=job_id, released_at__isnull=True).values_list("gpu__node__hostname", flat=True)
+        Allocation.objects.filter(job_id=job_id, released_at__isnull=True).values_list(
+            "gpu__node__hostname", flat=True
+        )
     )
 
 
@@ -92,7 +94,13 @@ def running_in_slurm(cluster, job_id: int):
 def submit(client, nodes: int, script: str, **extra) -> int:
     response = client.post(
         "/api/jobs/",
-        {"name": f"train-{nodes}n", "num_nodes": nodes, "gpus_per_node": 4, "slurm": {"script": script}, **extra},
+        {
+            "name": f"train-{nodes}n",
+            "num_nodes": nodes,
+            "gpus_per_node": 4,
+            "slurm": {"script": script},
+            **extra,
+        },
         format="json",
     )
     assert response.status_code == 201, response.content
@@ -103,7 +111,9 @@ def submit(client, nodes: int, script: str, **extra) -> int:
 SLEEPER = "#!/bin/bash\ntrap 'echo checkpoint requested' USR1\nsrun hostname\nwhile true; do sleep 1; done\n"
 
 
-def test_a_submitted_job_runs_on_the_chosen_nodes_in_one_block_and_its_end_frees_the_gpus(slurm_fleet, submitter_client):
+def test_a_submitted_job_runs_on_the_chosen_nodes_in_one_block_and_its_end_frees_the_gpus(
+    slurm_fleet, submitter_client
+):
     cluster = slurm_fleet
     with workers(1, worker_env(cluster)):
         job_id = submit(submitter_client, 4, "#!/bin/bash\nsrun hostname\nsleep 4\n")
@@ -113,8 +123,14 @@ def test_a_submitted_job_runs_on_the_chosen_nodes_in_one_block_and_its_end_frees
         assert slurm_nodes(cluster, job.external_id) == chosen
         (rack,) = racks_of(chosen)
         blocks = cluster.run("scontrol", "show", "topology").stdout
-        line = next(row for row in blocks.splitlines() if f"BlockName={rack} " in row or row.startswith(f"BlockName={rack}"))
-        in_block = set(cluster.run("scontrol", "show", "hostnames", line.split("Nodes=")[1].split()[0]).stdout.split())
+        line = next(
+            row
+            for row in blocks.splitlines()
+            if f"BlockName={rack} " in row or row.startswith(f"BlockName={rack}")
+        )
+        in_block = set(
+            cluster.run("scontrol", "show", "hostnames", line.split("Nodes=")[1].split()[0]).stdout.split()
+        )
         assert chosen <= in_block
         sync_until(lambda: Job.objects.get(pk=job_id).state == JobState.COMPLETED, 40, "the job to complete")
     assert not Allocation.objects.filter(job_id=job_id, released_at__isnull=True).exists()
@@ -124,12 +140,25 @@ def test_a_submitted_job_runs_on_the_chosen_nodes_in_one_block_and_its_end_frees
 def test_a_job_held_in_slurm_is_adopted_placed_rack_locally_released_and_its_scancel_ends_it(slurm_fleet):
     cluster = slurm_fleet
     out = cluster.run(
-        "sbatch", "--parsable", "--hold", "-p", cluster.partition, "-N", "8", "--gres=gpu:4", "--exclusive",
-        "--requeue", f"--chdir={cluster.jobs_dir_in_cluster}", "--wrap", "srun hostname; sleep 600",
+        "sbatch",
+        "--parsable",
+        "--hold",
+        "-p",
+        cluster.partition,
+        "-N",
+        "8",
+        "--gres=gpu:4",
+        "--exclusive",
+        "--requeue",
+        f"--chdir={cluster.jobs_dir_in_cluster}",
+        "--wrap",
+        "srun hostname; sleep 600",
     ).stdout.strip()
     slurm_id = out.split(";")[0]
     with workers(1, worker_env(cluster)):
-        job = sync_until(lambda: Job.objects.filter(external_id=slurm_id).first(), 20, "the held job to be adopted")
+        job = sync_until(
+            lambda: Job.objects.filter(external_id=slurm_id).first(), 20, "the held job to be adopted"
+        )
         assert (job.num_nodes, job.gpus_per_node) == (8, 4)
         wait_for(lambda: running_in_slurm(cluster, job.pk), 40, "the adopted job to run")
         chosen = rackwise_hostnames(job.pk)
@@ -137,7 +166,11 @@ def test_a_job_held_in_slurm_is_adopted_placed_rack_locally_released_and_its_sca
         assert slurm_nodes(cluster, slurm_id) == chosen
         # Its user cancels it in Slurm: the Rackwise job is cancelled and its GPUs freed.
         cluster.run("scancel", slurm_id)
-        sync_until(lambda: Job.objects.get(pk=job.pk).state == JobState.CANCELLED, 20, "the scancel to reach Rackwise")
+        sync_until(
+            lambda: Job.objects.get(pk=job.pk).state == JobState.CANCELLED,
+            20,
+            "the scancel to reach Rackwise",
+        )
     assert rackwise_hostnames(job.pk) == set()
     assert consistent_violations() == []
 
@@ -150,11 +183,16 @@ def test_a_node_down_under_an_8_node_job_is_swapped_for_a_spare_in_its_rack(slur
         before = rackwise_hostnames(job_id)
         (rack,) = racks_of(before)
         victim = sorted(before)[3]
-        cluster.run("scontrol", "update", f"NodeName={victim}", "State=DOWN", "Reason=test: GPU fell off the bus")
+        cluster.run(
+            "scontrol", "update", f"NodeName={victim}", "State=DOWN", "Reason=test: GPU fell off the bus"
+        )
         started = time.monotonic()
         sync_until(
-            lambda: Action.objects.filter(jobs=job_id, kind=ActionKind.RECOVERY, state=ActionState.SUCCEEDED).exists(),
-            60, "the swap",
+            lambda: Action.objects.filter(
+                jobs=job_id, kind=ActionKind.RECOVERY, state=ActionState.SUCCEEDED
+            ).exists(),
+            60,
+            "the swap",
         )
         wait_for(lambda: running_in_slurm(cluster, job_id), 30, "the job to run again")
         elapsed = time.monotonic() - started
@@ -171,12 +209,17 @@ def test_a_node_down_under_an_8_node_job_is_swapped_for_a_spare_in_its_rack(slur
 def _drain_rack(client, rack: str, undo: bool = False) -> None:
     for node in Node.objects.filter(rack__name=rack):
         verb = "undrain" if undo else "drain"
-        response = client.post(f"/api/nodes/{node.pk}/{verb}/", {"reason": "test: steer placement", "confirm": True},
-                               format="json")
+        response = client.post(
+            f"/api/nodes/{node.pk}/{verb}/",
+            {"reason": "test: steer placement", "confirm": True},
+            format="json",
+        )
         assert response.status_code == 200, response.content
 
 
-def test_an_approved_defrag_migration_moves_a_running_slurm_job(slurm_fleet, submitter_client, operator_client):
+def test_an_approved_defrag_migration_moves_a_running_slurm_job(
+    slurm_fleet, submitter_client, operator_client
+):
     cluster = slurm_fleet
     first, second = Rack.objects.order_by("name").values_list("name", flat=True)
     with workers(1, worker_env(cluster)):
@@ -194,10 +237,16 @@ def test_an_approved_defrag_migration_moves_a_running_slurm_job(slurm_fleet, sub
         plan = operator_client.post("/api/actions/defrag/", {"free_racks": 1}, format="json")
         assert plan.status_code in (200, 201), plan.content
         plan = plan.json()
-        (moved,) = {step["job"] for step in Action.objects.get(pk=plan["id"]).steps if step["op"] == "allocate"}
+        (moved,) = {
+            step["job"] for step in Action.objects.get(pk=plan["id"]).steps if step["op"] == "allocate"
+        }
         approve = operator_client.post(f"/api/actions/{plan['id']}/approve/", {}, format="json")
         assert approve.status_code == 200, approve.content
-        wait_for(lambda: Action.objects.filter(pk=plan["id"], state=ActionState.SUCCEEDED).exists(), 60, "the migration")
+        wait_for(
+            lambda: Action.objects.filter(pk=plan["id"], state=ActionState.SUCCEEDED).exists(),
+            60,
+            "the migration",
+        )
         job = wait_for(lambda: running_in_slurm(cluster, moved), 30, "the moved job to run")
         new_nodes = rackwise_hostnames(moved)
         assert slurm_nodes(cluster, job.external_id) == new_nodes
@@ -210,7 +259,9 @@ def slurm_node(cluster, hostname: str) -> dict:
     return node
 
 
-def test_a_drain_in_rackwise_is_a_drain_in_slurm_and_a_drain_in_slurm_shows_in_rackwise(slurm_fleet, operator_client):
+def test_a_drain_in_rackwise_is_a_drain_in_slurm_and_a_drain_in_slurm_shows_in_rackwise(
+    slurm_fleet, operator_client
+):
     cluster = slurm_fleet
     ours, theirs = Node.objects.order_by("hostname")[:2]
     response = operator_client.post(f"/api/nodes/{ours.pk}/drain/", {"reason": "bad fan"}, format="json")
@@ -220,7 +271,9 @@ def test_a_drain_in_rackwise_is_a_drain_in_slurm_and_a_drain_in_slurm_shows_in_r
 
     cluster.run("scontrol", "update", f"NodeName={theirs.hostname}", "State=DRAIN", "Reason=firmware update")
     sync_until(
-        lambda: Node.objects.get(pk=theirs.pk).state in (NodeState.DRAINING, NodeState.DRAINED), 20, "the Slurm drain"
+        lambda: Node.objects.get(pk=theirs.pk).state in (NodeState.DRAINING, NodeState.DRAINED),
+        20,
+        "the Slurm drain",
     )
     rack = operator_client.get(f"/api/racks/{theirs.rack_id}/").json()
     states = {n["hostname"]: n["state"] for n in rack["nodes"]}
@@ -263,7 +316,9 @@ def test_a_worker_killed_mid_swap_leaves_slurm_and_rackwise_agreeing(slurm_fleet
     assert consistent_violations() == []
 
 
-def test_slurmctld_stopped_mid_action_is_a_clear_error_a_retry_and_nothing_lost(slurm_fleet, submitter_client):
+def test_slurmctld_stopped_mid_action_is_a_clear_error_a_retry_and_nothing_lost(
+    slurm_fleet, submitter_client
+):
     cluster = slurm_fleet
     with workers(1, worker_env(cluster)):
         cluster.stop_slurmctld()
@@ -272,7 +327,11 @@ def test_slurmctld_stopped_mid_action_is_a_clear_error_a_retry_and_nothing_lost(
 
             def retrying():
                 action = Action.objects.filter(jobs=job_id, kind=ActionKind.PLACEMENT).first()
-                return action if action and any("cluster unavailable" in e["message"] for e in action.log) else None
+                return (
+                    action
+                    if action and any("cluster unavailable" in e["message"] for e in action.log)
+                    else None
+                )
 
             action = wait_for(retrying, 40, "the placement to meet the stopped slurmctld")
             # Put off at the step that submits to Slurm (start); the placement

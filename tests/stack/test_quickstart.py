@@ -18,13 +18,17 @@ def _running(api: Api, job_id: int, timeout: float = 120.0) -> dict:
         if job["state"] == "running":
             return job
         time.sleep(0.5)
-    raise AssertionError(f"job {job_id} is {job.get('state')} after {timeout:.0f} s: {job.get('state_reason')}")
+    raise AssertionError(
+        f"job {job_id} is {job.get('state')} after {timeout:.0f} s: {job.get('state_reason')}"
+    )
 
 
 def test_the_quick_start_runs_a_job_submitted_through_the_api(quickstart_stack):
     stack = quickstart_stack
     # The README's way: TOKEN=$(scripts/manage create_api_user ...), in a new shell.
-    token = stack.manage("create_api_user", "quickstart-user", "--role", "submitter", "--tenant", "llm").strip()
+    token = stack.manage(
+        "create_api_user", "quickstart-user", "--role", "submitter", "--tenant", "llm"
+    ).strip()
     api = Api(stack.url, token)
 
     status, job = api.call("POST", "/api/jobs/", {"name": "hello", "tenant": "llm", "num_gpus": 1})

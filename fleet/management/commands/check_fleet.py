@@ -1,7 +1,7 @@
 """Check the fleet's invariants and which waiting jobs it has room for.
 
-    scripts/manage check_fleet          # a line per problem; exit 1 if any
-    scripts/manage check_fleet --json   # everything, for scripts (the soak test)
+scripts/manage check_fleet          # a line per problem; exit 1 if any
+scripts/manage check_fleet --json   # everything, for scripts (the soak test)
 """
 
 from __future__ import annotations
@@ -29,9 +29,13 @@ class Command(BaseCommand):
             problems.append(f"{report['gpus_ever_held_twice']} pair(s) of allocations held one GPU at once")
         for w in report["waiting"]:
             if w["placed_by_pass"]:
-                self.stdout.write(f"job #{w['job']} {w['name']} waits, and the next scheduling pass places it")
+                self.stdout.write(
+                    f"job #{w['job']} {w['name']} waits, and the next scheduling pass places it"
+                )
             elif w["room_by_counts"] and not w["placed_alone"]:
-                problems.append(f"job #{w['job']} {w['name']} waits though racks have idle room for it: {w['reason']}")
+                problems.append(
+                    f"job #{w['job']} {w['name']} waits though racks have idle room for it: {w['reason']}"
+                )
         if problems:
             raise CommandError("; ".join(problems))
         self.stdout.write(f"ok: no invariant broken; {len(report['waiting'])} job(s) waiting")

@@ -14,13 +14,17 @@ class Command(BaseCommand):
     help = "Check that every Celery queue has a worker that answers; exit 1 naming the queues none serves."
 
     def add_arguments(self, parser):
-        parser.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for workers' answers (default 3)")
+        parser.add_argument(
+            "--timeout", type=float, default=3.0, help="seconds to wait for workers' answers (default 3)"
+        )
 
     def handle(self, *args, timeout: float, **options):
         try:
             answers = app.control.inspect(timeout=timeout).active_queues() or {}
         except Exception as exc:  # the broker itself is down
-            raise CommandError(f"the broker does not answer ({exc}); check REDIS_URL / CELERY_BROKER_URL") from exc
+            raise CommandError(
+                f"the broker does not answer ({exc}); check REDIS_URL / CELERY_BROKER_URL"
+            ) from exc
         served: dict[str, list[str]] = {}
         for worker, queues in answers.items():
             for queue in queues:

@@ -16,5 +16,7 @@ class Command(BaseCommand):
     def handle(self, *args, hostname: str, **options):
         node = Node.objects.filter(hostname=hostname).first()
         if node is None:
-            raise CommandError(f"unknown host {hostname!r}; see GET /api/nodes/?hostname=... for the fleet's hosts")
+            raise CommandError(
+                f"unknown host {hostname!r}; see GET /api/nodes/?hostname=... for the fleet's hosts"
+            )
         self.stdout.write(issue_agent_token(None, node.pk))

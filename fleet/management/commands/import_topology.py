@@ -91,7 +91,9 @@ class Command(BaseCommand):
             )
         if source == "slurm-live":
             if path:
-                raise CommandError("--from slurm-live reads the running Slurm (RACKWISE_SLURM_BIN); give no file")
+                raise CommandError(
+                    "--from slurm-live reads the running Slurm (RACKWISE_SLURM_BIN); give no file"
+                )
             return _slurm_live(max_gpus)
         if not path:
             raise CommandError(f"--from {source} needs a FILE")

@@ -23,9 +23,13 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument(
-            "--users-only", action="store_true", help="only the demo users (the racks come from a real cluster)"
+            "--users-only",
+            action="store_true",
+            help="only the demo users (the racks come from a real cluster)",
         )
-        parser.add_argument("--url", default="http://127.0.0.1:8000/", help="where the console is served (printed)")
+        parser.add_argument(
+            "--url", default="http://127.0.0.1:8000/", help="where the console is served (printed)"
+        )
 
     def handle(self, *args, **options):
         created = 0
@@ -46,7 +50,9 @@ class Command(BaseCommand):
         User = get_user_model()
         for username, role, tenants in DEMO_USERS:
             if not User.objects.filter(username=username).exists():
-                ensure_user(None, username, role=role, tenants=tenants, password=DEMO_PASSWORD, issue_token=False)
+                ensure_user(
+                    None, username, role=role, tenants=tenants, password=DEMO_PASSWORD, issue_token=False
+                )
         self.stdout.write(f"Fleet: {Rack.objects.count()} racks ({created} new).")
         self.stdout.write(f"Log in at {options['url']} with one of these users,")
         self.stdout.write(f"password {DEMO_PASSWORD!r}:")

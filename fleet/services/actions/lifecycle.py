@@ -119,13 +119,25 @@ def create(rows: list[Action], jobs: Sequence[Sequence[int]], actor=None) -> lis
     with transaction.atomic():
         actions = Action.objects.bulk_create(rows)
         Action.jobs.through.objects.bulk_create(
-            Action.jobs.through(action_id=a.pk, job_id=j) for a, ids in zip(actions, jobs, strict=True) for j in ids
+            Action.jobs.through(action_id=a.pk, job_id=j)
+            for a, ids in zip(actions, jobs, strict=True)
+            for j in ids
         )
         audit.record_many(
             actor,
             "action.propose",
             [
-                (a, None, {"kind": a.kind, "state": a.state, "steps": len(a.steps), "cost_gpu_hours": a.cost_gpu_hours}, a.title)
+                (
+                    a,
+                    None,
+                    {
+                        "kind": a.kind,
+                        "state": a.state,
+                        "steps": len(a.steps),
+                        "cost_gpu_hours": a.cost_gpu_hours,
+                    },
+                    a.title,
+                )
                 for a in actions
             ],
         )
@@ -176,12 +188,16 @@ def transition(
         if expect is not None:
             sources = tuple(s for s in sources if s in expect)
         if action.state == S.EXECUTING and to_state == S.EXPIRED and action.step_index > 0:
-            sources = tuple(s for s in sources if s != S.EXECUTING)  # it has started: it ends, it does not expire
+            sources = tuple(
+                s for s in sources if s != S.EXECUTING
+            )  # it has started: it ends, it does not expire
         if action.state not in sources:
             if quiet:
                 return None
             names = " or ".join(str(s) for s in sources) or "no state"
-            raise Conflict(f"action #{action_id} is {action.state}; it can become {to_state} only from {names}")
+            raise Conflict(
+                f"action #{action_id} is {action.state}; it can become {to_state} only from {names}"
+            )
         # Where it was in its steps matters only once it has started.
         before = snapshot(action) if action.state == S.EXECUTING else {"state": action.state}
         action.state = to_state
@@ -196,7 +212,14 @@ def transition(
         if to_state in ENDED_STATES and action.kind in HOLD_KINDS and action.lost_gpu_hours is None:
             action.lost_gpu_hours = round(lost_so_far(action), 4)
         action.save()
-        audit.record(actor, AUDIT_ACTION[to_state], action, before=before, after=snapshot(action), message=message[:500])
+        audit.record(
+            actor,
+            AUDIT_ACTION[to_state],
+            action,
+            before=before,
+            after=snapshot(action),
+            message=message[:500],
+        )
         if action.kind in HOLD_KINDS:
             if to_state == S.APPROVED:
                 take_holds(actor, action)
@@ -253,7 +276,9 @@ def settle_jobs(action: Action, actor, *, replan: bool = True) -> None:
     touched = False
     for job in action.jobs.all():
         if job.state == JobState.PLACED:
-            job_allocations.requeue_job(actor, job.pk, reason=f"action #{action.pk} ended before the job started")
+            job_allocations.requeue_job(
+                actor, job.pk, reason=f"action #{action.pk} ended before the job started"
+            )
             touched = True
         elif job.state == JobState.RECOVERING and replan:
             dispatch.recover_soon(job.pk)
@@ -277,7 +302,7 @@ def hold_plan(action: Action) -> dict[int, str]:
     empties: set[int] = set()
     fills: set[int] = set()
     released: set[int] = set()
-    for data in action.steps[action.step_index:]:
+    for data in action.steps[action.step_index :]:
         try:
             step = st.Step.from_dict(data)
         except st.StepError:
@@ -290,7 +315,9 @@ def hold_plan(action: Action) -> dict[int, str]:
             fills.update(int(n) for n in step.swaps.values())
     if released:
         empties = set(
-            Allocation.objects.filter(job_id__in=released, released_at__isnull=True).values_list("gpu__node_id", flat=True)
+            Allocation.objects.filter(job_id__in=released, released_at__isnull=True).values_list(
+                "gpu__node_id", flat=True
+            )
         )
         racks = dict(Node.objects.filter(pk__in=empties | fills).values_list("pk", "rack_id"))
         cleared = {racks[n] for n in empties} - {racks[n] for n in fills}
@@ -318,10 +345,21 @@ def take_holds(actor, action: Action) -> list[int]:
                 NodeHold(node_id=n, action_id=action.pk, role=role) for n, role in sorted(nodes.items())
             )
     except IntegrityError as exc:
-        other = NodeHold.objects.select_related("node").filter(node_id__in=list(nodes)).exclude(action_id=action.pk).first()
-        where = f"node {other.node.hostname} is already held for action #{other.action_id}" if other else "a node is already held"
+        other = (
+            NodeHold.objects.select_related("node")
+            .filter(node_id__in=list(nodes))
+            .exclude(action_id=action.pk)
+            .first()
+        )
+        where = (
+            f"node {other.node.hostname} is already held for action #{other.action_id}"
+            if other
+            else "a node is already held"
+        )
         raise Conflict(f"action #{action.pk} cannot hold its nodes: {where}") from exc
-    rows = list(Node.objects.filter(pk__in=list(nodes)).order_by("hostname").values_list("hostname", "rack_id"))
+    rows = list(
+        Node.objects.filter(pk__in=list(nodes)).order_by("hostname").values_list("hostname", "rack_id")
+    )
     filled = sum(1 for role in nodes.values() if role == HoldRole.FILL)
     audit.record(
         actor,
@@ -341,8 +379,14 @@ def release_holds(actor, action: Action) -> int:
     racks = set(holds.values_list("node__rack_id", flat=True))
     count = holds.delete()[0]
     if count:
-        audit.record(actor, "action.release", action, before={"nodes": count}, after={"nodes": 0},
-                     message=f"released {count} held node(s): the action is {action.state}")
+        audit.record(
+            actor,
+            "action.release",
+            action,
+            before={"nodes": count},
+            after={"nodes": 0},
+            message=f"released {count} held node(s): the action is {action.state}",
+        )
         bump_versions(racks)
     return count
 
@@ -353,7 +397,9 @@ def release_stale_holds() -> list[int]:
     actions' ids. Reconcile's safety net; the lifecycle leaves none."""
     stale = sorted(
         set(
-            NodeHold.objects.exclude(action__state__in=(S.APPROVED, S.EXECUTING)).values_list("action_id", flat=True)
+            NodeHold.objects.exclude(action__state__in=(S.APPROVED, S.EXECUTING)).values_list(
+                "action_id", flat=True
+            )
         )
     )
     for action_id in stale:
@@ -369,7 +415,9 @@ def stop_costs(action: Action) -> list[tuple[int, float]]:
     (back to its last checkpoint, and the restart), from the engine's plan. A
     defrag plan's n-th stop of a job is that job's n-th move."""
     stops = [
-        (i, int(s.get("job") or 0)) for i, s in enumerate(action.steps) if isinstance(s, dict) and s.get("op") in RELEASE_OPS
+        (i, int(s.get("job") or 0))
+        for i, s in enumerate(action.steps)
+        if isinstance(s, dict) and s.get("op") in RELEASE_OPS
     ]
     if not stops:
         return []
@@ -393,4 +441,6 @@ def lost_so_far(action: Action) -> float:
     since its last checkpoint and pays a restart, wherever it runs again. A
     step skipped (its job had ended) stopped nothing."""
     skipped = {entry.get("step") for entry in action.log if entry.get("status") == "skipped"}
-    return sum(cost for index, cost in stop_costs(action) if index < action.step_index and index not in skipped)
+    return sum(
+        cost for index, cost in stop_costs(action) if index < action.step_index and index not in skipped
+    )

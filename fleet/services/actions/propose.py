@@ -97,7 +97,9 @@ def propose_many(proposals: list[Proposal], *, actor=None, version: int | None =
                 fleet_version=version,
                 proposed_by=actor if actor is not None and actor.pk else None,
                 proposed_by_name=audit.actor_name(actor),
-                state=ActionState.EXECUTING if p.done_steps else (ActionState.APPROVED if auto else ActionState.PROPOSED),
+                state=ActionState.EXECUTING
+                if p.done_steps
+                else (ActionState.APPROVED if auto else ActionState.PROPOSED),
                 decided_by_name="policy (auto)" if auto else "",
                 decided_at=now if auto else None,
                 step_index=p.done_steps,
@@ -112,7 +114,9 @@ def propose_many(proposals: list[Proposal], *, actor=None, version: int | None =
 def open_action_job_ids() -> set[int]:
     """Jobs held by an open action: the scheduler and recovery leave them alone."""
     return set(
-        Action.jobs.through.objects.filter(action__state__in=OPEN_ACTION_STATES).values_list("job_id", flat=True)
+        Action.jobs.through.objects.filter(action__state__in=OPEN_ACTION_STATES).values_list(
+            "job_id", flat=True
+        )
     )
 
 
@@ -234,7 +238,9 @@ def cancel(actor, action_id: int, note: str = "") -> Action:
 def set_policy(actor, kind: str, mode: str) -> ApprovalPolicy:
     _require_operator(actor)
     if kind not in ActionKind.values:
-        raise InvalidInput({"kind": [f"unknown action kind {kind!r}; use one of: {', '.join(ActionKind.values)}"]})
+        raise InvalidInput(
+            {"kind": [f"unknown action kind {kind!r}; use one of: {', '.join(ActionKind.values)}"]}
+        )
     if mode not in ApprovalMode.values:
         raise InvalidInput({"mode": [f"unknown mode {mode!r}; use auto or manual"]})
     with transaction.atomic():
@@ -257,7 +263,7 @@ def check_plan(action: Action, steps: list[dict] | None = None) -> list[str]:
     on the jobs they touch. The nodes held for the action are its own; nodes
     held for another plan are not free. Returns the problems (empty: the plan
     still holds)."""
-    steps = action.steps[action.step_index:] if steps is None else steps
+    steps = action.steps[action.step_index :] if steps is None else steps
     try:
         typed = [Step.from_dict(s) for s in steps]
     except StepError as exc:
@@ -301,7 +307,13 @@ def describe_step(step: dict) -> str:
 
 
 def expire(
-    actor, action_id: int, problems: list[str], *, expect: tuple[str, ...] | None = None, replan: bool = True, now=None
+    actor,
+    action_id: int,
+    problems: list[str],
+    *,
+    expect: tuple[str, ...] | None = None,
+    replan: bool = True,
+    now=None,
 ) -> Action | None:
     """The fleet moved on since the plan was made (or a cheaper plan exists):
     expire a proposed or approved action and, unless ``replan`` is False (the

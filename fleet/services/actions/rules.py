@@ -94,7 +94,11 @@ def _check_allocate(ctx: PlanCheck, step: st.Allocate) -> None:
         return
     try:
         ctx.fleet.allocate(
-            pm.Allocation(engine.job_request(job), {str(k): tuple(v) for k, v in step.nodes.items()}, step.segments or [])
+            pm.Allocation(
+                engine.job_request(job),
+                {str(k): tuple(v) for k, v in step.nodes.items()},
+                step.segments or [],
+            )
         )
     except pm.CapacityError as exc:
         ctx.problems.append(f"job #{jid}: {exc}")
@@ -142,7 +146,9 @@ def _check_swap(ctx: PlanCheck, step: st.Swap) -> None:
                 ctx.problems.append(f"job #{jid}: replacement {held}")
                 return
             if target is None or target.free_gpus < len(gpus):
-                ctx.problems.append(f"job #{jid}: replacement node {ctx.snap.hostnames.get(new, new)} is no longer free")
+                ctx.problems.append(
+                    f"job #{jid}: replacement node {ctx.snap.hostnames.get(new, new)} is no longer free"
+                )
                 return
             gpus = target.free_indices(len(gpus))
         nodes[new] = gpus

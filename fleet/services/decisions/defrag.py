@@ -41,7 +41,9 @@ def fragmentation_report() -> FragmentationReport:
     multi-node job of the pending and recent jobs (the definition and its steps:
     placement.fragmentation, docs/fragmentation.md). Every figure the console,
     the API and /metrics show is this report, through fleet.services.read.read_models."""
-    pending = [engine.job_request(j) for j in Job.objects.select_related("tenant").filter(state=JobState.PENDING)]
+    pending = [
+        engine.job_request(j) for j in Job.objects.select_related("tenant").filter(state=JobState.PENDING)
+    ]
     shapes = _typical_shapes(pending)
     with engine.live_snapshot() as snap:
         report = fragmentation(snap.fleet, shapes)
@@ -87,8 +89,12 @@ class DefragGoal:
             if value is not None and value < 1:
                 errors[name] = [f"must be at least 1, got {value}"]
         if self.max_moves is not None and self.max_moves > settings.RACKWISE_DEFRAG_MAX_MOVES_LIMIT:
-            errors["max_moves"] = [f"at most {settings.RACKWISE_DEFRAG_MAX_MOVES_LIMIT} moves per plan, got {self.max_moves}"]
-        if self.budget_gpu_hours is not None and not (0 < self.budget_gpu_hours <= settings.RACKWISE_DEFRAG_MAX_BUDGET_GPU_HOURS):
+            errors["max_moves"] = [
+                f"at most {settings.RACKWISE_DEFRAG_MAX_MOVES_LIMIT} moves per plan, got {self.max_moves}"
+            ]
+        if self.budget_gpu_hours is not None and not (
+            0 < self.budget_gpu_hours <= settings.RACKWISE_DEFRAG_MAX_BUDGET_GPU_HOURS
+        ):
             errors["budget_gpu_hours"] = [
                 f"must be above 0 and at most {settings.RACKWISE_DEFRAG_MAX_BUDGET_GPU_HOURS:g}, got {self.budget_gpu_hours}"
             ]
@@ -99,19 +105,34 @@ class DefragGoal:
         if self.free_racks is not None:
             racks = Rack.objects.count()
             if self.free_racks > racks:
-                raise InvalidInput({"free_racks": [f"the fleet has {racks} rack(s); ask for at most {racks}"]})
+                raise InvalidInput(
+                    {"free_racks": [f"the fleet has {racks} rack(s); ask for at most {racks}"]}
+                )
         if self.room_for_nodes is not None:
             nodes_by_size = dict(
-                Rack.objects.values("gpus_per_node").annotate(n=Count("nodes")).filter(n__gt=0).values_list("gpus_per_node", "n")
+                Rack.objects.values("gpus_per_node")
+                .annotate(n=Count("nodes"))
+                .filter(n__gt=0)
+                .values_list("gpus_per_node", "n")
             )
             if self.gpus_per_node is not None and self.gpus_per_node not in nodes_by_size:
                 sizes = ", ".join(str(g) for g in sorted(nodes_by_size)) or "none"
-                raise InvalidInput({"gpus_per_node": [f"no rack has {self.gpus_per_node}-GPU nodes; the fleet's node sizes: {sizes}"]})
+                raise InvalidInput(
+                    {
+                        "gpus_per_node": [
+                            f"no rack has {self.gpus_per_node}-GPU nodes; the fleet's node sizes: {sizes}"
+                        ]
+                    }
+                )
             size = self.gpus_per_node if self.gpus_per_node is not None else max(nodes_by_size, default=0)
             fits = nodes_by_size.get(size, 0)
             if self.room_for_nodes > fits:
                 raise InvalidInput(
-                    {"room_for_nodes": [f"the fleet has {fits} node(s) of {size} GPUs; ask for at most {fits}"]}
+                    {
+                        "room_for_nodes": [
+                            f"the fleet has {fits} node(s) of {size} GPUs; ask for at most {fits}"
+                        ]
+                    }
                 )
 
 
@@ -135,17 +156,22 @@ def plan_defrag(actor=None, goal: DefragGoal | None = None) -> DefragOutcome:
 
     with transaction.atomic():
         for open_plan in Action.objects.select_for_update().filter(
-            kind=ActionKind.DEFRAG, state__in=(ActionState.PROPOSED, ActionState.APPROVED, ActionState.EXECUTING)
+            kind=ActionKind.DEFRAG,
+            state__in=(ActionState.PROPOSED, ActionState.APPROVED, ActionState.EXECUTING),
         ):
             if open_plan.state == ActionState.EXECUTING:
                 return DefragOutcome(open_plan, f"defrag #{open_plan.pk} is executing", open_plan.plan)
             problems = action_services.check_plan(open_plan)
             if actor is None:
                 if not problems:
-                    return DefragOutcome(open_plan, f"defrag #{open_plan.pk} still holds and awaits a decision", open_plan.plan)
+                    return DefragOutcome(
+                        open_plan, f"defrag #{open_plan.pk} still holds and awaits a decision", open_plan.plan
+                    )
                 successor = replan(None, open_plan, problems)
                 if successor is not None:
-                    return DefragOutcome(successor, f"defrag #{open_plan.pk} re-planned as #{successor.pk}", successor.plan)
+                    return DefragOutcome(
+                        successor, f"defrag #{open_plan.pk} re-planned as #{successor.pk}", successor.plan
+                    )
                 continue  # expired, saying why: plan afresh below
             # Expired like any other end (event, webhook, jobs settled); no new
             # plan is asked for, since this call makes it.
@@ -163,12 +189,16 @@ def plan_defrag(actor=None, goal: DefragGoal | None = None) -> DefragOutcome:
     return DefragOutcome(action, reason, plan_dict)
 
 
-def _make_plan(goal: DefragGoal, *, mine: int | None = None) -> tuple[action_services.Proposal | None, str, dict]:
+def _make_plan(
+    goal: DefragGoal, *, mine: int | None = None
+) -> tuple[action_services.Proposal | None, str, dict]:
     """Plan for ``goal`` on the fleet as
     it is now, the nodes held for action ``mine`` seen as free (it is being
     re-planned: they are its to give up). Returns the proposal (None: nothing to
     move), the planner's reason and its plan as a dict."""
-    pending = [engine.job_request(j) for j in Job.objects.select_related("tenant").filter(state=JobState.PENDING)]
+    pending = [
+        engine.job_request(j) for j in Job.objects.select_related("tenant").filter(state=JobState.PENDING)
+    ]
     shapes = _typical_shapes(pending)
     # The in-memory fleet brought up to date (a full load is 0.7 s at 1,000 racks);
     # the planner tries its moves in a trial, which leaves it as it was.
@@ -185,7 +215,9 @@ def _make_plan(goal: DefragGoal, *, mine: int | None = None) -> tuple[action_ser
             pending,
             target,
             budget_gpu_hours=(
-                goal.budget_gpu_hours if goal.budget_gpu_hours is not None else settings.RACKWISE_DEFRAG_BUDGET_GPU_HOURS
+                goal.budget_gpu_hours
+                if goal.budget_gpu_hours is not None
+                else settings.RACKWISE_DEFRAG_BUDGET_GPU_HOURS
             ),
             max_moves=goal.max_moves or settings.RACKWISE_DEFRAG_MAX_MOVES,
             shapes=shapes,
@@ -200,7 +232,11 @@ def _make_plan(goal: DefragGoal, *, mine: int | None = None) -> tuple[action_ser
                 Start(job=job_id),
             ]
         touched_racks = sorted(
-            {snap.rack_names[snap.fleet.nodes[n].rack] for m in plan.moves for n in [*m.from_nodes, *m.to_nodes]}
+            {
+                snap.rack_names[snap.fleet.nodes[n].rack]
+                for m in plan.moves
+                for n in [*m.from_nodes, *m.to_nodes]
+            }
         )
     plan_dict = plan.to_dict()
     if not plan.moves:
@@ -267,12 +303,17 @@ def replan(actor, action: Action, problems: list[str], *, keep_approval: bool = 
         action_services.expire(
             actor,
             locked.pk,
-            [f"{why}; re-planned as #{successor.pk} ({locked.cost_gpu_hours:.1f} -> {successor.cost_gpu_hours:.1f} GPU-h)"],
+            [
+                f"{why}; re-planned as #{successor.pk} ({locked.cost_gpu_hours:.1f} -> {successor.cost_gpu_hours:.1f} GPU-h)"
+            ],
             replan=False,
         )
         meets = successor.benefit.get("feasible") or not locked.benefit.get("feasible")
-        if keep_approval and locked.decided_at is not None and meets and (
-            successor.cost_gpu_hours <= locked.cost_gpu_hours + 1e-9
+        if (
+            keep_approval
+            and locked.decided_at is not None
+            and meets
+            and (successor.cost_gpu_hours <= locked.cost_gpu_hours + 1e-9)
         ):
             successor = lifecycle.transition(
                 actor,

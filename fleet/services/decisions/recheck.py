@@ -30,7 +30,12 @@ log = logging.getLogger(__name__)
 
 # The engine's order of preference for a recovery (recover.py): a later kind is
 # only chosen when the earlier ones are impossible.
-RECOVERY_RANK = {ActionKind.RECOVERY: 0, ActionKind.PREEMPTION: 1, ActionKind.MIGRATION: 2, ActionKind.REQUEUE: 3}
+RECOVERY_RANK = {
+    ActionKind.RECOVERY: 0,
+    ActionKind.PREEMPTION: 1,
+    ActionKind.MIGRATION: 2,
+    ActionKind.REQUEUE: 3,
+}
 
 
 @dataclass
@@ -48,9 +53,9 @@ def _due(rack_ids: Iterable[int] | None, now: datetime) -> tuple[list[int], bool
     stale = now - timedelta(seconds=settings.RACKWISE_PROPOSAL_RECHECK_S)
     proposed = Action.objects.filter(state=ActionState.PROPOSED)
     by_age = set(
-        proposed.filter(Q(checked_at__lte=stale) | Q(checked_at__isnull=True, created_at__lte=stale)).values_list(
-            "pk", flat=True
-        )
+        proposed.filter(
+            Q(checked_at__lte=stale) | Q(checked_at__isnull=True, created_at__lte=stale)
+        ).values_list("pk", flat=True)
     )
     by_rack: set[int] = set()
     if rack_ids:
@@ -75,7 +80,10 @@ def filling(rack_ids: Iterable[int]) -> list[int]:
     nodes_of: dict[int, set[int]] = {}
     for pk, plan in waiting:
         nodes_of[pk] = {
-            int(n) for step in (plan or {}).get("steps", []) if step.get("op") == "allocate" for n in step.get("nodes", {})
+            int(n)
+            for step in (plan or {}).get("steps", [])
+            if step.get("op") == "allocate"
+            for n in step.get("nodes", {})
         }
     every = set().union(*nodes_of.values()) if nodes_of else set()
     if not every or not racks:
@@ -130,7 +138,9 @@ def recheck_proposals(
     for action_id in due:
         result.checked.append(action_id)
         with transaction.atomic():
-            action = Action.objects.select_for_update().filter(pk=action_id, state=ActionState.PROPOSED).first()
+            action = (
+                Action.objects.select_for_update().filter(pk=action_id, state=ActionState.PROPOSED).first()
+            )
             if action is None:
                 continue  # decided meanwhile
             problems = action_services.check_plan(action)
@@ -160,7 +170,9 @@ def recheck_proposals(
                     result.expired.append(action.pk)
                 if successor is not None:
                     result.proposed.append(successor.pk)
-                log.info("proposal #%s stale (%s): re-planned as %s", action.pk, "; ".join(problems), successor)
+                log.info(
+                    "proposal #%s stale (%s): re-planned as %s", action.pk, "; ".join(problems), successor
+                )
                 checkpoint()
                 continue
             # A recovery with a fresh plan is re-decided right here; anything

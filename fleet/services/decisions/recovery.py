@@ -84,7 +84,10 @@ def _protect_moving_jobs(fleet: pm.Fleet, *, exclude: str) -> None:
         alloc = fleet.allocations.get(jid)
         if alloc is not None and alloc.job.preemptible:
             fleet.release(jid)
-            fleet.allocate(dataclasses.replace(alloc, job=dataclasses.replace(alloc.job, preemptible=False)), restore=True)
+            fleet.allocate(
+                dataclasses.replace(alloc, job=dataclasses.replace(alloc.job, preemptible=False)),
+                restore=True,
+            )
 
 
 def _proposal(snap: engine.Snapshot, job: Job) -> action_services.Proposal | None:

@@ -123,12 +123,20 @@ def schedule_pass(checkpoint: Checkpoint = _no_checkpoint) -> PassResult:
     return result
 
 
-def _record(plan, pending: list[Job], requests: dict, snap: engine.Snapshot, checkpoint: Checkpoint,
-            result: PassResult) -> None:
+def _record(
+    plan,
+    pending: list[Job],
+    requests: dict,
+    snap: engine.Snapshot,
+    checkpoint: Checkpoint,
+    result: PassResult,
+) -> None:
     """Check each of the plan's placements against the fleet as the earlier ones
     left it, and record it: allocated now, or proposed to an operator."""
     by_id = {str(j.pk): j for j in pending}
-    modes = {kind: ApprovalPolicy.mode_for(kind) for kind in (ActionKind.PLACEMENT, ActionKind.PLACEMENT_SPILL)}
+    modes = {
+        kind: ApprovalPolicy.mode_for(kind) for kind in (ActionKind.PLACEMENT, ActionKind.PLACEMENT_SPILL)
+    }
     version = action_services.fleet_version()
     auto: list[action_services.Proposal] = []
     manual: list[action_services.Proposal] = []
@@ -149,13 +157,21 @@ def _record(plan, pending: list[Job], requests: dict, snap: engine.Snapshot, che
             log.error("engine plan for job %s violates invariants: %s", job.pk, violations)
             result.waiting[job.pk] = "placement refused by the invariant checker"
             continue
-        kind = ActionKind.PLACEMENT_SPILL if _spills(placement_plan, request, snap.fleet) else ActionKind.PLACEMENT
+        kind = (
+            ActionKind.PLACEMENT_SPILL
+            if _spills(placement_plan, request, snap.fleet)
+            else ActionKind.PLACEMENT
+        )
         proposal = action_services.Proposal(
             kind=kind,
             title=f"place job #{job.pk} {job.name}: {_describe(placement_plan, snap)}",
             steps=[
                 snap.allocate_step(
-                    job.pk, placement_plan.nodes, placement_plan.segments, placement_plan.reason, placement_plan.choices
+                    job.pk,
+                    placement_plan.nodes,
+                    placement_plan.segments,
+                    placement_plan.reason,
+                    placement_plan.choices,
                 ),
                 Start(job=job.pk),
             ],
@@ -275,7 +291,9 @@ def what_if(actor, spec: job_services.JobSpec) -> dict:
     tenant = job_services.resolve_tenant(actor, spec.tenant)
     shape = normalise_shape(spec, fleet_capacity())
     now = time.time()
-    unsaved = job_services.unsaved_job(actor, spec, tenant, shape, submitted_at=datetime.fromtimestamp(now, tz=UTC))
+    unsaved = job_services.unsaved_job(
+        actor, spec, tenant, shape, submitted_at=datetime.fromtimestamp(now, tz=UTC)
+    )
     request = dataclasses.replace(engine.job_request(unsaved), id="what-if")
     busy = action_services.open_action_job_ids()
     pending = [
@@ -286,7 +304,9 @@ def what_if(actor, spec: job_services.JobSpec) -> dict:
     # process's own, brought up to date from the changed racks): a what-if is
     # asked as the form is filled in, and a full load is 0.5 s at 1,000 racks.
     with engine.live_snapshot() as snap:
-        return _what_if_answer(snap, engine_what_if(snap.fleet, pending, request, now, engine.policy()), request, now)
+        return _what_if_answer(
+            snap, engine_what_if(snap.fleet, pending, request, now, engine.policy()), request, now
+        )
 
 
 def _what_if_answer(snap: engine.Snapshot, answer, request: pm.JobRequest, now: float) -> dict:
@@ -295,8 +315,14 @@ def _what_if_answer(snap: engine.Snapshot, answer, request: pm.JobRequest, now: 
     if plan is not None:
         for node_id, gpus in plan.nodes.items():
             node = snap.fleet.nodes[node_id]
-            placed.append({"node_id": int(node_id), "hostname": snap.hostnames.get(node_id, node_id),
-                           "rack": snap.rack_names.get(node.rack, node.rack), "gpus": list(gpus)})
+            placed.append(
+                {
+                    "node_id": int(node_id),
+                    "hostname": snap.hostnames.get(node_id, node_id),
+                    "rack": snap.rack_names.get(node.rack, node.rack),
+                    "gpus": list(gpus),
+                }
+            )
         first = snap.fleet.nodes[next(iter(plan.nodes))]
         if request.is_small(first.gpus):
             where = f"{placed[0]['hostname']} in {placed[0]['rack']}, {len(placed[0]['gpus'])} of its {first.gpus} GPUs"

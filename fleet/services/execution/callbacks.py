@@ -48,7 +48,9 @@ def record_callback(action_id: int, body: bytes, signature: str | None) -> dict:
     if status not in ("succeeded", "failed"):
         raise ValueError("status must be succeeded or failed")
     external_id = data.get("external_id")
-    if external_id is not None and not (isinstance(external_id, str) and 0 < len(external_id) <= MAX_EXTERNAL_ID_CHARS):
+    if external_id is not None and not (
+        isinstance(external_id, str) and 0 < len(external_id) <= MAX_EXTERNAL_ID_CHARS
+    ):
         raise ValueError(f"external_id must be a string of 1 to {MAX_EXTERNAL_ID_CHARS} characters")
     if signed_action != action_id:
         raise PermissionError(f"this callback is signed for action #{signed_action}, not #{action_id}")
@@ -66,7 +68,9 @@ def record_callback(action_id: int, body: bytes, signature: str | None) -> dict:
         if str(index) in callbacks:
             if callbacks[str(index)] == result:
                 return result  # a retried callback: already recorded
-            raise Conflict(f"step {index} of action #{action_id} was already reported {callbacks[str(index)]['status']}")
+            raise Conflict(
+                f"step {index} of action #{action_id} was already reported {callbacks[str(index)]['status']}"
+            )
         callbacks[str(index)] = result
         action.callbacks = callbacks
         action.save(update_fields=["callbacks", "updated_at"])

@@ -56,12 +56,21 @@ def apply_job_report(job_id: int, report: JobReport, *, attempt: int | None = No
     try:
         if report.state == JOB_CANCELLED:
             job_services.cancel_job(
-                None, job_id, reason=f"cancelled in the cluster: {why}"[:500], tell_cluster=False, expect_attempt=attempt
+                None,
+                job_id,
+                reason=f"cancelled in the cluster: {why}"[:500],
+                tell_cluster=False,
+                expect_attempt=attempt,
             )
             return "cancelled"
         succeeded = report.state == JOB_COMPLETED
         job_allocations.finish_job(
-            None, job_id, succeeded=succeeded, reason=why[:500], expect_attempt=attempt, finished_at=report.ended_at
+            None,
+            job_id,
+            succeeded=succeeded,
+            reason=why[:500],
+            expect_attempt=attempt,
+            finished_at=report.ended_at,
         )
         return "completed" if succeeded else "failed"
     except Conflict as exc:

@@ -74,7 +74,8 @@ def retries_so_far(action: Action, index: int) -> int:
 def _starting_plan(action: Action) -> bool:
     """A plan that holds nodes and has done no step yet: checked before it starts."""
     return action.kind in lifecycle.HOLD_KINDS and (
-        action.state == ActionState.APPROVED or (action.state == ActionState.EXECUTING and action.step_index == 0)
+        action.state == ActionState.APPROVED
+        or (action.state == ActionState.EXECUTING and action.step_index == 0)
     )
 
 
@@ -100,14 +101,17 @@ def begin(action_id: int) -> StepResult | None:
     stale = recheck_before_start(action)
     if stale is not None:
         return stale
-    if action.state == ActionState.APPROVED and lifecycle.transition(
-        None, action.pk, ActionState.EXECUTING, quiet=True
-    ) is None:
+    if (
+        action.state == ActionState.APPROVED
+        and lifecycle.transition(None, action.pk, ActionState.EXECUTING, quiet=True) is None
+    ):
         return StepResult(False, "claimed elsewhere")
     return None
 
 
-def execute_next_step(action_id: int, adapter: ClusterAdapter | None = None, *, begun: bool = False) -> StepResult:
+def execute_next_step(
+    action_id: int, adapter: ClusterAdapter | None = None, *, begun: bool = False
+) -> StepResult:
     """Carry out the next step of an approved or executing action.
 
     1. An approved action is checked against the current fleet; a plan that no
@@ -148,7 +152,9 @@ def execute_next_step(action_id: int, adapter: ClusterAdapter | None = None, *, 
     if ended is not None:
         return _commit_step(action.pk, index, steps, step, skipped=ended)
     try:
-        outcome = adapter.perform(action, index, as_handed(step), lambda done: lifecycle.step_progress(action, index, done))
+        outcome = adapter.perform(
+            action, index, as_handed(step), lambda done: lifecycle.step_progress(action, index, done)
+        )
     except StepFailed as exc:
         _fail(action.pk, index, step.op, str(exc), adapter)
         if step.job is not None:
@@ -217,7 +223,13 @@ def _ended_meanwhile(action: Action, step: Step) -> str | None:
 
 
 def _commit_step(
-    action_id: int, index: int, steps: list, step: Step, *, external_id: str | None = None, skipped: str | None = None
+    action_id: int,
+    index: int,
+    steps: list,
+    step: Step,
+    *,
+    external_id: str | None = None,
+    skipped: str | None = None,
 ) -> StepResult:
     """Under the action's row lock: apply the step's database change (not for a
     ``skipped`` one, whose log entry says why), store the job's id in the
@@ -237,8 +249,13 @@ def _commit_step(
         entry = log_entry(index, step, "skipped" if skipped else "done", skipped or "")
         locked.log = [*locked.log, entry]
         locked.save(update_fields=["step_index", "progress", "step_started_at", "log", "updated_at"])
-        audit.record(None, "action.step", locked, after={"step": index, "op": step.op, "status": entry["status"]},
-                     message=entry["message"])
+        audit.record(
+            None,
+            "action.step",
+            locked,
+            after={"step": index, "op": step.op, "status": entry["status"]},
+            message=entry["message"],
+        )
         events.actions_changed([locked.pk])
         last = index + 1 >= len(steps)
         if last:
@@ -259,13 +276,17 @@ def _put_off(action_id: int, index: int, step: Step, error: str) -> StepResult:
             return StepResult(False, DONE_ELSEWHERE)
         retries = retries_so_far(action, index) + 1
         delay = retry_delay(retries)
-        entry = log_entry(index, step, RETRYING, f"cluster unavailable, retrying in {delay} s: {error}"[:1000])
+        entry = log_entry(
+            index, step, RETRYING, f"cluster unavailable, retrying in {delay} s: {error}"[:1000]
+        )
         entry["retries"] = retries
         kept = action.log[:-1] if retries > 1 else action.log
         action.log = [*kept, entry]
         action.save(update_fields=["log", "updated_at"])
         events.actions_changed([action.pk])
-    log.warning("action #%s step %s: cluster unavailable, retrying in %s s: %s", action_id, index, delay, error)
+    log.warning(
+        "action #%s step %s: cluster unavailable, retrying in %s s: %s", action_id, index, delay, error
+    )
     return StepResult(False, f"cluster unavailable, retrying in {delay} s", retry_in=delay)
 
 
@@ -321,14 +342,13 @@ def recheck_before_start(action: Action) -> StepResult | None:
     if action.kind not in lifecycle.HOLD_KINDS:
         expire(None, action.pk, problems)
         return StepResult(False, "expired")
-    successor = redecide(None, action, [f"stale before its first step: {'; '.join(problems)}"], keep_approval=True)
+    successor = redecide(
+        None, action, [f"stale before its first step: {'; '.join(problems)}"], keep_approval=True
+    )
     if successor is None:
         return StepResult(False, "expired")
     return StepResult(False, f"re-planned as #{successor.pk} ({successor.state})")
 
 
-
 def _failed_entry(index: int, op: str, error: str) -> dict:
     return {"at": timezone.now().isoformat(), "step": index, "op": op, "status": "failed", "message": error}
-
-

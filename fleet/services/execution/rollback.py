@@ -39,7 +39,9 @@ class RollBack:
         if running:
             text += f" ({len(self.old_nodes)} on their old nodes, {len(self.new_nodes)} on their new ones)"
         if self.queued:
-            text += f"; {len(self.queued)} back in the queue (" + ", ".join(f"#{j}" for j in self.queued) + ")"
+            text += (
+                f"; {len(self.queued)} back in the queue (" + ", ".join(f"#{j}" for j in self.queued) + ")"
+            )
         return text
 
 
@@ -96,8 +98,15 @@ def roll_back(action: Action, adapter: ClusterAdapter) -> RollBack:
     return out
 
 
-def _restore_placement(action: Action, adapter: ClusterAdapter, job: Job, planned: Allocate | None,
-                       reason: str, index: int, out: RollBack) -> str | None:
+def _restore_placement(
+    action: Action,
+    adapter: ClusterAdapter,
+    job: Job,
+    planned: Allocate | None,
+    reason: str,
+    index: int,
+    out: RollBack,
+) -> str | None:
     """Place a stopped job again: on the GPUs it left, else where the plan meant
     it to go. Returns "old" or "new", or None (it went back to the queue)."""
     tries: list[tuple[str, dict[int, list[int]], list | None]] = []
@@ -110,7 +119,9 @@ def _restore_placement(action: Action, adapter: ClusterAdapter, job: Job, planne
     for where, nodes, segments in tries:
         try:
             step_rules.refuse_held(action, nodes)
-            outcome = adapter.perform(action, index, Allocate(job=job.pk, nodes=nodes, segments=segments, reason=reason))
+            outcome = adapter.perform(
+                action, index, Allocate(job=job.pk, nodes=nodes, segments=segments, reason=reason)
+            )
             if outcome.status == WAITING:
                 raise StepFailed("the cluster has not placed it yet")
             with transaction.atomic():
@@ -137,12 +148,19 @@ def _gpus_left(job_id: int) -> dict[int, list[int]]:
 
 
 def _requeue_after_rollback(action: Action, job_id: int, why: str, out: RollBack) -> None:
-    reason = f"action #{action.pk} failed and its rollback could not restart the job ({why}); waiting in the queue"
+    reason = (
+        f"action #{action.pk} failed and its rollback could not restart the job ({why}); waiting in the queue"
+    )
     job_lifecycle.note_waiting(job_id, reason)
     out.queued.append(job_id)
     out.entries.append(_rollback_entry(job_id, f"job #{job_id} back in the queue: {why}"))
 
 
 def _rollback_entry(job_id: int, message: str) -> dict:
-    return {"at": timezone.now().isoformat(), "op": "rollback", "job": job_id, "status": "rolled back",
-            "message": message[:1000]}
+    return {
+        "at": timezone.now().isoformat(),
+        "op": "rollback",
+        "job": job_id,
+        "status": "rolled back",
+        "message": message[:1000],
+    }

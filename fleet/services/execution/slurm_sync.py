@@ -142,7 +142,9 @@ def adopt_held_jobs(adapter) -> list[int]:
     if not held:
         return []
     known = set(
-        Job.objects.filter(external_id__in=[r.external_id for r in held]).values_list("external_id", flat=True)
+        Job.objects.filter(external_id__in=[r.external_id for r in held]).values_list(
+            "external_id", flat=True
+        )
     )
     fresh = [r for r in held if r.external_id not in known]
     if not fresh:

@@ -26,7 +26,16 @@ WORKLOAD_MIX: list[tuple[float, dict]] = [
     (0.16, {"num_nodes": 4, "gpus_per_node": 4, "name": "train-moe"}),
     (0.14, {"num_nodes": 8, "gpus_per_node": 4, "name": "train-70b"}),
     (0.12, {"num_nodes": 16, "gpus_per_node": 4, "name": "pretrain"}),
-    (0.04, {"num_nodes": 32, "gpus_per_node": 4, "segment_nodes": 16, "locality": Locality.PREFERRED, "name": "frontier"}),
+    (
+        0.04,
+        {
+            "num_nodes": 32,
+            "gpus_per_node": 4,
+            "segment_nodes": 16,
+            "locality": Locality.PREFERRED,
+            "name": "frontier",
+        },
+    ),
     (0.04, {"num_nodes": 12, "gpus_per_node": 4, "locality": Locality.PREFERRED, "name": "rl-rollout"}),
 ]
 TARGET_LOAD = 0.85  # GPUs held or asked for, over the fleet's GPUs
@@ -41,7 +50,9 @@ def _duration(rng: random.Random) -> int:
 
 
 def tick(
-    rng: random.Random | None = None, tick_seconds: float = 5.0, failures_per_minute: float = FAILURES_PER_MINUTE
+    rng: random.Random | None = None,
+    tick_seconds: float = 5.0,
+    failures_per_minute: float = FAILURES_PER_MINUTE,
 ) -> str:
     rng = rng or random.Random()
     notes: list[str] = []
@@ -80,7 +91,9 @@ def tick(
     if rng.random() < failures_per_minute * tick_seconds / 60:
         busy_nodes = list(
             Allocation.objects.filter(
-                released_at__isnull=True, job__state__in=HOLDING_JOB_STATES, gpu__node__state=NodeState.HEALTHY
+                released_at__isnull=True,
+                job__state__in=HOLDING_JOB_STATES,
+                gpu__node__state=NodeState.HEALTHY,
             )
             .values_list("gpu__node_id", flat=True)
             .distinct()
@@ -88,13 +101,17 @@ def tick(
         if busy_nodes:
             node_id = rng.choice(sorted(busy_nodes))
             try:
-                node = node_services.mark_node_failed(None, node_id, "XID 79: GPU has fallen off the bus (demo)")
+                node = node_services.mark_node_failed(
+                    None, node_id, "XID 79: GPU has fallen off the bus (demo)"
+                )
                 notes.append(f"node {node.hostname} failed")
             except ServiceError:
                 pass
 
     # 3. Repairs: failed nodes come back after a while.
-    for node in Node.objects.filter(state=NodeState.FAILED, state_changed_at__lte=timezone.now() - REPAIR_AFTER):
+    for node in Node.objects.filter(
+        state=NodeState.FAILED, state_changed_at__lte=timezone.now() - REPAIR_AFTER
+    ):
         try:
             node_services.return_node_to_service(None, node.pk, "repaired (demo)")
             notes.append(f"node {node.hostname} repaired")

@@ -346,7 +346,12 @@ def record_heartbeat(node_id: int, payload: Any) -> dict[str, Any]:
             if health_changed:
                 audit.record(agent, "gpu.health", gpu, before=before, after=after, message=error)
                 changed.append(
-                    {"index": gpu.index, "health_before": before["health"], "health": health, "last_error": error}
+                    {
+                        "index": gpu.index,
+                        "health_before": before["health"],
+                        "health": health,
+                        "last_error": error,
+                    }
                 )
 
         out_of_service = node.state in (NodeState.FAILED, NodeState.IN_REPAIR)
@@ -387,11 +392,16 @@ def _resume_after_refused_report(node_id: int, refused: InvalidInput) -> None:
     log.warning("node %s: heartbeat report refused (liveness recorded): %s", node_id, refused)
     with transaction.atomic():
         node = Node.objects.select_for_update().get(pk=node_id)
-        if node.state != NodeState.SUSPECT or GPU.objects.filter(node=node).exclude(health=GpuHealth.OK).exists():
+        if (
+            node.state != NodeState.SUSPECT
+            or GPU.objects.filter(node=node).exclude(health=GpuHealth.OK).exists()
+        ):
             return
         agent = AgentPrincipal(node_id=node.pk, hostname=node.hostname)
         try:
-            return_node_to_service(agent, node.pk, reason="heartbeat resumed (its GPU report was refused: a 400)")
+            return_node_to_service(
+                agent, node.pk, reason="heartbeat resumed (its GPU report was refused: a 400)"
+            )
         except ClusterDown as exc:
             # The refused report is the answer (400); the node stays suspect
             # until a heartbeat finds the cluster answering.
@@ -401,7 +411,9 @@ def _resume_after_refused_report(node_id: int, refused: InvalidInput) -> None:
 def _propose_drain(node: Node, degraded: list[dict[str, Any]]) -> None:
     """A GPU that degrades without failing is a warning: propose draining the node
     (its jobs finish, no new work lands), once, for an operator to decide."""
-    if Action.objects.filter(kind=ActionKind.DRAIN, state__in=OPEN_ACTION_STATES, plan__steps__0__node=node.pk).exists():
+    if Action.objects.filter(
+        kind=ActionKind.DRAIN, state__in=OPEN_ACTION_STATES, plan__steps__0__node=node.pk
+    ).exists():
         return
     why = "; ".join(f"GPU {c['index']}: {c['last_error'] or 'degraded'}" for c in degraded)
     propose(
@@ -421,7 +433,11 @@ def _mark_suspect(node_id: int, cutoff: datetime, now: datetime) -> bool:
     locked. False if it changed state or sent a heartbeat since it was selected."""
     reason = f"no heartbeat for over {settings.RACKWISE_HEARTBEAT_SUSPECT_S}s"
     node = node_lifecycle.transition(
-        None, node_id, "suspect", reason=reason, where={"state": NodeState.HEALTHY, "last_heartbeat_at__lt": cutoff},
+        None,
+        node_id,
+        "suspect",
+        reason=reason,
+        where={"state": NodeState.HEALTHY, "last_heartbeat_at__lt": cutoff},
         now=now,
     )
     return node is not None
@@ -441,15 +457,21 @@ def _fail_silent(node_id: int, cutoff: datetime, suspect_since: datetime) -> boo
 
 def _fail_silent_now(node_id: int, cutoff: datetime, suspect_since: datetime) -> bool:
     with transaction.atomic():
-        node = Node.objects.select_for_update().filter(
-            id=node_id,
-            state=NodeState.SUSPECT,
-            last_heartbeat_at__lt=cutoff,
-            state_changed_at__lte=suspect_since,
-        ).first()
+        node = (
+            Node.objects.select_for_update()
+            .filter(
+                id=node_id,
+                state=NodeState.SUSPECT,
+                last_heartbeat_at__lt=cutoff,
+                state_changed_at__lte=suspect_since,
+            )
+            .first()
+        )
         if node is None:
             return False
-        mark_node_failed(None, node.pk, reason=f"no heartbeat for over {settings.RACKWISE_HEARTBEAT_FAILED_S}s")
+        mark_node_failed(
+            None, node.pk, reason=f"no heartbeat for over {settings.RACKWISE_HEARTBEAT_FAILED_S}s"
+        )
     return True
 
 
@@ -483,8 +505,8 @@ def detect_failures(now: datetime | None = None) -> dict[str, int]:
     suspect_cutoff = now - timedelta(seconds=suspect_s)
     suspect = sum(
         _mark_suspect(node_id, suspect_cutoff, now)
-        for node_id in Node.objects.filter(state=NodeState.HEALTHY, last_heartbeat_at__lt=suspect_cutoff).values_list(
-            "id", flat=True
-        )
+        for node_id in Node.objects.filter(
+            state=NodeState.HEALTHY, last_heartbeat_at__lt=suspect_cutoff
+        ).values_list("id", flat=True)
     )
     return {"suspect": suspect, "failed": failed}

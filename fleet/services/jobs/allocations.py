@@ -36,7 +36,9 @@ def apply_placement(
     """Bind a pending job to GPUs (node id -> GPU indices) as decided by the
     placement engine. Raises Conflict if the job is no longer pending or any GPU
     is taken or unusable; nothing is written in that case."""
-    step = st.Allocate(job=job_id, nodes=dict(gpus_by_node), segments=segments, reason=reason, choices=choices)
+    step = st.Allocate(
+        job=job_id, nodes=dict(gpus_by_node), segments=segments, reason=reason, choices=choices
+    )
     placed, refused = place_jobs(actor, [step])
     if refused:
         raise Conflict(refused[job_id])
@@ -61,7 +63,11 @@ def place_jobs(actor, steps: list[st.Allocate]) -> tuple[list[Job], dict[int, st
         accepted: list[tuple[st.Allocate, Job, list[GPU]]] = []
         for step in steps:
             job = jobs.get(step.job)
-            why = f"job #{step.job} is gone; it cannot be placed" if job is None else job_lifecycle.refusal(job, "place")
+            why = (
+                f"job #{step.job} is gone; it cannot be placed"
+                if job is None
+                else job_lifecycle.refusal(job, "place")
+            )
             if why is not None:
                 refused[step.job] = why
                 continue
@@ -85,7 +91,11 @@ def place_jobs(actor, steps: list[st.Allocate]) -> tuple[list[Job], dict[int, st
         placed = [job for _, job, _ in accepted]
         why = {step.job: step.reason for step, _, _ in accepted}
         job_lifecycle.apply_many(
-            actor, placed, "place", reason_of=lambda job: "", message_of=lambda job: why[job.pk],
+            actor,
+            placed,
+            "place",
+            reason_of=lambda job: "",
+            message_of=lambda job: why[job.pk],
             fields={"placed_at": timezone.now()},
         )
         # One executemany rather than bulk_update's CASE per row: the placement
@@ -123,7 +133,11 @@ def hosts_held(job_id: int) -> tuple[list[str], list[list[int]] | None]:
     """Where the job runs now: the hostnames of its active allocation rows,
     sorted, and its segments (node ids) as the engine chose them."""
     hosts = sorted(
-        set(Allocation.objects.filter(job_id=job_id, released_at__isnull=True).values_list("gpu__node__hostname", flat=True))
+        set(
+            Allocation.objects.filter(job_id=job_id, released_at__isnull=True).values_list(
+                "gpu__node__hostname", flat=True
+            )
+        )
     )
     placement = Job.objects.filter(pk=job_id).values_list("placement", flat=True).first() or {}
     return hosts, placement.get("segments") or None
@@ -132,10 +146,14 @@ def hosts_held(job_id: int) -> tuple[list[str], list[list[int]] | None]:
 def held_or_last_allocations() -> QuerySet[Allocation]:
     """Allocation rows jobs hold, and those each job released last (what
     :func:`placement_of` reads), with their GPU, node and rack."""
-    last = Allocation.objects.filter(job_id=OuterRef("job_id")).order_by("-released_at").values("released_at")[:1]
-    return Allocation.objects.filter(Q(released_at__isnull=True) | Q(released_at=Subquery(last))).select_related(
-        "gpu__node__rack"
+    last = (
+        Allocation.objects.filter(job_id=OuterRef("job_id"))
+        .order_by("-released_at")
+        .values("released_at")[:1]
     )
+    return Allocation.objects.filter(
+        Q(released_at__isnull=True) | Q(released_at=Subquery(last))
+    ).select_related("gpu__node__rack")
 
 
 def _placement_view(stored: dict, nodes: Iterable[Node]) -> dict:
@@ -154,7 +172,9 @@ def _placement_view(stored: dict, nodes: Iterable[Node]) -> dict:
 
 def _healthy_gpus(node_ids) -> dict[tuple[int, int], GPU]:
     """The GPUs of the given nodes that are on healthy nodes, by (node id, index)."""
-    gpus = GPU.objects.select_related("node__rack").filter(node_id__in=node_ids, node__state=NodeState.HEALTHY)
+    gpus = GPU.objects.select_related("node__rack").filter(
+        node_id__in=node_ids, node__state=NodeState.HEALTHY
+    )
     return {(g.node_id, g.index): g for g in gpus}
 
 
@@ -187,7 +207,9 @@ def _take_gpus(job: Job, gpus_by_node: Mapping[int, list[int]]) -> list[GPU]:
     chosen, missing = _pick(_healthy_gpus([int(n) for n in gpus_by_node]), gpus_by_node)
     if missing:
         raise Conflict(_stale(missing))
-    _insert_allocations([(job, g) for g in chosen], f"a GPU in the plan for job #{job.pk} is already allocated")
+    _insert_allocations(
+        [(job, g) for g in chosen], f"a GPU in the plan for job #{job.pk} is already allocated"
+    )
     return chosen
 
 
@@ -216,16 +238,24 @@ def swap_job_nodes(actor, job_id: int, swaps: Mapping[int, int], *, reason: str)
             held = Allocation.objects.filter(job=job, gpu__node_id=old, released_at__isnull=True)
             count = held.count()
             if count == 0:
-                raise Conflict(f"job #{job.pk} holds nothing on node {hosts.get(old, old)}; the plan is stale")
+                raise Conflict(
+                    f"job #{job.pk} holds nothing on node {hosts.get(old, old)}; the plan is stale"
+                )
             held.update(released_at=now)
             busy = set(
                 Allocation.objects.filter(gpu__node_id=new, released_at__isnull=True).values_list(
                     "gpu__index", flat=True
                 )
             )
-            free = [i for i in GPU.objects.filter(node_id=new).order_by("index").values_list("index", flat=True) if i not in busy]
+            free = [
+                i
+                for i in GPU.objects.filter(node_id=new).order_by("index").values_list("index", flat=True)
+                if i not in busy
+            ]
             if len(free) < count:
-                raise Conflict(f"node {hosts.get(new, new)} has {len(free)} free GPUs, job #{job.pk} needs {count}")
+                raise Conflict(
+                    f"node {hosts.get(new, new)} has {len(free)} free GPUs, job #{job.pk} needs {count}"
+                )
             wanted[new] = free[:count]
             rack_ids |= set(Node.objects.filter(id__in=[old, new]).values_list("rack_id", flat=True))
         _take_gpus(job, wanted)
@@ -250,7 +280,9 @@ def swap_job_nodes(actor, job_id: int, swaps: Mapping[int, int], *, reason: str)
 def requeue_job(actor, job_id: int, *, reason: str, action: str = "job.requeue") -> Job:
     """Stop a job that holds GPUs and put it back in the queue (after a failure
     with no room to recover, a preemption, or to move it elsewhere)."""
-    return job_lifecycle.transition(actor, job_id, "requeue", reason=reason, audit_action=action, effect=release)
+    return job_lifecycle.transition(
+        actor, job_id, "requeue", reason=reason, audit_action=action, effect=release
+    )
 
 
 def finish_job(
@@ -308,7 +340,9 @@ def release_leaked_allocations() -> list[int]:
                 continue  # placed again since it was selected
             count = Allocation.objects.filter(job=job, released_at__isnull=True).count()
             racks = release(job)
-            audit.record(None, "allocation.release_drift", job, message=f"released {count} GPU(s) of a {job.state} job")
+            audit.record(
+                None, "allocation.release_drift", job, message=f"released {count} GPU(s) of a {job.state} job"
+            )
             bump_versions(racks)
             released.append(job_id)
     return released

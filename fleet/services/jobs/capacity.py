@@ -107,22 +107,28 @@ def normalise_shape(spec: JobSpec, capacity: FleetCapacity) -> Shape:
     num_gpus, num_nodes, gpn = spec.num_gpus, spec.num_nodes, spec.gpus_per_node
     if num_nodes is None and gpn is None:
         if num_gpus is None:
-            raise InvalidInput(
-                {"num_gpus": ["give num_gpus, or num_nodes together with gpus_per_node"]}
-            )
+            raise InvalidInput({"num_gpus": ["give num_gpus, or num_nodes together with gpus_per_node"]})
     elif num_nodes is None or gpn is None:
         missing = "gpus_per_node" if num_nodes is not None else "num_nodes"
-        raise InvalidInput({missing: [f"{missing} is required with {'num_nodes' if missing == 'gpus_per_node' else 'gpus_per_node'}"]})
+        raise InvalidInput(
+            {
+                missing: [
+                    f"{missing} is required with {'num_nodes' if missing == 'gpus_per_node' else 'gpus_per_node'}"
+                ]
+            }
+        )
     elif num_gpus is not None and num_gpus != num_nodes * gpn:
         raise InvalidInput(
-            {"num_gpus": [f"num_gpus={num_gpus} does not match num_nodes x gpus_per_node = {num_nodes * gpn}; give one or the other"]}
+            {
+                "num_gpus": [
+                    f"num_gpus={num_gpus} does not match num_nodes x gpus_per_node = {num_nodes * gpn}; give one or the other"
+                ]
+            }
         )
 
     max_gpn = capacity.max_gpus_per_node
     if gpn is not None and gpn > max_gpn:
-        raise InvalidInput(
-            {"gpus_per_node": [f"no node has {gpn} GPUs; the largest nodes have {max_gpn}"]}
-        )
+        raise InvalidInput({"gpus_per_node": [f"no node has {gpn} GPUs; the largest nodes have {max_gpn}"]})
 
     if num_nodes is None:
         assert num_gpus is not None
@@ -134,13 +140,21 @@ def normalise_shape(spec: JobSpec, capacity: FleetCapacity) -> Shape:
         if num_gpus % gpn and num_gpus <= capacity.total_gpus:
             # Never hold more than was asked without saying so: offer the shapes that fit.
             low, high = num_gpus // gpn, num_gpus // gpn + 1
-            offers = [f"{n * gpn} ({n} node{'s' if n > 1 else ''} of {gpn})" for n in (low, high)
-                      if n >= 1 and n * gpn <= capacity.total_gpus]
-            raise InvalidInput({"num_gpus": [
-                f"{num_gpus} GPUs is more than one node holds ({max_gpn}) and not a whole number of "
-                f"{gpn}-GPU nodes, which a multi-node job takes; ask for " + " or ".join(offers)
-                + ", or give num_nodes and gpus_per_node"
-            ]})
+            offers = [
+                f"{n * gpn} ({n} node{'s' if n > 1 else ''} of {gpn})"
+                for n in (low, high)
+                if n >= 1 and n * gpn <= capacity.total_gpus
+            ]
+            raise InvalidInput(
+                {
+                    "num_gpus": [
+                        f"{num_gpus} GPUs is more than one node holds ({max_gpn}) and not a whole number of "
+                        f"{gpn}-GPU nodes, which a multi-node job takes; ask for "
+                        + " or ".join(offers)
+                        + ", or give num_nodes and gpus_per_node"
+                    ]
+                }
+            )
         num_nodes = -(-num_gpus // gpn)
     else:
         num_gpus = num_nodes * gpn
@@ -153,7 +167,11 @@ def normalise_shape(spec: JobSpec, capacity: FleetCapacity) -> Shape:
     available_nodes = capacity.nodes_of_size(gpn)
     if num_nodes > available_nodes:
         raise InvalidInput(
-            {"num_nodes": [f"asks for {num_nodes} nodes of {gpn} GPUs but the fleet has {available_nodes} such nodes"]}
+            {
+                "num_nodes": [
+                    f"asks for {num_nodes} nodes of {gpn} GPUs but the fleet has {available_nodes} such nodes"
+                ]
+            }
         )
 
     largest = capacity.largest_domain(gpn)
@@ -168,16 +186,26 @@ def normalise_shape(spec: JobSpec, capacity: FleetCapacity) -> Shape:
         if num_nodes % segment:
             divisors = [d for d in range(1, min(num_nodes, largest) + 1) if num_nodes % d == 0]
             raise InvalidInput(
-                {"segment_nodes": [f"{num_nodes} nodes cannot be cut into segments of {segment}; use a divisor of {num_nodes} such as {', '.join(map(str, divisors[-3:]))}"]}
+                {
+                    "segment_nodes": [
+                        f"{num_nodes} nodes cannot be cut into segments of {segment}; use a divisor of {num_nodes} such as {', '.join(map(str, divisors[-3:]))}"
+                    ]
+                }
             )
         if segment > largest:
             raise InvalidInput(
-                {"segment_nodes": [f"a segment of {segment} nodes cannot fit: the largest NVLink domain has {largest} nodes of {gpn} GPUs"]}
+                {
+                    "segment_nodes": [
+                        f"a segment of {segment} nodes cannot fit: the largest NVLink domain has {largest} nodes of {gpn} GPUs"
+                    ]
+                }
             )
     if spec.locality == Locality.REQUIRED and segment is None:
         raise InvalidInput(
-            {"locality": [f"a required job must fit in one NVLink domain, but {num_nodes} nodes exceed the largest domain ({largest} nodes, {largest * gpn} GPUs); set segment_nodes (a divisor of {num_nodes} up to {largest}) to split it into rack-local segments, or use locality=preferred"]}
+            {
+                "locality": [
+                    f"a required job must fit in one NVLink domain, but {num_nodes} nodes exceed the largest domain ({largest} nodes, {largest * gpn} GPUs); set segment_nodes (a divisor of {num_nodes} up to {largest}) to split it into rack-local segments, or use locality=preferred"
+                ]
+            }
         )
     return Shape(num_gpus, num_nodes, gpn, segment)
-
-

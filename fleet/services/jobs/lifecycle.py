@@ -68,16 +68,37 @@ MOVES: dict[str, Move] = {
     m.name: m
     for m in (
         Move("place", (S.PENDING,), (S.PLACED,), "job #{id} is {state}, not pending; it cannot be placed"),
-        Move("start", (S.PLACED, S.RECOVERING), (S.RUNNING,),
-             "job #{id} is {state}; only a placed or recovering job can start"),
+        Move(
+            "start",
+            (S.PLACED, S.RECOVERING),
+            (S.RUNNING,),
+            "job #{id} is {state}; only a placed or recovering job can start",
+        ),
         Move("swap", HOLDING_JOB_STATES, (S.RECOVERING,), "job #{id} is {state}; it holds no nodes to swap"),
-        Move("interrupt", HOLDING_JOB_STATES, (S.RECOVERING,), "job #{id} is {state}; it holds no GPUs to interrupt"),
-        Move("requeue", HOLDING_JOB_STATES, (S.PENDING,),
-             "job #{id} is {state}; only a job holding GPUs can be requeued"),
-        Move("cancel", ACTIVE_JOB_STATES, (S.CANCELLED,),
-             "job #{id} is already {state}; only pending, placed, running or recovering jobs can be cancelled"),
-        Move("finish", (*HOLDING_JOB_STATES, S.PENDING), (S.COMPLETED, S.FAILED),
-             "job #{id} is {state}; it holds no GPUs to finish with"),
+        Move(
+            "interrupt",
+            HOLDING_JOB_STATES,
+            (S.RECOVERING,),
+            "job #{id} is {state}; it holds no GPUs to interrupt",
+        ),
+        Move(
+            "requeue",
+            HOLDING_JOB_STATES,
+            (S.PENDING,),
+            "job #{id} is {state}; only a job holding GPUs can be requeued",
+        ),
+        Move(
+            "cancel",
+            ACTIVE_JOB_STATES,
+            (S.CANCELLED,),
+            "job #{id} is already {state}; only pending, placed, running or recovering jobs can be cancelled",
+        ),
+        Move(
+            "finish",
+            (*HOLDING_JOB_STATES, S.PENDING),
+            (S.COMPLETED, S.FAILED),
+            "job #{id} is {state}; it holds no GPUs to finish with",
+        ),
     )
 }
 
@@ -152,8 +173,14 @@ def transition(
             update.append("finished_at")
         job.save(update_fields=update)
         after = snapshot(job) | (after_extra(job) if after_extra else {})
-        audit.record(actor, audit_action or spec.audit_action, job, before=before, after=after,
-                     message=reason if spec.name not in ("cancel", "start") else "")
+        audit.record(
+            actor,
+            audit_action or spec.audit_action,
+            job,
+            before=before,
+            after=after,
+            message=reason if spec.name not in ("cancel", "start") else "",
+        )
         events.jobs_changed([job.pk])
         bump_versions(touched | racks_held_by([job.pk]))
         _then(job, spec, freed=bool(touched), tell_cluster=tell_cluster)
@@ -164,7 +191,9 @@ def note_waiting(job_id: int, reason: str) -> None:
     """Say why a pending job still waits (the scheduler's words, a rollback's).
     Not a move: no audit, no event (a pass rewrites it for every waiting job);
     a job no longer pending is left as it is."""
-    Job.objects.filter(pk=job_id, state=S.PENDING).exclude(state_reason=clip(reason)).update(state_reason=clip(reason))
+    Job.objects.filter(pk=job_id, state=S.PENDING).exclude(state_reason=clip(reason)).update(
+        state_reason=clip(reason)
+    )
 
 
 def apply_many(
@@ -198,7 +227,9 @@ def apply_many(
     for reason, ids in by_reason.items():
         Job.objects.filter(pk__in=ids).update(state=spec.to[0], state_reason=reason, **fields)
     message_of = message_of or (lambda job: job.state_reason)
-    audit.record_many(actor, spec.audit_action, [(job, befores[job.pk], snapshot(job), message_of(job)) for job in jobs])
+    audit.record_many(
+        actor, spec.audit_action, [(job, befores[job.pk], snapshot(job), message_of(job)) for job in jobs]
+    )
     events.jobs_changed(job.pk for job in jobs)
     for job in jobs:
         _then(job, spec, freed=False, tell_cluster=False)

@@ -182,5 +182,3 @@ def set_external_id(job_id: int, external_id: str) -> None:
     """Record the job's id in the cluster (given by the step that created it
     there). Called inside the transaction of that step's database change."""
     Job.objects.filter(pk=job_id).exclude(external_id=external_id).update(external_id=external_id[:64])
-
-

@@ -32,12 +32,16 @@ def create_rack(
     nodes = nodes if nodes is not None else default_nodes
     gpus_per_node = gpus_per_node if gpus_per_node is not None else default_gpn
     if kind not in RackKind.values:
-        raise InvalidInput({"kind": [f"unknown rack kind {kind!r}; use one of: {', '.join(RackKind.values)}"]})
+        raise InvalidInput(
+            {"kind": [f"unknown rack kind {kind!r}; use one of: {', '.join(RackKind.values)}"]}
+        )
     if not nodes or not gpus_per_node or nodes < 1 or gpus_per_node < 1:
         raise InvalidInput("a custom rack needs positive nodes and gpus_per_node")
     spare_nodes = default_spares if spare_nodes is None else spare_nodes
     if spare_nodes >= nodes and spare_nodes:
-        raise InvalidInput({"spare_nodes": [f"{spare_nodes} spares leave nothing to schedule in a rack of {nodes} nodes"]})
+        raise InvalidInput(
+            {"spare_nodes": [f"{spare_nodes} spares leave nothing to schedule in a rack of {nodes} nodes"]}
+        )
     prefix = hostname_prefix or name
     with transaction.atomic():
         if Rack.objects.filter(name=name).exists():
@@ -59,9 +63,7 @@ def create_rack(
         created = Node.objects.bulk_create(
             Node(rack=rack, slot=slot, hostname=f"{prefix}-n{slot:02d}") for slot in range(nodes)
         )
-        GPU.objects.bulk_create(
-            GPU(node=node, index=i) for node in created for i in range(gpus_per_node)
-        )
+        GPU.objects.bulk_create(GPU(node=node, index=i) for node in created for i in range(gpus_per_node))
         audit.record(
             actor,
             "rack.create",

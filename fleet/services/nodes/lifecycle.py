@@ -68,17 +68,54 @@ class Move:
 MOVES: dict[str, Move] = {
     m.name: m
     for m in (
-        Move("drain", (N.HEALTHY, N.SUSPECT), (N.DRAINING, N.DRAINED), "node.drain", NODE_DRAINING,
-             "only a healthy or suspect node can be drained"),
-        Move("undrain", (N.DRAINING, N.DRAINED), (N.HEALTHY,), "node.undrain", NODE_HEALTHY,
-             "only a draining or drained node can be undrained"),
-        Move("fail", (N.HEALTHY, N.SUSPECT, N.DRAINING, N.DRAINED), (N.FAILED,), "node.fail", NODE_FAILED,
-             "it is already out of service"),
-        Move("return", (N.FAILED, N.IN_REPAIR, N.SUSPECT), (N.HEALTHY,), "node.return", NODE_HEALTHY,
-             "only a failed, in-repair or suspect node can be returned to service (use undrain for a drained node)"),
-        Move("suspect", (N.HEALTHY,), (N.SUSPECT,), "node.suspect", None, "only a healthy node can become suspect"),
-        Move("settle", (N.DRAINING,), (N.DRAINED,), "node.drained", None,
-             "only a draining node can become drained"),
+        Move(
+            "drain",
+            (N.HEALTHY, N.SUSPECT),
+            (N.DRAINING, N.DRAINED),
+            "node.drain",
+            NODE_DRAINING,
+            "only a healthy or suspect node can be drained",
+        ),
+        Move(
+            "undrain",
+            (N.DRAINING, N.DRAINED),
+            (N.HEALTHY,),
+            "node.undrain",
+            NODE_HEALTHY,
+            "only a draining or drained node can be undrained",
+        ),
+        Move(
+            "fail",
+            (N.HEALTHY, N.SUSPECT, N.DRAINING, N.DRAINED),
+            (N.FAILED,),
+            "node.fail",
+            NODE_FAILED,
+            "it is already out of service",
+        ),
+        Move(
+            "return",
+            (N.FAILED, N.IN_REPAIR, N.SUSPECT),
+            (N.HEALTHY,),
+            "node.return",
+            NODE_HEALTHY,
+            "only a failed, in-repair or suspect node can be returned to service (use undrain for a drained node)",
+        ),
+        Move(
+            "suspect",
+            (N.HEALTHY,),
+            (N.SUSPECT,),
+            "node.suspect",
+            None,
+            "only a healthy node can become suspect",
+        ),
+        Move(
+            "settle",
+            (N.DRAINING,),
+            (N.DRAINED,),
+            "node.drained",
+            None,
+            "only a draining node can become drained",
+        ),
     )
 }
 
@@ -171,8 +208,15 @@ def settle_drained_nodes(node_ids: Iterable[int] | None = None, *, nowait: bool 
     another transaction holds (reconcile settles it). Returns the ids."""
     settled = []
     for node_id in idle_draining_nodes(node_ids).values_list("id", flat=True):
-        node = transition(None, node_id, "settle", reason="its last job ended", keep_reason=True,
-                          where={"state": N.DRAINING}, nowait=nowait)
+        node = transition(
+            None,
+            node_id,
+            "settle",
+            reason="its last job ended",
+            keep_reason=True,
+            where={"state": N.DRAINING},
+            nowait=nowait,
+        )
         if node is not None:
             settled.append(node.pk)
     return settled

@@ -26,7 +26,9 @@ from placement.recover import restart_cost_gpu_hours
 
 def drain_node(actor, node_id: int, reason: str = "", *, mirror: bool = True) -> Node:
     """Stop new work landing on the node; running jobs finish where they are."""
-    return node_lifecycle.transition(actor, node_id, "drain", reason=reason or "drained by operator", mirror=mirror)
+    return node_lifecycle.transition(
+        actor, node_id, "drain", reason=reason or "drained by operator", mirror=mirror
+    )
 
 
 def undrain_node(actor, node_id: int, reason: str = "", *, mirror: bool = True) -> Node:
@@ -42,12 +44,21 @@ def mark_node_failed(actor, node_id: int, reason: str = "", *, mirror: bool = Tr
 
     def interrupt(node: Node) -> set[int]:
         job_ids = list(
-            Allocation.objects.filter(gpu__node=node, released_at__isnull=True).values_list("job_id", flat=True)
+            Allocation.objects.filter(gpu__node=node, released_at__isnull=True).values_list(
+                "job_id", flat=True
+            )
         )
         # id order, as every multi-job lock
-        jobs = list(Job.objects.select_for_update().filter(id__in=job_ids, state__in=HOLDING_JOB_STATES).order_by("pk"))
+        jobs = list(
+            Job.objects.select_for_update()
+            .filter(id__in=job_ids, state__in=HOLDING_JOB_STATES)
+            .order_by("pk")
+        )
         job_lifecycle.apply_many(
-            actor, jobs, "interrupt", reason_of=lambda job: f"node {node.hostname} failed: {node.state_reason}"
+            actor,
+            jobs,
+            "interrupt",
+            reason_of=lambda job: f"node {node.hostname} failed: {node.state_reason}",
         )
         webhooks.emit("node.failed", webhooks.node_failed(node, job_ids))
         # Every rack the interrupted jobs hold GPUs in shows their new state.
@@ -123,7 +134,12 @@ class ConfirmationNeeded(Conflict):
         super().__init__(
             f"{impact.describe()}. Send confirm: true to go ahead.",
             confirm_required=True,
-            impact={"move": impact.move, "node": impact.hostname, "jobs": impact.jobs, "gpu_hours_lost": impact.gpu_hours},
+            impact={
+                "move": impact.move,
+                "node": impact.hostname,
+                "jobs": impact.jobs,
+                "gpu_hours_lost": impact.gpu_hours,
+            },
         )
         self.impact = impact
 
@@ -142,10 +158,20 @@ def impact_of(node: Node, move: str) -> Impact:
         lost = 0.0
         if move == "mark-failed":
             started = job.started_at.timestamp() if job.started_at else None
-            lost = restart_cost_gpu_hours(engine.job_request(job), gpus, now=now.timestamp(), started_at=started)
+            lost = restart_cost_gpu_hours(
+                engine.job_request(job), gpus, now=now.timestamp(), started_at=started
+            )
         total += lost
-        jobs.append({"id": job.pk, "name": job.name, "state": job.state, "gpus": gpus, "gpus_here": here,
-                     "gpu_hours_lost": round(lost, 2)})
+        jobs.append(
+            {
+                "id": job.pk,
+                "name": job.name,
+                "state": job.state,
+                "gpus": gpus,
+                "gpus_here": here,
+                "gpu_hours_lost": round(lost, 2),
+            }
+        )
     return Impact(move, node.hostname, jobs, round(total, 2))
 
 
@@ -155,8 +181,13 @@ MOVES: dict[str, NodeMove] = {
         NodeMove("drain", "Drain", LIFECYCLE["drain"].allowed_from, True, drain_node),
         NodeMove("undrain", "Undrain", LIFECYCLE["undrain"].allowed_from, False, undrain_node),
         NodeMove("mark-failed", "Mark failed", LIFECYCLE["fail"].allowed_from, True, mark_node_failed),
-        NodeMove("return-to-service", "Return to service", LIFECYCLE["return"].allowed_from, False,
-                 return_node_to_service),
+        NodeMove(
+            "return-to-service",
+            "Return to service",
+            LIFECYCLE["return"].allowed_from,
+            False,
+            return_node_to_service,
+        ),
     )
 }
 
@@ -175,8 +206,14 @@ def operator_move(actor, node_id: int, move: str, reason: str = "", *, confirm: 
     spec = MOVES[move]
     reason = reason.strip()
     if spec.disruptive and not reason:
-        raise InvalidInput({"reason": [f"say why: {spec.label.lower()} takes the node out of service, "
-                                       "and the reason is shown to everyone and kept in the audit log"]})
+        raise InvalidInput(
+            {
+                "reason": [
+                    f"say why: {spec.label.lower()} takes the node out of service, "
+                    "and the reason is shown to everyone and kept in the audit log"
+                ]
+            }
+        )
     with transaction.atomic():
         node = Node.objects.select_for_update().get(pk=node_id)
         # A move the state does not allow is refused by the move itself, saying why.

@@ -62,9 +62,9 @@ def attention(user, now: datetime | None = None) -> dict:
     approval = awaiting_approval(user, now)
     jobs = visible_jobs(user, Job.objects.all())
     recovering = jobs.filter(state=JobState.RECOVERING).count()
-    long_waits = jobs.filter(state=JobState.PENDING, submitted_at__lt=now - timedelta(seconds=warn_s)).aggregate(
-        n=Count("id"), oldest=Min("submitted_at")
-    )
+    long_waits = jobs.filter(
+        state=JobState.PENDING, submitted_at__lt=now - timedelta(seconds=warn_s)
+    ).aggregate(n=Count("id"), oldest=Min("submitted_at"))
     nodes = {s: 0 for s in NODE_STATES}
     for row in Node.objects.filter(state__in=NODE_STATES).values("state").annotate(n=Count("id")):
         nodes[row["state"]] = row["n"]
@@ -72,37 +72,45 @@ def attention(user, now: datetime | None = None) -> dict:
     actions_url, jobs_url = reverse("actions"), reverse("jobs")
     items = []
     if approval["count"]:
-        items.append({
-            "key": "approval",
-            "count": approval["count"],
-            "text": f"{approval['count']} awaiting approval, the oldest for {approval['oldest_age']}",
-            "url": f"{actions_url}?state=proposed#action-{approval['oldest_id']}",
-        })
+        items.append(
+            {
+                "key": "approval",
+                "count": approval["count"],
+                "text": f"{approval['count']} awaiting approval, the oldest for {approval['oldest_age']}",
+                "url": f"{actions_url}?state=proposed#action-{approval['oldest_id']}",
+            }
+        )
     if recovering:
-        items.append({
-            "key": "recovering",
-            "count": recovering,
-            "text": f"{recovering} job{'s' if recovering != 1 else ''} recovering from a failure",
-            "url": f"{jobs_url}?state={JobState.RECOVERING}",
-        })
+        items.append(
+            {
+                "key": "recovering",
+                "count": recovering,
+                "text": f"{recovering} job{'s' if recovering != 1 else ''} recovering from a failure",
+                "url": f"{jobs_url}?state={JobState.RECOVERING}",
+            }
+        )
     if long_waits["n"]:
         n = long_waits["n"]
-        items.append({
-            "key": "waiting",
-            "count": n,
-            "text": f"{n} job{'s' if n != 1 else ''} waiting longer than {age_text(warn_s)}, "
-            f"the longest for {age_text((now - long_waits['oldest']).total_seconds())}",
-            "url": f"{jobs_url}?state={JobState.PENDING}",
-        })
+        items.append(
+            {
+                "key": "waiting",
+                "count": n,
+                "text": f"{n} job{'s' if n != 1 else ''} waiting longer than {age_text(warn_s)}, "
+                f"the longest for {age_text((now - long_waits['oldest']).total_seconds())}",
+                "url": f"{jobs_url}?state={JobState.PENDING}",
+            }
+        )
     for state in NODE_STATES:
         if nodes[state]:
             label = NodeState(state).label.lower()
-            items.append({
-                "key": f"nodes_{state}",
-                "count": nodes[state],
-                "text": f"{nodes[state]} node{'s' if nodes[state] != 1 else ''} {label}",
-                "url": f"{reverse('home')}?state={state}",
-            })
+            items.append(
+                {
+                    "key": f"nodes_{state}",
+                    "count": nodes[state],
+                    "text": f"{nodes[state]} node{'s' if nodes[state] != 1 else ''} {label}",
+                    "url": f"{reverse('home')}?state={state}",
+                }
+            )
     return {
         "awaiting_approval": approval,
         "jobs_recovering": recovering,

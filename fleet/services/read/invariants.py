@@ -33,8 +33,12 @@ def violations() -> list[str]:
         snap = engine.load_snapshot()
         # A recovering job holds its failed node until its recovery swaps it out:
         # that is the recovery under way, not a broken rule.
-        recovering = {str(pk) for pk in Job.objects.filter(state=JobState.RECOVERING).values_list("pk", flat=True)}
-        problems = [str(v) for v in validate(snap.fleet) if not (v.rule == "failed-node" and v.job_id in recovering)]
+        recovering = {
+            str(pk) for pk in Job.objects.filter(state=JobState.RECOVERING).values_list("pk", flat=True)
+        }
+        problems = [
+            str(v) for v in validate(snap.fleet) if not (v.rule == "failed-node" and v.job_id in recovering)
+        ]
         active = Allocation.objects.filter(released_at__isnull=True)
         doubled = active.values("gpu_id").annotate(n=Count("id")).filter(n__gt=1)
         problems += [f"GPU {row['gpu_id']} held {row['n']} times" for row in doubled]
@@ -87,8 +91,12 @@ def room_by_counts(fleet: pm.Fleet, job: pm.JobRequest) -> bool:
     nodes that are not healthy, do not count."""
     for gpn, racks in fleet.groups.items():
         if job.is_small(gpn):
-            if any(node.free_gpus >= job.num_gpus for rack in racks for node in rack.nodes
-                   if node.health == pm.HEALTHY):
+            if any(
+                node.free_gpus >= job.num_gpus
+                for rack in racks
+                for node in rack.nodes
+                if node.health == pm.HEALTHY
+            ):
                 return True
             continue
         n = job.nodes_needed(gpn)
@@ -116,17 +124,23 @@ def waiting_jobs(policy: str | None = None) -> list[Waiting]:
     requests = {str(j.pk): engine.job_request(j) for j in jobs}
     snap = engine.load_snapshot()
     with snap.fleet.trial():
-        passed = {p.job_id for p in schedule(snap.fleet, list(requests.values()), policy, now=now,
-                                             apply=True).placements}
+        passed = {
+            p.job_id
+            for p in schedule(snap.fleet, list(requests.values()), policy, now=now, apply=True).placements
+        }
     out = []
     for job in jobs:
         request = requests[str(job.pk)]
-        out.append(Waiting(
-            job=job.pk, name=job.name, reason=job.state_reason,
-            room_by_counts=room_by_counts(snap.fleet, request),
-            placed_alone=place(snap.fleet, request, policy, now=now).placed,
-            placed_by_pass=str(job.pk) in passed,
-        ))
+        out.append(
+            Waiting(
+                job=job.pk,
+                name=job.name,
+                reason=job.state_reason,
+                room_by_counts=room_by_counts(snap.fleet, request),
+                placed_alone=place(snap.fleet, request, policy, now=now).placed,
+                placed_by_pass=str(job.pk) in passed,
+            )
+        )
     return out
 
 

@@ -38,7 +38,10 @@ def record_sample() -> FleetSample:
     summary = fleet_summary()
     report = read_models.fragmentation()
     now = timezone.now()
-    waits = sorted((now - at).total_seconds() for at in Job.objects.filter(state=JobState.PENDING).values_list("submitted_at", flat=True))
+    waits = sorted(
+        (now - at).total_seconds()
+        for at in Job.objects.filter(state=JobState.PENDING).values_list("submitted_at", flat=True)
+    )
     sample = FleetSample.objects.create(
         utilization=summary["utilization"],
         fragmentation=round(report.fraction, 4),
@@ -68,15 +71,27 @@ def chart_markers(hours: float) -> list[dict]:
     """Node failures and defrags of the last ``hours``, as the charts mark them:
     ``{at, kind, text, url}``, oldest first."""
     since = timezone.now() - timedelta(hours=hours)
-    failures = AuditEvent.objects.filter(action="node.fail", created_at__gte=since).order_by("-created_at")[:MAX_MARKERS]
-    defrags = Action.objects.filter(kind=ActionKind.DEFRAG, started_at__gte=since).order_by("-started_at")[:MAX_MARKERS]
+    failures = AuditEvent.objects.filter(action="node.fail", created_at__gte=since).order_by("-created_at")[
+        :MAX_MARKERS
+    ]
+    defrags = Action.objects.filter(kind=ActionKind.DEFRAG, started_at__gte=since).order_by("-started_at")[
+        :MAX_MARKERS
+    ]
     markers = [
-        {"at": e.created_at.isoformat(), "kind": "failure", "text": f"{e.object_repr} failed: {e.message}".strip(": "),
-         "url": ""}
+        {
+            "at": e.created_at.isoformat(),
+            "kind": "failure",
+            "text": f"{e.object_repr} failed: {e.message}".strip(": "),
+            "url": "",
+        }
         for e in failures
     ] + [
-        {"at": a.started_at.isoformat(), "kind": "defrag", "text": f"defrag #{a.pk} ({a.state})",
-         "url": f"{reverse('actions')}?state=all#action-{a.pk}"}
+        {
+            "at": a.started_at.isoformat(),
+            "kind": "defrag",
+            "text": f"defrag #{a.pk} ({a.state})",
+            "url": f"{reverse('actions')}?state=all#action-{a.pk}",
+        }
         for a in defrags
     ]
     return sorted(markers, key=lambda m: m["at"])

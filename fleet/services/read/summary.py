@@ -12,7 +12,15 @@ from fleet.choices import FAILED_NODE_STATES, GpuHealth, JobState, NodeState
 from fleet.models import GPU, Allocation, Job, Node, Rack
 
 # The per-rack counts that add up to fleet totals.
-COUNTS = ("gpus_total", "gpus_used", "gpus_free", "gpus_failed", "gpus_unavailable", "nodes_total", "nodes_free")
+COUNTS = (
+    "gpus_total",
+    "gpus_used",
+    "gpus_free",
+    "gpus_failed",
+    "gpus_unavailable",
+    "nodes_total",
+    "nodes_free",
+)
 
 
 @dataclass
@@ -41,9 +49,7 @@ def rack_summaries(racks: QuerySet[Rack] | None = None) -> dict[int, RackSummary
     if not rack_ids:
         return out
 
-    for row in (
-        Node.objects.filter(rack_id__in=rack_ids).values("rack_id", "state").annotate(n=Count("id"))
-    ):
+    for row in Node.objects.filter(rack_id__in=rack_ids).values("rack_id", "state").annotate(n=Count("id")):
         s = out[row["rack_id"]]
         s.nodes_by_state[row["state"]] = row["n"]
         s.nodes_total += row["n"]
@@ -53,9 +59,7 @@ def rack_summaries(racks: QuerySet[Rack] | None = None) -> dict[int, RackSummary
     # holds it), so the four GPU counts partition the rack.
     held = Allocation.objects.filter(released_at__isnull=True).values("gpu_id")
     failed = (Q(health=GpuHealth.FAILED) | Q(node__state__in=FAILED_NODE_STATES)) & ~Q(id__in=held)
-    for row in gpus.values("node__rack_id").annotate(
-        total=Count("id"), failed=Count("id", filter=failed)
-    ):
+    for row in gpus.values("node__rack_id").annotate(total=Count("id"), failed=Count("id", filter=failed)):
         s = out[row["node__rack_id"]]
         s.gpus_total = row["total"]
         s.gpus_failed = row["failed"]
@@ -112,7 +116,6 @@ def fleet_summary() -> dict:
         "nodes_by_state": nodes_by_state,
         "jobs_by_state": jobs_by_state,
         "free_nodes_per_rack": [
-            {"rack_id": r["id"], "rack": r["name"], "nodes_free": per_rack[r["id"]].nodes_free}
-            for r in racks
+            {"rack_id": r["id"], "rack": r["name"], "nodes_free": per_rack[r["id"]].nodes_free} for r in racks
         ],
     }
