@@ -1,0 +1,136 @@
+"""Quota admission: which pending jobs a tenant's quota lets start, before placement.
+
+The arithmetic follows Kueue's ClusterQueues in a cohort (kueue.sigs.k8s.io
+"Cluster Queue": ``nominalQuota``, ``borrowingLimit``, ``lendingLimit``), one
+ledger per node shape (GPUs per node), counted in GPUs:
+
+* Each tenant ``t`` has a nominal quota (guaranteed), may borrow up to its
+  borrowing limit beyond it (no limit: as much as the cohort has), and puts
+  ``lendable(t) = min(lending limit, nominal)`` of its quota into the cohort's
+  pool; the rest of its nominal quota (``kept(t)``) only it may use.
+* GPUs of the shape that no tenant's nominal quota covers are in the pool too
+  (a fleet without quotas is one pool: everybody borrows, as before quotas).
+  Spare nodes are fleet insurance: they are not capacity, and count in no quota.
+* A tenant's usage above its kept part draws on the pool. A job is admitted if
+  its tenant stays within nominal + borrowing limit and the pool's draw stays
+  within the pool. A job that keeps its tenant within its nominal quota is
+  admitted even when the pool is overdrawn (borrowers hold the tenant's
+  lendable part): the overdraw is what a reclaim takes back, only from tenants
+  above their nominal quota (:func:`reclaim_budgets`).
+
+Pure arithmetic on numbers: the callers count usage (GPUs held, and those
+admitted earlier in the same pass).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Quota:
+    """A tenant's quota on one node shape, in GPUs. ``None`` limits: no limit
+    (borrow as much as the cohort has; lend all of the nominal quota)."""
+
+    nominal: int = 0
+    borrowing_limit: int | None = None
+    lending_limit: int | None = None
+
+    @property
+    def lendable(self) -> int:
+        return self.nominal if self.lending_limit is None else min(self.lending_limit, self.nominal)
+
+    @property
+    def kept(self) -> int:
+        return self.nominal - self.lendable
+
+    @property
+    def ceiling(self) -> int | None:
+        """The most the tenant may hold (None: bounded by the pool only)."""
+        return None if self.borrowing_limit is None else self.nominal + self.borrowing_limit
+
+
+NO_QUOTA = Quota()
+
+
+@dataclass(frozen=True)
+class Admission:
+    admitted: bool
+    reason: str
+    # Within the tenant's nominal quota after this job (reclaims may free room).
+    guaranteed: bool = False
+    # GPUs the pool is overdrawn by once this job is admitted: what a reclaim
+    # must take back from tenants above their nominal quota.
+    overdraw: int = 0
+
+
+@dataclass
+class Ledger:
+    """One cohort's quota on one node shape (``shape``: GPUs per node)."""
+
+    shape: int
+    capacity: int
+    quotas: dict[str, Quota] = field(default_factory=dict)
+    usage: dict[str, int] = field(default_factory=dict)
+
+    def quota(self, tenant: str) -> Quota:
+        return self.quotas.get(tenant, NO_QUOTA)
+
+    @property
+    def pool(self) -> int:
+        assigned = sum(q.nominal for q in self.quotas.values())
+        return sum(q.lendable for q in self.quotas.values()) + max(0, self.capacity - assigned)
+
+    def draw(self, usage: dict[str, int] | None = None) -> int:
+        usage = self.usage if usage is None else usage
+        return sum(max(0, used - self.quota(t).kept) for t, used in usage.items())
+
+    def borrowed(self, tenant: str) -> int:
+        return max(0, self.usage.get(tenant, 0) - self.quota(tenant).nominal)
+
+    def lent(self, tenant: str) -> int:
+        """GPUs of ``tenant``'s lendable quota that others use now: the pool's
+        draw beyond what the unassigned capacity and the tenants' own use
+        cover, shared among lenders in proportion to their idle lendable part."""
+        idle = {t: min(q.lendable, max(0, q.nominal - self.usage.get(t, 0))) for t, q in self.quotas.items()}
+        total = sum(idle.values())
+        unassigned = max(0, self.capacity - sum(q.nominal for q in self.quotas.values()))
+        taken = min(total, max(0, sum(self.borrowed(t) for t in self.usage) - unassigned))
+        return round(taken * idle.get(tenant, 0) / total) if total else 0
+
+    def admit(self, tenant: str, gpus: int) -> Admission:
+        """Would a job of ``gpus`` GPUs of ``tenant`` be admitted now? (The
+        ledger is not changed: :meth:`take` records an admitted job.)"""
+        q = self.quota(tenant)
+        used = self.usage.get(tenant, 0)
+        after = {**self.usage, tenant: used + gpus}
+        over = self.draw(after) - self.pool
+        held = f"{tenant} holds {used} of {q.nominal} nominal GPUs"
+        if used + gpus <= q.nominal:
+            return Admission(True, f"{held}: within its quota", guaranteed=True, overdraw=max(0, over))
+        need = used + gpus - q.nominal
+        if q.borrowing_limit is not None and need > q.borrowing_limit:
+            return Admission(
+                False,
+                f"{held} and may borrow {q.borrowing_limit}: this job's {gpus} GPUs would borrow {need}",
+            )
+        if over > 0:
+            free = max(0, self.pool - self.draw())
+            return Admission(
+                False,
+                f"{held}; the cohort has {free} GPUs to lend and this job needs {min(need, gpus)} of them "
+                f"(it waits until others use less)",
+            )
+        return Admission(True, f"{held}: borrows {min(need, gpus)} GPUs from the cohort")
+
+    def take(self, tenant: str, gpus: int) -> None:
+        self.usage[tenant] = self.usage.get(tenant, 0) + gpus
+
+    def give(self, tenant: str, gpus: int) -> None:
+        self.usage[tenant] = max(0, self.usage.get(tenant, 0) - gpus)
+
+    def reclaim_budgets(self) -> dict[str, int]:
+        """How many GPUs each tenant above its nominal quota may lose to a
+        reclaim: what it holds beyond its nominal quota. Tenants within their
+        nominal quota are absent: a reclaim never takes from them."""
+        return {t: over for t in self.usage if (over := self.borrowed(t)) > 0}

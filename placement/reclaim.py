@@ -1,0 +1,182 @@
+"""Preemption at placement time: the victims whose stop lets a waiting job start.
+
+Used for a tenant under its nominal quota taking back what others borrowed
+(:mod:`placement.quota`) and for a higher priority inside a tenant. Rack-aware:
+the victims are chosen so that the waiting gang gets one NVLink domain (or
+whole segments), not GPUs scattered over racks (the gap Kueue #10815 and
+KAI #1591 describe).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from placement.model import HEALTHY, Allocation, Fleet, JobRequest
+from placement.place import place
+from placement.plans import PlacementPlan
+from placement.recover import DEFAULT_RESTART_MINUTES, restart_cost_gpu_hours
+
+
+@dataclass
+class ReclaimPlan:
+    job_id: str
+    placed: bool
+    reason: str
+    victims: list[str] = field(default_factory=list)
+    costs: dict[str, float] = field(default_factory=dict)
+    placement: PlacementPlan | None = None
+
+    @property
+    def cost_gpu_hours(self) -> float:
+        return sum(self.costs.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "placed": self.placed,
+            "reason": self.reason,
+            "victims": list(self.victims),
+            "costs": dict(self.costs),
+            "cost_gpu_hours": round(self.cost_gpu_hours, 4),
+            "placement": self.placement.to_dict() if self.placement else None,
+        }
+
+
+def reclaim(
+    fleet: Fleet,
+    job: JobRequest,
+    may_preempt: Callable[[JobRequest], bool],
+    limits: dict[str, int],
+    *,
+    need_gpus: int = 0,
+    policy: str = "rackwise",
+    now: float | None = None,
+    restart_minutes: float = DEFAULT_RESTART_MINUTES,
+) -> ReclaimPlan:
+    """The fewest GPU-hours of running work to stop so that ``job`` starts now.
+
+    ``may_preempt(victim)`` says which running jobs may be stopped at all;
+    ``limits`` caps, per tenant, the GPUs taken from it (a reclaim takes from a
+    tenant only what it holds beyond its nominal quota, never a job that would
+    take it below: a tenant without an entry is not limited). ``need_gpus``: at least this many GPUs must come
+    from limited tenants (the quota pool's overdraw), even if fewer would make
+    room.
+
+    1. Candidates: the jobs ``may_preempt`` allows, preemptible ones first,
+       then by the work each would lose (since its last checkpoint, and the
+       restart).
+    2. For each rack that could hold the job by itself: stop candidates with
+       GPUs in that rack, in that order, until the job places inside the rack
+       (and ``need_gpus`` is met); then give back, dearest first, every victim
+       the placement does not need. So no more is stopped than needed, and the
+       room made is one NVLink domain.
+    3. If no single rack works (a gang bigger than a rack, or one whose
+       segments must span racks): the same over the whole fleet.
+    4. The cheapest set wins (then the fewest victims, then the rack's id).
+    The fleet is left as it was.
+    """
+    costs: dict[str, float] = {}
+    for vid, alloc in fleet.allocations.items():
+        if vid == job.id or not may_preempt(alloc.job):
+            continue
+        if any(fleet.nodes[n].health != HEALTHY for n in alloc.nodes):
+            continue  # in recovery's hands
+        costs[vid] = restart_cost_gpu_hours(
+            alloc.job, alloc.gpus, restart_minutes, now=now, started_at=alloc.started_at
+        )
+    order = sorted(costs, key=lambda v: (not fleet.allocations[v].job.preemptible, costs[v], v))
+
+    best: tuple[tuple[float, int, str], list[str], PlacementPlan] | None = None
+    rack_size = {gpn: max(r.size for r in racks) for gpn, racks in fleet.groups.items()}
+    one_rack = any(job.is_small(g) or 0 < job.nodes_needed(g) <= size for g, size in rack_size.items())
+    if one_rack:
+        for rack in fleet.racks:
+            if (
+                not job.is_small(rack.gpus_per_node)
+                and not 0 < job.nodes_needed(rack.gpus_per_node) <= rack.size
+            ):
+                continue
+            here = [
+                v for v in order if any(fleet.nodes[n].rack == rack.id for n in fleet.allocations[v].nodes)
+            ]
+            others = frozenset(r.id for r in fleet.racks if r.id != rack.id)
+            found = _victims(fleet, job, here, limits, need_gpus, policy, now, others)
+            if found is not None:
+                victims, plan = found
+                key = (round(sum(costs[v] for v in victims), 6), len(victims), rack.id)
+                if best is None or key < best[0]:
+                    best = (key, victims, plan)
+    if best is None:
+        found = _victims(fleet, job, order, limits, need_gpus, policy, now, frozenset())
+        if found is not None:
+            victims, plan = found
+            best = ((sum(costs[v] for v in victims), len(victims), ""), victims, plan)
+    if best is None:
+        return ReclaimPlan(
+            job.id, False, "stopping every job it may preempt would still not make room for it"
+        )
+    _, victims, plan = best
+    where = ", ".join(plan.racks)
+    return ReclaimPlan(
+        job.id,
+        True,
+        f"stops {len(victims)} job(s) ({sum(costs[v] for v in victims):.1f} GPU-hours lost) "
+        f"to start it in {where}",
+        victims=victims,
+        costs={v: round(costs[v], 4) for v in victims},
+        placement=plan,
+    )
+
+
+def _victims(
+    fleet: Fleet,
+    job: JobRequest,
+    order: list[str],
+    limits: dict[str, int],
+    need_gpus: int,
+    policy: str,
+    now: float | None,
+    exclude: frozenset[str],
+) -> tuple[list[str], PlacementPlan] | None:
+    """Steps 2-3 of :func:`reclaim` over ``order``, on a trial of the fleet."""
+    with fleet.trial():
+        taken: dict[str, int] = {}
+        stopped: dict[str, Allocation] = {}
+
+        def enough() -> PlacementPlan | None:
+            if sum(taken.get(t, 0) for t in limits) < need_gpus:
+                return None
+            plan = place(fleet, job, policy, exclude=exclude, now=now)
+            return plan if plan.placed else None
+
+        def count(alloc: Allocation, sign: int) -> None:
+            taken[alloc.job.tenant] = taken.get(alloc.job.tenant, 0) + sign * alloc.gpus
+
+        plan = enough()
+        for vid in order:
+            if plan is not None:
+                break
+            victim = fleet.allocations[vid]
+            tenant = victim.job.tenant
+            if tenant in limits and taken.get(tenant, 0) + victim.gpus > limits[tenant]:
+                continue  # it would take the tenant below its nominal quota
+            stopped[vid] = fleet.release(vid)
+            count(stopped[vid], +1)
+            plan = enough()
+        if plan is None:
+            return None
+        # Give back, dearest first, every victim the job does not need.
+        for vid in reversed(list(stopped)):
+            alloc = stopped.pop(vid)
+            fleet.allocate(alloc, restore=True)
+            count(alloc, -1)
+            kept = enough()
+            if kept is not None:
+                plan = kept
+                continue
+            fleet.release(vid)
+            stopped[vid] = alloc
+            count(alloc, +1)
+        return sorted(stopped, key=order.index), plan

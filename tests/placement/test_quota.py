@@ -1,0 +1,174 @@
+"""Quota admission (placement.quota) and preemption at placement (placement.reclaim)."""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import given, settings
+from hypothesis import strategies as S
+
+from placement.model import Fleet
+from placement.place import place
+from placement.quota import Ledger, Quota
+from placement.reclaim import reclaim
+from placement.testing import gang, occupy
+
+
+def test_a_tenant_within_its_nominal_quota_is_admitted_even_when_borrowers_hold_the_pool():
+    ledger = Ledger(4, 128, {"a": Quota(64), "b": Quota(64)}, {"a": 128})
+    b = ledger.admit("b", 64)
+    assert b.admitted and b.guaranteed and b.overdraw == 64
+    assert ledger.reclaim_budgets() == {"a": 64}
+
+
+def test_a_borrower_waits_with_the_numbers_when_the_cohort_has_nothing_to_lend():
+    ledger = Ledger(
+        4, 128, {"vision": Quota(64, borrowing_limit=32), "llm": Quota(64)}, {"vision": 64, "llm": 40}
+    )
+    over_limit = ledger.admit("vision", 64)
+    assert not over_limit.admitted
+    assert (
+        over_limit.reason
+        == "vision holds 64 of 64 nominal GPUs and may borrow 32: this job's 64 GPUs would borrow 64"
+    )
+    ledger.usage["llm"] = 64
+    empty = ledger.admit("vision", 8)
+    assert not empty.admitted and "the cohort has 0 GPUs to lend" in empty.reason
+
+
+def test_without_quotas_the_fleet_is_one_pool_and_everyone_borrows():
+    ledger = Ledger(4, 128)
+    assert ledger.admit("anyone", 128).admitted
+    ledger.take("anyone", 120)
+    assert not ledger.admit("other", 16).admitted
+
+
+def test_the_lending_limit_keeps_part_of_the_nominal_quota_for_its_tenant():
+    ledger = Ledger(4, 128, {"a": Quota(64, lending_limit=16), "b": Quota(64)}, {})
+    # b may use its own 64, plus a's lendable 16: never a's kept 48.
+    assert ledger.admit("b", 80).admitted
+    assert not ledger.admit("b", 81).admitted
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    quotas=S.lists(
+        S.tuples(S.integers(0, 64), S.none() | S.integers(0, 64), S.none() | S.integers(0, 64)),
+        min_size=1,
+        max_size=4,
+    ),
+    capacity=S.integers(0, 256),
+    requests=S.lists(S.tuples(S.integers(0, 4), S.integers(1, 48)), max_size=30),
+)
+def test_admission_never_exceeds_a_ceiling_nor_lends_beyond_the_lending_limits(quotas, capacity, requests):
+    """Whatever arrives: no tenant holds more than nominal + borrowing limit;
+    other tenants use no GPUs of a tenant's kept part (the pool's draw stays
+    within the pool, once each overdraw is reclaimed); and a reclaim takes only
+    from tenants above their nominal quota."""
+    ledger = Ledger(4, capacity, {f"t{i}": Quota(*q) for i, q in enumerate(quotas)})
+    for who, gpus in requests:
+        tenant = f"t{who}"
+        decision = ledger.admit(tenant, gpus)
+        if not decision.admitted:
+            continue
+        budgets = ledger.reclaim_budgets()
+        ledger.take(tenant, gpus)
+        # Reclaim the overdraw from the budgets, as the scheduler does.
+        owed = decision.overdraw
+        assert tenant not in budgets or not decision.guaranteed
+        for victim, budget in sorted(budgets.items()):
+            if owed <= 0:
+                break
+            assert ledger.usage[victim] > ledger.quota(victim).nominal, (
+                "never a tenant within its nominal quota"
+            )
+            back = min(owed, budget)
+            ledger.give(victim, back)
+            owed -= back
+        assert owed <= 0, "the borrowers hold at least the overdraw"
+        for t, used in ledger.usage.items():
+            ceiling = ledger.quota(t).ceiling
+            assert ceiling is None or used <= ceiling
+        assert ledger.draw() <= ledger.pool
+
+
+# --- reclaim -----------------------------------------------------------------------
+
+
+def _fleet() -> Fleet:
+    return Fleet.uniform(3, 18, 4, spare_nodes=0)
+
+
+def _borrowed(fleet: Fleet) -> None:
+    """Tenant a fills the fleet with 4-node jobs (borrowed), started at different times."""
+    for r in range(3):
+        for k in range(4):
+            occupy(fleet, f"a{r}{k}", r, list(range(4 * k, 4 * k + 4)), tenant="a", checkpoint_minutes=60)
+        occupy(fleet, f"a{r}x", r, [16, 17], tenant="a", checkpoint_minutes=60)
+
+
+def test_a_reclaim_frees_one_rack_for_a_16_node_gang_at_the_least_cost():
+    fleet = _fleet()
+    _borrowed(fleet)
+    # Rack 1's jobs checkpointed just now: the cheapest to stop.
+    for vid, alloc in fleet.allocations.items():
+        alloc.started_at = 0.0 if vid.startswith("a1") else 1000.0
+    job = gang("b1", 16, "required", tenant="b")
+    plan = reclaim(fleet, job, lambda v: v.tenant == "a", {"a": 10_000}, now=3600.0)
+    assert plan.placed, plan.reason
+    assert {fleet.nodes[n].rack for n in plan.placement.nodes} == {fleet.racks[1].id}
+    assert sorted(plan.victims) == ["a10", "a11", "a12", "a13"], "the 2-node job is not needed"
+    before = {k: v.job.id for k, v in fleet.allocations.items()}
+    assert before == {k: k for k in before}, "the fleet is left as it was"
+
+
+def test_a_reclaim_takes_nothing_from_a_tenant_within_its_nominal_quota():
+    fleet = _fleet()
+    _borrowed(fleet)
+    plan = reclaim(fleet, gang("b1", 16, "required", tenant="b"), lambda v: v.tenant == "a", {"a": 15 * 4})
+    assert not plan.placed, "a may lose 60 GPUs only: 15 nodes, one short of the gang"
+
+
+def _small_fleets():
+    return S.tuples(S.integers(1, 2), S.integers(2, 5), S.lists(S.integers(1, 3), min_size=1, max_size=8))
+
+
+@settings(max_examples=120, deadline=None)
+@given(shape=_small_fleets(), need=S.integers(1, 6), data=S.data())
+def test_reclaim_finds_room_whenever_some_set_of_victims_makes_it_and_stops_none_it_does_not_need(
+    shape, need, data
+):
+    """Oracle: every subset of the running jobs. If stopping some subset lets
+    the job start, reclaim finds a set; each of its victims is needed (giving
+    any one back leaves no room); and its cost is no more than twice the
+    cheapest working subset's."""
+    racks, size, jobs = shape
+    fleet = Fleet.uniform(racks, size, 4, spare_nodes=0)
+    slot = {r: 0 for r in range(racks)}
+    for i, width in enumerate(jobs):
+        r = data.draw(S.integers(0, racks - 1))
+        if slot[r] + width <= size:
+            occupy(fleet, f"v{i}", r, list(range(slot[r], slot[r] + width)), checkpoint_minutes=60 + i)
+            slot[r] += width
+    job = gang("w", min(need, racks * size), "required")
+    plan = reclaim(fleet, job, lambda v: True, {})
+    costs = {v: a.gpus * (a.job.checkpoint_minutes / 2 + 10) / 60 for v, a in fleet.allocations.items()}
+    best = None
+    for k in range(len(costs) + 1):
+        for subset in itertools.combinations(sorted(costs), k):
+            with fleet.trial():
+                for v in subset:
+                    fleet.release(v)
+                if place(fleet, job).placed:
+                    cost = sum(costs[v] for v in subset)
+                    best = cost if best is None else min(best, cost)
+    assert plan.placed == (best is not None)
+    if not plan.placed:
+        return
+    assert plan.cost_gpu_hours <= 2 * best + 1e-9
+    for v in plan.victims:
+        with fleet.trial():
+            for other in plan.victims:
+                if other != v:
+                    fleet.release(other)
+            assert not place(fleet, job).placed, f"{v} was not needed"
