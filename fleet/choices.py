@@ -76,6 +76,7 @@ class ActionKind(models.TextChoices):
     MIGRATION = "migration", "Recovery that moves the whole job"
     REQUEUE = "requeue", "Recovery that requeues the job"
     DEFRAG = "defrag", "Defragmentation plan"
+    RECLAIM = "reclaim", "Preemption to start a job (quota reclaim, or a higher priority)"
     DRAIN = "drain", "Drain a node"
 
 
@@ -107,6 +108,8 @@ DEFAULT_APPROVAL: dict[str, str] = {
     ActionKind.MIGRATION: ApprovalMode.MANUAL,
     ActionKind.REQUEUE: ApprovalMode.AUTO,
     ActionKind.DEFRAG: ApprovalMode.MANUAL,
+    # Above RACKWISE_RECLAIM_APPROVAL_GPU_HOURS a reclaim waits for an operator.
+    ActionKind.RECLAIM: ApprovalMode.AUTO,
     ActionKind.DRAIN: ApprovalMode.MANUAL,
 }
 

@@ -257,6 +257,12 @@ RACKWISE_DEFRAG_FRAGMENTATION_THRESHOLD = env_float(
 RACKWISE_DEFRAG_WAIT_THRESHOLD_S = env_int("RACKWISE_DEFRAG_WAIT_THRESHOLD_S", 1800, minimum=1)
 RACKWISE_DEFRAG_BUDGET_GPU_HOURS = env_float("RACKWISE_DEFRAG_BUDGET_GPU_HOURS", 200.0, minimum=0.0)
 RACKWISE_DEFRAG_MAX_MOVES = env_int("RACKWISE_DEFRAG_MAX_MOVES", 8, minimum=1)
+# Shared fleets (tenant quotas, see placement/quota.py): usage counts for fair
+# share with this half-life (Slurm's PriorityDecayHalfLife default, 7 days); a
+# preemption to start a job (a quota reclaim, a higher priority) runs without an
+# operator up to this many GPU-hours lost, and waits for approval above it.
+RACKWISE_FAIR_SHARE_HALF_LIFE_H = env_float("RACKWISE_FAIR_SHARE_HALF_LIFE_H", 168.0, minimum=0.01)
+RACKWISE_RECLAIM_APPROVAL_GPU_HOURS = env_float("RACKWISE_RECLAIM_APPROVAL_GPU_HOURS", 50.0, minimum=0.0)
 # The scheduler keeps the fleet in memory between passes and reads only the racks
 # that changed (fleet.engine.LiveFleet). VERIFY compares it with a fresh load on
 # every pass and raises on a difference: the test suite's setting, too slow for

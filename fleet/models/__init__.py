@@ -1,6 +1,6 @@
 from fleet.models.actions import Action, AgentToken, ApprovalPolicy, HoldRole, NodeHold
 from fleet.models.audit import AuditEvent
-from fleet.models.jobs import Allocation, Job, Tenant
+from fleet.models.jobs import Allocation, Job, Quota, Tenant
 from fleet.models.metrics import FleetSample
 from fleet.models.racks import GPU, Node, Rack
 from fleet.models.webhooks import WebhookDelivery, WebhookEndpoint
@@ -17,6 +17,7 @@ __all__ = [
     "Job",
     "Node",
     "NodeHold",
+    "Quota",
     "Rack",
     "Tenant",
     "WebhookDelivery",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
@@ -11,16 +12,45 @@ from fleet.choices import JobState, Locality
 
 
 class Tenant(models.Model):
-    """A team or project. Submitters see and act on the jobs of their tenants."""
+    """A team or project. Submitters see and act on the jobs of their tenants.
+
+    ``cohort``: tenants of one cohort lend each other their unused quota (one
+    fleet-wide cohort by default). ``weight``: its fair share of what is left
+    over, against the other tenants' weights."""
+
+    DEFAULT_COHORT = "fleet"
 
     name = models.SlugField(max_length=100, unique=True)
     members = models.ManyToManyField(settings.AUTH_USER_MODEL, related_name="tenants", blank=True)
+    cohort = models.SlugField(max_length=100, default=DEFAULT_COHORT)
+    weight = models.FloatField(default=1.0, validators=[MinValueValidator(0.01), MaxValueValidator(1000.0)])
 
     class Meta:
         ordering = ["name"]
 
     def __str__(self) -> str:
         return self.name
+
+
+class Quota(models.Model):
+    """A tenant's quota of GPUs on one node shape (GPUs per node: 4 for NVL72
+    and NVL36 racks, 8 for HGX nodes), as Kueue's ``nominalQuota``,
+    ``borrowingLimit`` and ``lendingLimit`` (see placement.quota). Empty limits:
+    no limit. Spare nodes count in no quota."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="quotas")
+    gpus_per_node = models.PositiveSmallIntegerField(validators=[MinValueValidator(1)])
+    nominal_gpus = models.PositiveIntegerField(default=0)
+    borrowing_limit_gpus = models.PositiveIntegerField(null=True, blank=True)
+    lending_limit_gpus = models.PositiveIntegerField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["tenant__name", "gpus_per_node"]
+        constraints = [models.UniqueConstraint(fields=["tenant", "gpus_per_node"], name="one_quota_per_tenant_shape")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant}: {self.nominal_gpus} GPUs on {self.gpus_per_node}-GPU nodes"
 
 
 class Job(models.Model):

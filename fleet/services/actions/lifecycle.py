@@ -95,7 +95,13 @@ RECOVERY_KINDS = (ActionKind.RECOVERY, ActionKind.PREEMPTION, ActionKind.MIGRATI
 # Plans that stop jobs and place them again, or swap a job onto other nodes:
 # they hold the nodes they empty and fill from approval to end (see the module
 # docstring). A preemption holds the node its victim frees until its swap.
-HOLD_KINDS = (ActionKind.DEFRAG, ActionKind.MIGRATION, ActionKind.PREEMPTION, ActionKind.RECOVERY)
+HOLD_KINDS = (
+    ActionKind.DEFRAG,
+    ActionKind.MIGRATION,
+    ActionKind.PREEMPTION,
+    ActionKind.RECOVERY,
+    ActionKind.RECLAIM,
+)
 # Steps that release a job's GPUs (the nodes it leaves are emptied by the plan).
 RELEASE_OPS = (st.Stop.op, st.Preempt.op, st.Requeue.op)
 

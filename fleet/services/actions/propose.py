@@ -58,6 +58,8 @@ class Proposal:
     request: dict | None = None
     # The plan this one replaces (see fleet.services.decisions.defrag.replan).
     replaces: int | None = None
+    # Wait for an operator whatever the kind's policy (a reclaim above its cost threshold).
+    needs_approval: bool = False
 
 
 def propose(*, actor=None, version: int | None = None, **fields) -> Action:
@@ -81,7 +83,7 @@ def propose_many(proposals: list[Proposal], *, actor=None, version: int | None =
     rows = []
     for p in proposals:
         steps = [s.to_dict() if isinstance(s, Step) else s for s in p.steps]
-        auto = modes[p.kind] == ApprovalMode.AUTO
+        auto = modes[p.kind] == ApprovalMode.AUTO and not p.needs_approval
         rows.append(
             Action(
                 kind=p.kind,

@@ -22,6 +22,7 @@ from fleet import dispatch, engine
 from fleet.choices import ActionKind, ActionState, ApprovalMode, JobState, Locality
 from fleet.models import Action, ApprovalPolicy, Job, NodeHold
 from fleet.services.actions import propose as action_services
+from fleet.services.decisions import admission
 from fleet.services.decisions.recheck import filling
 from fleet.services.errors import Conflict
 from fleet.services.jobs import allocations as job_allocations
@@ -102,6 +103,13 @@ def schedule_pass(checkpoint: Checkpoint = _no_checkpoint) -> PassResult:
             action__decided_at__gte=timezone.now() - SPILL_COOLDOWN,
         ).values_list("job_id", flat=True)
     )
+    admitted = admission.admit(pending, busy)
+    if admitted is not None:
+        by_id = {job.pk: job for job in pending}
+        for job_id, reason in admitted.waiting.items():
+            result.waiting[job_id] = reason
+            _set_reason(by_id[job_id], reason)
+        pending = admitted.jobs
     requests = {}
     for job in pending:
         request = engine.job_request(job)
@@ -120,7 +128,30 @@ def schedule_pass(checkpoint: Checkpoint = _no_checkpoint) -> PassResult:
             plan = schedule(snap.fleet, list(requests.values()), engine.policy(), now=time.time(), apply=True)
         with snap.fleet.trial():
             _record(plan, pending, requests, snap, checkpoint, result)
+            if admitted is not None:
+                _reclaim(admitted, result, snap, busy, checkpoint)
     return result
+
+
+def _reclaim(
+    admitted: admission.Admitted,
+    result: PassResult,
+    snap: engine.Snapshot,
+    busy: set[int],
+    checkpoint: Checkpoint,
+) -> None:
+    """Preemption plans for admitted jobs the pass could not place (see
+    fleet.services.decisions.admission), recorded in one transaction."""
+    proposals = admission.propose_reclaims(admitted, result.waiting, snap, busy)
+    if not proposals:
+        return
+    with transaction.atomic():
+        action_services.propose_many(proposals)
+        checkpoint()
+    for p in proposals:
+        job_id = p.jobs[0]
+        result.proposed.append(job_id)
+        result.waiting.pop(job_id, None)
 
 
 def _record(

@@ -1,0 +1,179 @@
+"""A shared fleet: quota admission before placement, and preemption to start a job.
+
+With no quota configured (no ``Quota`` row), every pending job goes to the
+engine as it always did, and nothing is preempted at placement. With quotas:
+
+1. Admission (:func:`admit`): pending jobs are taken in fair-share order
+   (tenants with the least decayed usage per weight first, then priority, then
+   submission), and each is admitted if its tenant's quota and what its cohort
+   can lend cover it (:mod:`placement.quota`). The others wait with a reason that
+   names the numbers. Only admitted jobs reach the engine.
+2. Preemption to start a job (:func:`propose_reclaims`): an admitted job the
+   engine could not place gets victims chosen by :func:`placement.reclaim.reclaim`:
+   a job within its tenant's nominal quota takes back what other tenants
+   borrowed (never from a tenant within its own nominal quota), and any job may
+   stop preemptible jobs of its own tenant with a lower priority. The victims
+   are chosen to give it one NVLink domain at the least GPU-hours lost. The plan
+   is an action (``reclaim``): checkpoint and preempt the victims (they go back to
+   the queue), allocate and start the job. It runs without an operator up to
+   ``RACKWISE_RECLAIM_APPROVAL_GPU_HOURS`` lost (and its kind's policy), and
+   waits for approval above.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from django.conf import settings
+from django.utils import timezone
+
+from fleet import engine
+from fleet.choices import ActionKind, ActionState, JobState
+from fleet.models import Action, Job, Tenant
+from fleet.services.actions import propose as action_services
+from fleet.services.tenants import usage
+from fleet.steps import Checkpoint, Preempt, Start, Step
+from placement.quota import Ledger
+from placement.reclaim import reclaim
+
+# After an operator rejects a reclaim, the job waits this long before another is proposed.
+RECLAIM_COOLDOWN = timedelta(minutes=15)
+
+
+@dataclass
+class Admitted:
+    """The outcome of admission for one pass."""
+
+    jobs: list[Job] = field(default_factory=list)  # admitted, in fair-share order
+    waiting: dict[int, str] = field(default_factory=dict)  # job id -> why its quota holds it back
+    guaranteed: dict[int, int] = field(default_factory=dict)  # within nominal: job id -> pool overdraw
+    ledgers: dict[tuple[str, int], Ledger] = field(default_factory=dict)
+    shape_of: dict[int, int] = field(default_factory=dict)
+    cohort_of: dict[str, str] = field(default_factory=dict)
+
+
+def admit(pending: list[Job], busy: set[int]) -> Admitted | None:
+    """Admission for ``pending`` jobs; None when no quota is configured. Jobs of
+    open actions (``busy``) that are still pending count as held (they are
+    about to be placed)."""
+    if not usage.quotas_configured():
+        return None
+    shapes = sorted(usage.capacity_by_shape())
+    extra: dict[tuple[str, int], int] = {}
+    for job in Job.objects.select_related("tenant").filter(pk__in=busy, state=JobState.PENDING):
+        shape = usage.job_shape(job, shapes)
+        if shape is not None:
+            extra[(job.tenant.name, shape)] = extra.get((job.tenant.name, shape), 0) + job.num_gpus
+    out = Admitted(ledgers=usage.ledgers(extra), cohort_of=dict(Tenant.objects.values_list("name", "cohort")))
+    decayed = usage.decayed_usage()
+    weight = dict(Tenant.objects.values_list("name", "weight"))
+
+    def order(job: Job) -> tuple:
+        tenant = job.tenant.name
+        return (
+            decayed.get(tenant, 0.0) / max(weight.get(tenant, 1.0), 0.01),
+            -job.priority,
+            job.submitted_at,
+            job.pk,
+        )
+
+    for job in sorted(pending, key=order):
+        shape = usage.job_shape(job, shapes)
+        if shape is None:
+            out.jobs.append(job)  # no shape holds it: the engine says why
+            continue
+        tenant = job.tenant.name
+        ledger = out.ledgers[(out.cohort_of.get(tenant, Tenant.DEFAULT_COHORT), shape)]
+        decision = ledger.admit(tenant, job.num_gpus)
+        if not decision.admitted:
+            out.waiting[job.pk] = f"quota: {decision.reason}"
+            continue
+        ledger.take(tenant, job.num_gpus)
+        out.jobs.append(job)
+        out.shape_of[job.pk] = shape
+        if decision.guaranteed:
+            out.guaranteed[job.pk] = decision.overdraw
+    return out
+
+
+def propose_reclaims(
+    admitted: Admitted, waiting: dict[int, str], snap: engine.Snapshot, busy: set[int]
+) -> list[action_services.Proposal]:
+    """Preemption plans for admitted jobs the engine could not place (``waiting``),
+    in fair-share order, each planned on the fleet as the earlier ones leave it
+    (the caller's trial)."""
+    recently_rejected = set(
+        Action.jobs.through.objects.filter(
+            action__kind=ActionKind.RECLAIM,
+            action__state=ActionState.REJECTED,
+            action__decided_at__gte=timezone.now() - RECLAIM_COOLDOWN,
+        ).values_list("job_id", flat=True)
+    )
+    running = set(
+        Job.objects.filter(state=JobState.RUNNING).exclude(pk__in=busy).values_list("pk", flat=True)
+    )
+    proposals = []
+    for job in admitted.jobs:
+        if job.pk not in waiting or job.pk in recently_rejected or job.pk not in admitted.shape_of:
+            continue
+        tenant = job.tenant.name
+        ledger = admitted.ledgers[
+            (admitted.cohort_of.get(tenant, Tenant.DEFAULT_COHORT), admitted.shape_of[job.pk])
+        ]
+        guaranteed = job.pk in admitted.guaranteed
+        limits = (
+            {t: gpus for t, gpus in ledger.reclaim_budgets().items() if t != tenant} if guaranteed else {}
+        )
+
+        def may_preempt(victim, tenant=tenant, job=job, limits=limits) -> bool:
+            if int(victim.id) not in running:
+                return False
+            if victim.tenant in limits:
+                return True  # borrowed work, taken back for a tenant within its quota
+            return victim.tenant == tenant and victim.preemptible and victim.priority < job.priority
+
+        request = engine.job_request(job)
+        plan = reclaim(
+            snap.fleet,
+            request,
+            may_preempt,
+            limits,
+            need_gpus=admitted.guaranteed.get(job.pk, 0),
+            policy=engine.policy(),
+            now=time.time(),
+        )
+        if not plan.placed or not plan.victims or plan.placement is None:
+            continue
+        for vid in plan.victims:
+            victim = snap.fleet.release(vid)
+            ledger.give(victim.job.tenant, victim.gpus)
+        snap.fleet.allocate(plan.placement.allocation(request))
+        proposals.append(_proposal(job, plan, snap, limits))
+    return proposals
+
+
+def _proposal(job: Job, plan, snap: engine.Snapshot, limits: dict[str, int]) -> action_services.Proposal:
+    victims = [snap.jobs[v] if v in snap.jobs else Job.objects.get(pk=int(v)) for v in plan.victims]
+    steps: list[Step] = [Checkpoint(job=v.pk) for v in victims]
+    steps += [Preempt(job=v.pk) for v in victims]
+    placement = plan.placement
+    steps += [
+        snap.allocate_step(job.pk, placement.nodes, placement.segments, placement.reason, placement.choices),
+        Start(job=job.pk),
+    ]
+    why = "reclaims borrowed GPUs" if limits else "preempts lower-priority work"
+    names = ", ".join(f"#{v.pk} {v.name} ({v.tenant.name})" for v in victims)
+    racks = ", ".join(snap.describe_racks(placement.racks))
+    cost = plan.cost_gpu_hours
+    return action_services.Proposal(
+        kind=ActionKind.RECLAIM,
+        title=f"start job #{job.pk} {job.name} ({job.tenant.name}) in {racks}: {why} from {names}",
+        steps=steps,
+        jobs=[job.pk, *(v.pk for v in victims)],
+        engine_plan=plan.to_dict(),
+        cost_gpu_hours=cost,
+        benefit={"reason": plan.reason, "reclaim": bool(limits), "victims": [v.pk for v in victims]},
+        needs_approval=cost > settings.RACKWISE_RECLAIM_APPROVAL_GPU_HOURS,
+    )

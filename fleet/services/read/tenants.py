@@ -1,0 +1,61 @@
+"""Tenants as the Tenants page and ``/api/tenants/`` show them: per node shape
+their quota, what they hold, borrow and lend; their pending demand, fair share
+and decayed usage (see placement.quota and fleet.services.tenants.usage)."""
+
+from __future__ import annotations
+
+from django.db.models import Count, Q
+
+from fleet.choices import JobState
+from fleet.models import Quota, Tenant
+from fleet.services.tenants import usage
+
+
+def tenant_figures(name: str | None = None) -> list[dict]:
+    ledgers = usage.ledgers()
+    demand = usage.pending_demand()
+    decayed = usage.decayed_usage()
+    rows = Tenant.objects.annotate(
+        running_jobs=Count("jobs", filter=Q(jobs__state=JobState.RUNNING)),
+        pending_jobs=Count("jobs", filter=Q(jobs__state=JobState.PENDING)),
+    ).order_by("name")
+    if name is not None:
+        rows = rows.filter(name=name)
+    total_weight = sum(Tenant.objects.values_list("weight", flat=True)) or 1.0
+    configured = {(q.tenant_id, q.gpus_per_node) for q in Quota.objects.all()}
+    out = []
+    for tenant in rows:
+        shapes = []
+        for (cohort, shape), ledger in sorted(ledgers.items(), key=lambda kv: kv[0][1]):
+            if cohort != tenant.cohort:
+                continue
+            quota = ledger.quota(tenant.name)
+            in_use = ledger.usage.get(tenant.name, 0)
+            if (tenant.pk, shape) not in configured and not in_use:
+                continue
+            shapes.append(
+                {
+                    "gpus_per_node": shape,
+                    "nominal_gpus": quota.nominal,
+                    "borrowing_limit_gpus": quota.borrowing_limit,
+                    "lending_limit_gpus": quota.lending_limit,
+                    "in_use_gpus": in_use,
+                    "borrowed_gpus": ledger.borrowed(tenant.name),
+                    "lent_gpus": ledger.lent(tenant.name),
+                    "cohort_capacity_gpus": ledger.capacity,
+                }
+            )
+        out.append(
+            {
+                "name": tenant.name,
+                "cohort": tenant.cohort,
+                "weight": tenant.weight,
+                "fair_share": round(tenant.weight / total_weight, 4),
+                "decayed_usage_gpu_hours": round(decayed.get(tenant.name, 0.0), 2),
+                "pending_gpus": demand.get(tenant.name, 0),
+                "pending_jobs": tenant.pending_jobs,
+                "running_jobs": tenant.running_jobs,
+                "quotas": shapes,
+            }
+        )
+    return out

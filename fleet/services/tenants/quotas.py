@@ -1,0 +1,139 @@
+"""The only writer of ``Quota`` rows and of a tenant's cohort and weight.
+
+Operators set them (console, API, admin); every change is audited
+(``tenant.quota``, ``tenant.share``) and asks for a scheduling pass, since
+admission reads them (:mod:`fleet.services.decisions.admission`)."""
+
+from __future__ import annotations
+
+from django.db import transaction
+
+from fleet import dispatch
+from fleet.choices import Role
+from fleet.models import Quota, Tenant
+from fleet.permissions import has_role
+from fleet.services import audit
+from fleet.services.errors import InvalidInput, NotAllowed
+from fleet.services.tenants.usage import capacity_by_shape
+
+QUOTA_FIELDS = ("nominal_gpus", "borrowing_limit_gpus", "lending_limit_gpus")
+
+
+def _require_operator(actor) -> None:
+    if not has_role(actor, Role.OPERATOR):
+        raise NotAllowed("only operators can change quotas and fair-share weights")
+
+
+def _tenant(name: str) -> Tenant:
+    tenant = Tenant.objects.filter(name=name).first()
+    if tenant is None:
+        known = ", ".join(Tenant.objects.values_list("name", flat=True)[:20]) or "none yet"
+        raise InvalidInput({"tenant": [f"no tenant {name!r}; known tenants: {known}"]})
+    return tenant
+
+
+def _row(quota: Quota | None) -> dict | None:
+    return None if quota is None else {f: getattr(quota, f) for f in QUOTA_FIELDS}
+
+
+def set_quotas(actor, tenant_name: str, quotas: list[dict]) -> list[Quota]:
+    """Replace the tenant's quotas with ``quotas`` (one dict per node shape:
+    ``gpus_per_node``, ``nominal_gpus``, optional ``borrowing_limit_gpus`` and
+    ``lending_limit_gpus``; an empty list removes them all). Every figure is
+    bounded by the GPUs the fleet has of that shape outside spare nodes."""
+    _require_operator(actor)
+    tenant = _tenant(tenant_name)
+    capacity = capacity_by_shape()
+    errors: dict[str, list[str]] = {}
+    seen: set[int] = set()
+    for i, q in enumerate(quotas):
+        shape = q.get("gpus_per_node")
+        if shape not in capacity:
+            shapes = ", ".join(str(s) for s in sorted(capacity)) or "none (the fleet has no racks)"
+            errors[f"quotas[{i}].gpus_per_node"] = [
+                f"the fleet has no {shape}-GPU nodes; its shapes: {shapes}"
+            ]
+            continue
+        if shape in seen:
+            errors[f"quotas[{i}].gpus_per_node"] = [
+                f"{shape}-GPU nodes are given twice; give each shape once"
+            ]
+        seen.add(shape)
+        for field in QUOTA_FIELDS:
+            value = q.get(field)
+            if value is None and field != "nominal_gpus":
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                errors[f"quotas[{i}].{field}"] = ["a whole number of GPUs, 0 or more"]
+            elif value > capacity[shape]:
+                errors[f"quotas[{i}].{field}"] = [
+                    f"{value} GPUs is more than the fleet's {capacity[shape]} GPUs on {shape}-GPU nodes "
+                    "(spare nodes not counted)"
+                ]
+    if errors:
+        raise InvalidInput(errors)
+    with transaction.atomic():
+        before = {q.gpus_per_node: _row(q) for q in Quota.objects.select_for_update().filter(tenant=tenant)}
+        Quota.objects.filter(tenant=tenant).exclude(gpus_per_node__in=seen).delete()
+        rows = []
+        for q in quotas:
+            row, _ = Quota.objects.update_or_create(
+                tenant=tenant,
+                gpus_per_node=q["gpus_per_node"],
+                defaults={f: q.get(f) if f != "nominal_gpus" else q[f] for f in QUOTA_FIELDS},
+            )
+            rows.append(row)
+        after = {r.gpus_per_node: _row(r) for r in rows}
+        if before != after:
+            audit.record(
+                actor,
+                "tenant.quota",
+                tenant,
+                before={str(k): v for k, v in sorted(before.items())},
+                after={str(k): v for k, v in sorted(after.items())},
+                message=describe(tenant.name, rows),
+            )
+            dispatch.schedule_soon()
+    return rows
+
+
+def set_share(actor, tenant_name: str, *, weight: float | None = None, cohort: str | None = None) -> Tenant:
+    """Change the tenant's fair-share weight and/or cohort."""
+    _require_operator(actor)
+    errors: dict[str, list[str]] = {}
+    if weight is not None and not 0.01 <= weight <= 1000:
+        errors["weight"] = ["a weight between 0.01 and 1000 (1 is an equal share)"]
+    if cohort is not None and not cohort.replace("-", "").replace("_", "").isalnum():
+        errors["cohort"] = ["a cohort name of letters, digits, '-' and '_'"]
+    if errors:
+        raise InvalidInput(errors)
+    with transaction.atomic():
+        tenant = Tenant.objects.select_for_update().get(pk=_tenant(tenant_name).pk)
+        before = {"weight": tenant.weight, "cohort": tenant.cohort}
+        if weight is not None:
+            tenant.weight = weight
+        if cohort is not None:
+            tenant.cohort = cohort[:100]
+        after = {"weight": tenant.weight, "cohort": tenant.cohort}
+        if before != after:
+            tenant.save(update_fields=["weight", "cohort"])
+            audit.record(actor, "tenant.share", tenant, before=before, after=after)
+            dispatch.schedule_soon()
+    return tenant
+
+
+def describe(tenant: str, quotas: list[Quota]) -> str:
+    if not quotas:
+        return f"{tenant}: no quota (borrows only)"
+    parts = []
+    for q in quotas:
+        limits = []
+        if q.borrowing_limit_gpus is not None:
+            limits.append(f"borrows at most {q.borrowing_limit_gpus}")
+        if q.lending_limit_gpus is not None:
+            limits.append(f"lends at most {q.lending_limit_gpus}")
+        parts.append(
+            f"{q.nominal_gpus} GPUs on {q.gpus_per_node}-GPU nodes"
+            + (f" ({', '.join(limits)})" if limits else "")
+        )
+    return f"{tenant}: " + "; ".join(parts)

@@ -1,0 +1,87 @@
+"""/api/tenants/: quotas, usage, borrowing and fair share; operators edit quotas."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleet.models import AuditEvent, Quota
+from fleet.services.decisions.scheduling import schedule_pass
+from fleet.services.jobs import submit as job_services
+
+pytestmark = pytest.mark.django_db
+
+
+def test_an_operator_sets_a_quota_and_every_reader_sees_the_figures(
+    fleet, operator_client, viewer_client, submitter
+):
+    response = operator_client.put(
+        "/api/tenants/llm/quotas/",
+        {"quotas": [{"gpus_per_node": 4, "nominal_gpus": 64, "borrowing_limit_gpus": 32}]},
+        format="json",
+    )
+    assert response.status_code == 200, response.content
+    job_services.submit_job(
+        submitter,
+        job_services.JobSpec(name="big", tenant="llm", num_nodes=25, gpus_per_node=4, locality="preferred"),
+    )
+    schedule_pass()
+    llm = viewer_client.get("/api/tenants/llm/").json()
+    assert llm["quotas"] == [
+        {
+            "gpus_per_node": 4,
+            "nominal_gpus": 64,
+            "borrowing_limit_gpus": 32,
+            "lending_limit_gpus": None,
+            "in_use_gpus": 0,
+            "borrowed_gpus": 0,
+            "lent_gpus": 0,
+            "cohort_capacity_gpus": 128,
+        }
+    ]
+    assert (llm["pending_jobs"], llm["pending_gpus"], llm["weight"]) == (1, 100, 1.0)
+    assert AuditEvent.objects.filter(action="tenant.quota", actor__username="olga").count() == 1
+    job = viewer_client.get("/api/jobs/").json()["results"][0]
+    assert job["state_reason"] == (
+        "quota: llm holds 0 of 64 nominal GPUs and may borrow 32: this job's 100 GPUs would borrow 36"
+    )
+
+
+def test_a_quota_beyond_the_fleet_is_a_400_naming_the_field_and_nothing_changes(
+    fleet, operator_client, submitter
+):
+    response = operator_client.put(
+        "/api/tenants/llm/quotas/",
+        {"quotas": [{"gpus_per_node": 4, "nominal_gpus": 10_000}, {"gpus_per_node": 4, "nominal_gpus": -1}]},
+        format="json",
+    )
+    assert response.status_code == 400
+    assert "nominal_gpus" in str(response.json())
+    response = operator_client.put(
+        "/api/tenants/llm/quotas/", {"quotas": [{"gpus_per_node": 4, "nominal_gpus": 10_000}]}, format="json"
+    )
+    assert response.status_code == 400
+    assert response.json()["quotas[0].nominal_gpus"] == [
+        "10000 GPUs is more than the fleet's 128 GPUs on 4-GPU nodes (spare nodes not counted)"
+    ]
+    assert not Quota.objects.exists()
+    assert (
+        operator_client.put("/api/tenants/nobody/quotas/", {"quotas": []}, format="json").status_code == 404
+    )
+    assert operator_client.patch("/api/tenants/llm/", {"weight": 0}, format="json").status_code == 400
+
+
+def test_weight_and_cohort_are_changed_by_operators_and_audited(
+    fleet, operator_client, submitter, other_submitter
+):
+    response = operator_client.patch("/api/tenants/llm/", {"weight": 3, "cohort": "research"}, format="json")
+    assert response.status_code == 200
+    assert (response.json()["weight"], response.json()["cohort"], response.json()["fair_share"]) == (
+        3.0,
+        "research",
+        0.75,
+    )
+    event = AuditEvent.objects.get(action="tenant.share")
+    assert event.before == {"weight": 1.0, "cohort": "fleet"} and event.after == {
+        "weight": 3.0,
+        "cohort": "research",
+    }
