@@ -392,7 +392,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {pol} | " + " | ".join(vals) + " |")
     decisions = hashlib.sha256("".join(sorted(r["fingerprint"] for r in results)).encode()).hexdigest()[:16]
     print(
-        f"\ndecisions over all {len(results)} replays: {decisions} (equal: the same decisions in every replay)"
+        f"\ndecisions over all {len(results)} replays: {decisions} "
+        "(equal: the same decisions in every replay)"
     )
     slow = sorted(results, key=lambda r: -r["wall"])[:3]
     print(

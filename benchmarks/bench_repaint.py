@@ -24,7 +24,8 @@ daphne serving the app, and Debian's Chromium (Playwright). It measures:
 The first load of each page warms the server (imports, connections, the read
 models); the second is measured. Figures are printed, not asserted.
 
-    .venv/bin/python benchmarks/bench_repaint.py [--racks 100] [--busy 0.7] [--rate 20] [--seconds 15] [--reuse]
+    .venv/bin/python benchmarks/bench_repaint.py [--racks 100] [--busy 0.7] [--rate 20]
+        [--seconds 15] [--reuse]
 
 Needs PostgreSQL on 127.0.0.1:5432, Redis (REDIS_URL, default
 redis://127.0.0.1:6379/13) and /usr/bin/chromium.
@@ -62,7 +63,8 @@ READY = "document.body.dataset.ws === 'open' && document.body.dataset.ready === 
 PROBE = """() => {
   window.__paints = {};
   window.rackwise.live.on("rack", (r) => {
-    requestAnimationFrame(() => { window.__paints[r.rack + ":" + r.version] = performance.timeOrigin + performance.now(); });
+    requestAnimationFrame(() => { window.__paints[r.rack + ":" + r.version] = \
+performance.timeOrigin + performance.now(); });
   });
 }"""
 
@@ -86,13 +88,15 @@ KIOSK_PAINTED = """() => {
     const r = el.getBoundingClientRect();
     return r.bottom > -300 && r.top < innerHeight + 300;
   });
-  return cards.every((el) => el.dataset.paintedCell === groups.dataset.cell) ? { painted: cards.length } : false;
+  return cards.every((el) => el.dataset.paintedCell === groups.dataset.cell) ? \
+{ painted: cards.length } : false;
 }"""
 
 # DOM elements: in the whole document, and inside each painted grid (the svg
 # and everything under it).
 DOM_COUNTS = """() => {
-  const counts = [...document.querySelectorAll('article.rack[data-painted] .grid')].map((g) => g.getElementsByTagName('*').length);
+  const counts = [...document.querySelectorAll('article.rack[data-painted] .grid')].map((g) => \
+g.getElementsByTagName('*').length);
   const sum = counts.reduce((a, b) => a + b, 0);
   return { document: document.getElementsByTagName('*').length, grids: counts.length, sum,
            mean: counts.length ? sum / counts.length : 0, min: Math.min(...counts), max: Math.max(...counts),
@@ -313,11 +317,13 @@ def main() -> None:
     print(f"racks: {args.racks}; changes: {len(commits)} at {args.rate:g}/s for {args.seconds:g} s")
     print(
         f"fleet page ready (snapshot applied, live feed open): {fleet_ready * 1000:.0f} ms "
-        f"(first load after start: {cold_ready * 1000:.0f} ms); {fleet_drawn} grids on screen painted by {fleet_painted * 1000:.0f} ms"
+        f"(first load after start: {cold_ready * 1000:.0f} ms); "
+        f"{fleet_drawn} grids on screen painted by {fleet_painted * 1000:.0f} ms"
     )
     print(
-        f"kiosk at 3840x2160: ready {kiosk_ready * 1000:.0f} ms, {dom['grids']} grids painted at {dom['cell']} px cells "
-        f"by {kiosk_painted * 1000:.0f} ms ({'every rack on screen' if fits else 'the fleet does not fit the screen'})"
+        f"kiosk at 3840x2160: ready {kiosk_ready * 1000:.0f} ms, "
+        f"{dom['grids']} grids painted at {dom['cell']} px cells by {kiosk_painted * 1000:.0f} ms "
+        f"({'every rack on screen' if fits else 'the fleet does not fit the screen'})"
     )
     print(
         f"DOM elements per rack grid: mean {dom['mean']:.1f} (min {dom['min']}, max {dom['max']}); "
@@ -325,7 +331,8 @@ def main() -> None:
     )
     print(
         f"commit -> repaint (kiosk): p50 {q[49]:.0f} ms, p95 {q[94]:.0f} ms, max {lat[-1]:.0f} ms; "
-        f"not repainted at their own version: {missing} (covered by a later version); gaps seen by the page: {gaps}"
+        f"not repainted at their own version: {missing} (covered by a later version); "
+        f"gaps seen by the page: {gaps}"
     )
 
 

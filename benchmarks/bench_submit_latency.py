@@ -64,7 +64,8 @@ def setup(racks: int) -> str:
         _manage("migrate", "-v0")
         script = (
             "from fleet.services.nodes.inventory import create_rack\n"
-            f"for i in range({racks}): create_rack(None, name=f'b{{i:04d}}', site='bench', row=str(i // 10), position=i % 10)\n"
+            f"for i in range({racks}): create_rack(None, name=f'b{{i:04d}}', site='bench', "
+            "row=str(i // 10), position=i % 10)\n"
         )
         _manage("shell", "-c", script)
         token_file.write_text(
@@ -119,7 +120,8 @@ def latencies(ids: list[int], timeout: float = 120) -> list[float]:
     with psycopg.connect(f"postgres://postgres@127.0.0.1:5432/{DB}") as conn:
         while True:
             rows = conn.execute(
-                "SELECT EXTRACT(EPOCH FROM placed_at - submitted_at) FROM fleet_job WHERE id = ANY(%s) AND placed_at IS NOT NULL",
+                "SELECT EXTRACT(EPOCH FROM placed_at - submitted_at) FROM fleet_job "
+                "WHERE id = ANY(%s) AND placed_at IS NOT NULL",
                 (ids,),
             ).fetchall()
             conn.commit()
@@ -206,7 +208,8 @@ def measure(racks: int, rates: list[float], seconds: float, live: bool) -> dict[
             out[rate] = (pct(lat, 0.5), pct(lat, 0.95))
             print(
                 f"{racks:>6} {'on' if live else 'off':>5} {rate:>7.0f} {len(ids):>6} {len(lat):>7} "
-                f"{pct(lat, 0.5) * 1000:>8.0f} {pct(lat, 0.95) * 1000:>8.0f} {max(lat, default=float('nan')) * 1000:>8.0f}",
+                f"{pct(lat, 0.5) * 1000:>8.0f} {pct(lat, 0.95) * 1000:>8.0f} "
+                f"{max(lat, default=float('nan')) * 1000:>8.0f}",
                 flush=True,
             )
             # Free the fleet for the next rate.
@@ -214,7 +217,8 @@ def measure(racks: int, rates: list[float], seconds: float, live: bool) -> dict[
                 "shell",
                 "-c",
                 "from fleet.models import Job\nfrom fleet.services.jobs.submit import cancel_job\n"
-                "[cancel_job(None, j.pk) for j in Job.objects.exclude(state__in=['completed','failed','cancelled'])]",
+                "[cancel_job(None, j.pk) for j in "
+                "Job.objects.exclude(state__in=['completed','failed','cancelled'])]",
             )
     finally:
         stop_stack(procs)
@@ -231,10 +235,12 @@ def main() -> None:
     (ROOT / "var").mkdir(exist_ok=True)
     modes = {"both": [True, False], "on": [True], "off": [False]}[args.live_fleet]
     print(
-        f"NVL72 racks (18 nodes x 4 GPUs); scheduler worker + one worker + daphne; shapes {[list(s.values()) for s in SHAPES]}"
+        "NVL72 racks (18 nodes x 4 GPUs); scheduler worker + one worker + daphne; "
+        f"shapes {[list(s.values()) for s in SHAPES]}"
     )
     print(
-        f"{'racks':>6} {'live':>5} {'rate/s':>7} {'jobs':>6} {'placed':>7} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8}"
+        f"{'racks':>6} {'live':>5} {'rate/s':>7} {'jobs':>6} {'placed':>7} "
+        f"{'p50 ms':>8} {'p95 ms':>8} {'max ms':>8}"
     )
     results = {
         (racks, live): measure(racks, args.rates, args.seconds, live)

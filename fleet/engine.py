@@ -340,7 +340,8 @@ def verify(snap: Snapshot) -> None:
         problems.append("host or rack names differ")
     if snap.held != fresh.held:
         problems.append(
-            f"held nodes differ: in memory {sorted(snap.held.items())}, in the rows {sorted(fresh.held.items())}"
+            f"held nodes differ: in memory {sorted(snap.held.items())}, "
+            f"in the rows {sorted(fresh.held.items())}"
         )
     if problems:
         raise LiveFleetDrift("; ".join(problems[:5]))

@@ -11,12 +11,14 @@ the caller.
 
 Message shapes (``type`` is the event kind):
 
-* ``rack``: ``{"rack": id, "name", "version", "nodes": [[node_id, slot, hostname, state, [[health, job_id|null], ...]], ...], "jobs": {job_id: {"name", "tenant", "state", "color"}}}``
-  (``color``: the job's palette slot in this rack, see ``fleet.palette``), and ``"held": {node_id: action_id}``,
-  the nodes held for a plan from its approval to its end
+* ``rack``: ``{"rack": id, "name", "version", "nodes": [[node_id, slot, hostname, state,
+  [[health, job_id|null], ...]], ...], "jobs": {job_id: {"name", "tenant", "state", "color"}}}``
+  (``color``: the job's palette slot in this rack, see ``fleet.palette``), and
+  ``"held": {node_id: action_id}``, the nodes held for a plan from its approval to its end
 * ``job``: ``{"job": {"id", "name", "tenant", "state", "state_reason", "num_gpus"}}``
-* ``action``: ``{"action": {"id", "kind", "state", "title", "progress", "step_index", "steps", "error", "job_tenants": {job_id: tenant_id}}}``
-  (a submitter gets other tenants' jobs withheld, see ``fleet.redact``)
+* ``action``: ``{"action": {"id", "kind", "state", "title", "progress", "step_index", "steps", "error",
+  "job_tenants": {job_id: tenant_id}}}`` (a submitter gets other tenants' jobs withheld, see
+  ``fleet.redact``)
 """
 
 from __future__ import annotations

@@ -219,7 +219,10 @@ if (env_str("RACKWISE_CLUSTER") or "").strip() or not (env_str("RACKWISE_EXECUTO
     RACKWISE_CLUSTER = env_choice("RACKWISE_CLUSTER", "simulated", _CLUSTER_KINDS)
 else:
     RACKWISE_CLUSTER = env_choice("RACKWISE_EXECUTOR", "simulated", _CLUSTER_KINDS)
-    _deprecated = "RACKWISE_EXECUTOR is deprecated and will be removed in the next release; set RACKWISE_CLUSTER instead"
+    _deprecated = (
+        "RACKWISE_EXECUTOR is deprecated and will be removed in the next release; "
+        "set RACKWISE_CLUSTER instead"
+    )
     warnings.warn(_deprecated, DeprecationWarning, stacklevel=1)
     logging.getLogger("rackwise.settings").warning(_deprecated)
 # How often the cluster is asked what it did (jobs ended, cancelled): the

@@ -69,7 +69,8 @@ def test_the_migration_hashes_old_plain_text_tokens_so_they_keep_working(fleet):
     old_key = "0123456789abcdef0123456789abcdef01234567"
     with connection.cursor() as cursor:
         cursor.execute(
-            "CREATE TABLE authtoken_token (key varchar(40) PRIMARY KEY, created timestamptz NOT NULL, user_id int)"
+            "CREATE TABLE authtoken_token "
+            "(key varchar(40) PRIMARY KEY, created timestamptz NOT NULL, user_id int)"
         )
         cursor.execute(
             "INSERT INTO authtoken_token VALUES (%s, now() - interval '1 day', %s)", (old_key, user.pk)

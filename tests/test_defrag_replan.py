@@ -98,8 +98,8 @@ def test_approving_a_plan_gone_stale_answers_409_with_the_new_plan_and_cost(plan
     assert old["state"] == ActionState.EXPIRED and old["replaced_by"] == new["id"]
     taken = Node.objects.get(pk=_destination(plan)[0]).hostname
     assert (
-        f"stale at approval: job #{plan.jobs.get().pk}: node {taken} is taken (job #{newcomer.pk} runs there now)"
-        in old["error"]
+        f"stale at approval: job #{plan.jobs.get().pk}: node {taken} is taken "
+        f"(job #{newcomer.pk} runs there now)" in old["error"]
     )
     assert not NodeHold.objects.exists(), "nothing held until the operator confirms"
 

@@ -538,7 +538,8 @@ def test_a_slurm_reimport_with_the_same_files_changes_nothing(db):
         ),
         (
             "slurm_small_block.conf",
-            "slurm_small_block.conf:3: block nvl72-r2 has 9 nodes, fewer than the planning base block size 16",
+            "slurm_small_block.conf:3: block nvl72-r2 has 9 nodes, "
+            "fewer than the planning base block size 16",
         ),
         ("slurm_tree.conf", "slurm_tree.conf:1: SwitchName is topology/tree"),
         (

@@ -28,8 +28,9 @@ from tests.support import ROOT
 # are cancelled and requeued (each releasing its allocations); and now and then
 # it runs a scheduling pass itself, as a second scheduler that took the lease
 # would, or one whose lease lapsed (plans, commits nothing), each with its own
-# in-memory fleet, verified too.
-CHURN = r"""
+# in-memory fleet, verified too. (Not a raw string: a backslash ending a line
+# joins it to the next, which keeps the script's long line under the limit.)
+CHURN = """
 import os, random, sys, time
 import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rackwise.settings")
@@ -74,7 +75,8 @@ while time.monotonic() < deadline:
             out = list(Node.objects.filter(state__in=states))
             if out:
                 node = rng.choice(out)
-                (nodes.return_node_to_service if op == "return" else nodes.undrain_node)(None, node.pk, reason="churn")
+                (nodes.return_node_to_service if op == "return" else nodes.undrain_node)(\
+None, node.pk, reason="churn")
         else:
             states = [JobState.PLACED, JobState.RECOVERING] if op == "start" else list(HOLDING_JOB_STATES)
             held = list(Job.objects.filter(state__in=states).values_list("pk", flat=True))

@@ -100,7 +100,10 @@ def test_the_job_page_shows_its_times_and_the_action_holding_it(fleet, submitter
     page = html(page_for(submitter).get(f"/jobs/{job.pk}/"))
 
     def shown(t):  # as the server writes it; time.js then shows it in the viewer's zone
-        return f'<time datetime="{t.isoformat()}" data-when data-seconds>{t.strftime("%Y-%m-%d %H:%M:%S")} UTC</time>'
+        return (
+            f'<time datetime="{t.isoformat()}" data-when data-seconds>'
+            f"{t.strftime('%Y-%m-%d %H:%M:%S')} UTC</time>"
+        )
 
     assert f'data-time="submitted">{shown(job.submitted_at)}<' in page
     assert f'data-time="started">{shown(job.started_at)}<' in page

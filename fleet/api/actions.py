@@ -77,7 +77,8 @@ class ActionSerializer(serializers.ModelSerializer):
         read_only_fields = fields
         extra_kwargs = {
             "lost_gpu_hours": {
-                "help_text": "What the plan's end cost: the GPU-hours of work lost by every job it stopped (null until a plan that holds nodes ends)."
+                "help_text": "What the plan's end cost: the GPU-hours of work lost by every job it stopped "
+                "(null until a plan that holds nodes ends)."
             },
             "replaces": {"help_text": "The plan this one was made to replace (it had gone stale)."},
         }
@@ -141,7 +142,8 @@ class DefragRequestSerializer(serializers.Serializer):
         required=False,
         min_value=1,
         max_value=MAX_INT32,
-        help_text="Target: room for a rack-local job of this many nodes (at most the fleet's nodes of that size).",
+        help_text="Target: room for a rack-local job of this many nodes "
+        "(at most the fleet's nodes of that size).",
     )
     gpus_per_node = serializers.IntegerField(
         required=False,
@@ -197,7 +199,8 @@ class ActionViewSet(viewsets.ReadOnlyModelViewSet):
             200: ActionSerializer,
             409: OpenApiResponse(
                 ReplannedSerializer,
-                description="Conflicts with the action's state; or the plan had gone stale and was made again: "
+                description="Conflicts with the action's state; "
+                "or the plan had gone stale and was made again: "
                 "``action`` is the new plan, which waits for the operator to confirm its cost (approve it).",
             ),
         },

@@ -52,8 +52,8 @@ def exception_handler(exc, context):
     if isinstance(exc, NotAuthenticated) and (scheme := _unknown_scheme(context)):
         response = drf_exception_handler(exc, context)
         response.data = {
-            "detail": f"The Authorization scheme {scheme!r} is not accepted: send 'Authorization: Token <key>' "
-            "(Bearer works too), or log in to the console."
+            "detail": f"The Authorization scheme {scheme!r} is not accepted: "
+            "send 'Authorization: Token <key>' (Bearer works too), or log in to the console."
         }
         return response
     if isinstance(exc, ObjectDoesNotExist):

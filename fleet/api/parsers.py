@@ -27,8 +27,9 @@ class DepthLimitedJSONParser(JSONParser):
             return data
         except UnicodeEncodeError as exc:
             raise ParseError(
-                f"JSON parse error - the body holds a lone UTF-16 surrogate (\\u{ord(exc.object[exc.start]):04x}), which is not a "
-                "character: escape characters outside the BMP as a surrogate pair, or send them as UTF-8"
+                "JSON parse error - the body holds a lone UTF-16 surrogate "
+                f"(\\u{ord(exc.object[exc.start]):04x}), which is not a character: "
+                "escape characters outside the BMP as a surrogate pair, or send them as UTF-8"
             ) from None
         except jsonsafe.TooDeep as exc:
             raise ParseError(str(exc)) from None

@@ -63,7 +63,8 @@ DESCRIPTIONS = {
     409: "Conflicts with the object's current state.",
     415: "The body's Content-Type is not one the API parses (JSON, form, multipart).",
     429: "Too many requests; retry after the time in Retry-After.",
-    503: "The database (or, for a node change, the cluster) is not answering; nothing changed; retry after the time in Retry-After.",
+    503: "The database (or, for a node change, the cluster) is not answering; nothing changed; "
+    "retry after the time in Retry-After.",
 }
 WRITES = {"POST", "PUT", "PATCH", "DELETE"}
 

@@ -221,7 +221,8 @@ class JobSerializer(serializers.ModelSerializer):
         {
             "type": "object",
             "description": "Where the job runs (racks, nodes, its segments by node id and by hostname: "
-            "its GPUs now, or where it last ran) and why (the engine's reason and choices); {} if never placed.",
+            "its GPUs now, or where it last ran) and why (the engine's reason and choices); "
+            "{} if never placed.",
         }
     )
     def get_placement(self, job: Job) -> dict:
@@ -440,7 +441,8 @@ class RackFragmentationSerializer(serializers.Serializer):
     free_gpus = serializers.IntegerField(help_text="Free GPUs of healthy nodes, spares included.")
     idle_nodes = serializers.IntegerField(help_text="Healthy nodes holding nothing.")
     spare_nodes = serializers.IntegerField(
-        help_text="Idle nodes kept back for recovery (none once small or preemptible jobs borrow them); not counted."
+        help_text="Idle nodes kept back for recovery (none once small or preemptible jobs borrow them); "
+        "not counted."
     )
     slice_nodes = serializers.IntegerField(
         help_text="The rack's free slice: idle nodes it offers a non-preemptible gang, spares kept. "
@@ -481,7 +483,8 @@ class FragmentationSerializer(serializers.Serializer):
         "kept (the best rack card's 'slice')."
     )
     largest_job_gpus = serializers.IntegerField(
-        help_text="The largest rack-local gang placeable now without touching spares: largest_slice_nodes in GPUs."
+        help_text="The largest rack-local gang placeable now without touching spares: "
+        "largest_slice_nodes in GPUs."
     )
     typical_job_gpus = serializers.IntegerField(
         help_text="GPUs of the typical multi-node job: the median of the pending jobs and those submitted in "

@@ -113,7 +113,8 @@ class SlurmCli:
             )
         except subprocess.TimeoutExpired as exc:
             raise ClusterUnavailable(
-                f"Slurm did not answer `{shown}` within {timeout or self.timeout_s:g} s (RACKWISE_SLURM_TIMEOUT_S)"
+                f"Slurm did not answer `{shown}` within {timeout or self.timeout_s:g} s "
+                "(RACKWISE_SLURM_TIMEOUT_S)"
             ) from exc
         except OSError as exc:
             raise ClusterUnavailable(f"cannot run `{shown}`: {exc}") from exc

@@ -144,8 +144,8 @@ def check_hostname(value: object, what: str, place: str) -> str:
     if not HOSTNAME_CHARS.fullmatch(name):
         hint = " (a Slurm hostlist names several hosts: list each)" if any(c in name for c in "[],") else ""
         raise TopologyError(
-            f"{what} {show(name)} is not a host name: use letters, digits, '.', '-' and '_', starting with a letter "
-            f"or digit{hint}",
+            f"{what} {show(name)} is not a host name: use letters, digits, '.', '-' and '_', "
+            f"starting with a letter or digit{hint}",
             place,
         )
     return name

@@ -220,7 +220,8 @@ def check_block_rules(conf: BlockConf) -> list[TopologyError]:
         if len(block.nodes) < base:
             problems.append(
                 TopologyError(
-                    f"block {block.name} has {len(block.nodes)} nodes, fewer than the planning base block size {base}",
+                    f"block {block.name} has {len(block.nodes)} nodes, "
+                    f"fewer than the planning base block size {base}",
                     conf.where(block.line),
                 )
             )

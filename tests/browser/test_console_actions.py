@@ -68,7 +68,8 @@ def test_an_operator_approves_a_defrag_plan_and_watches_it_to_the_final_grid(
     assert card.locator("[data-testid=approve]").is_hidden()
     # The final grid: A now runs in r2.
     page.wait_for_function(
-        f"window.rackwise.jobCells({a.pk}).length === 16 && window.rackwise.jobCells({a.pk}).every(c => c.rack === {r2.pk})"
+        f"window.rackwise.jobCells({a.pk}).length === 16 && "
+        f"window.rackwise.jobCells({a.pk}).every(c => c.rack === {r2.pk})"
     )
     page.wait_for_function(
         "([s, job]) => window.rackwiseGrid.cells(s).filter(c => c.fill === job).length === 16",

@@ -69,7 +69,8 @@ def test_an_operator_plans_a_defrag_from_the_console_and_approves_it_there(
     assert "this plan meets it" in card.locator("[data-testid=defrag-target]").text_content()
     assert card.locator("[data-testid=free-racks-now]").text_content() == "0"
     page.wait_for_function(
-        f"document.querySelector('[data-testid=nav-badge]').dataset.count === '{Action.objects.filter(state=ActionState.PROPOSED).count()}'"
+        "document.querySelector('[data-testid=nav-badge]').dataset.count === "
+        f"'{Action.objects.filter(state=ActionState.PROPOSED).count()}'"
     )
 
     # Costly: the first click asks to confirm the GPU-hours (the page's threshold
@@ -87,7 +88,8 @@ def test_an_operator_plans_a_defrag_from_the_console_and_approves_it_there(
     # The target stays in view; the waiting gang C takes the room the plan made.
     assert card.locator("[data-testid=defrag-target]").is_visible()
     page.wait_for_function(
-        f"window.rackwise.jobCells({c.pk}).length === 64 && window.rackwise.jobCells({c.pk}).every(x => x.rack === {fleet[0].pk})",
+        f"window.rackwise.jobCells({c.pk}).length === 64 && "
+        f"window.rackwise.jobCells({c.pk}).every(x => x.rack === {fleet[0].pk})",
         timeout=30000,
     )
     assert card.locator("[data-testid=free-racks-now]").text_content() == "0"
@@ -119,7 +121,8 @@ def test_a_proposal_made_elsewhere_appears_without_a_reload_and_the_badge_counts
     assert card.locator("[data-testid=approve]").is_visible()
     assert "<b>ECC</b>" in card.text_content(), "titles and reasons are text, not markup"
     page.wait_for_function(
-        "([s, node]) => window.rackwiseGrid.cells(s).filter(c => c.node === node && c.state === 'drained' && c.letter === 'D').length === 4",
+        "([s, node]) => window.rackwiseGrid.cells(s)"
+        ".filter(c => c.node === node && c.state === 'drained' && c.letter === 'D').length === 4",
         arg=[f"#action-{drain.pk} [data-testid=grid-after]", node.pk],
     )
     badge = page.locator("[data-testid=nav-badge]")

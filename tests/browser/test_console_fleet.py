@@ -152,8 +152,10 @@ def test_the_racks_are_on_the_first_screen_and_a_wall_reads_from_afar(chromium, 
         open_live(page, path)
         page.wait_for_function("document.querySelectorAll('article.rack[data-painted]').length === 8")
         seen[name] = page.evaluate("""() => {
-            const racks = [...document.querySelectorAll('article.rack')].map((r) => r.getBoundingClientRect());
-            return { firstBottom: racks[0].bottom, chartTop: document.querySelector('.chart-panel')?.getBoundingClientRect().top ?? null,
+            const racks = [...document.querySelectorAll('article.rack')].map((r) => \
+r.getBoundingClientRect());
+            return { firstBottom: racks[0].bottom, \
+chartTop: document.querySelector('.chart-panel')?.getBoundingClientRect().top ?? null,
                      totals: parseFloat(getComputedStyle(document.querySelector('.totals')).fontSize),
                      labels: document.querySelectorAll('.job-label').length };
         }""")

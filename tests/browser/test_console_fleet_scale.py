@@ -83,7 +83,8 @@ def test_a_large_fleet_is_grouped_collapsed_to_live_aggregates_and_a_rack_name_s
     status, body = post_api(page, f"/api/nodes/{node.pk}/mark-failed/", {"reason": "XID 79"})
     assert status == 200, body
     page.wait_for_function(
-        """() => document.querySelector("[data-testid=group][data-site=west][data-row=B] [data-agg=failed]").textContent === '1'"""
+        """() => document.querySelector("[data-testid=group][data-site=west][data-row=B] """
+        """[data-agg=failed]").textContent === '1'"""
     )
     assert (_agg(west_b, "free"), _agg(west_b, "slice")) == ("179", "16")
     assert "bad" in west_b.locator("[data-agg-box=failed]").get_attribute("class")
@@ -150,7 +151,8 @@ def test_the_overview_map_is_one_tab_stop_and_arrow_keys_move_inside_it(page, bi
     page.keyboard.press("ArrowRight")
     assert page.evaluate(active) == ids[1]
     cols = page.evaluate(
-        "(() => { const b = [...document.querySelectorAll('[data-ov]')]; return b.filter(x => x.offsetTop === b[0].offsetTop).length; })()"
+        "(() => { const b = [...document.querySelectorAll('[data-ov]')]; "
+        "return b.filter(x => x.offsetTop === b[0].offsetTop).length; })()"
     )
     assert 1 < cols < 60
     page.keyboard.press("ArrowDown")
@@ -186,14 +188,18 @@ def test_kiosk_fills_a_4k_screen_with_eight_live_racks_and_a_phone_never_scrolls
     # Fitted again once the totals are in (they take room above the racks), and drawn at that size.
     page.wait_for_function("""() => {
       const groups = document.querySelector('[data-testid=groups]');
-      return document.querySelector('[data-total=fragmentation]').textContent !== '…' && !groups.dataset.fitting
-        && [...document.querySelectorAll('article.rack')].every(el => el.dataset.paintedCell === groups.dataset.cell);
+      return document.querySelector('[data-total=fragmentation]').textContent !== '…' \
+&& !groups.dataset.fitting
+        && [...document.querySelectorAll('article.rack')].every(el => \
+el.dataset.paintedCell === groups.dataset.cell);
     }""")
     cover = page.evaluate("""() => {
-      const area = [...document.querySelectorAll('article.rack .grid svg')].map(el => el.getBoundingClientRect())
+      const area = [...document.querySelectorAll('article.rack .grid svg')].map(el => \
+el.getBoundingClientRect())
         .reduce((sum, r) => sum + r.width * r.height, 0);
       const root = document.scrollingElement;
-      return { share: area / (innerWidth * innerHeight), scrolls: root.scrollHeight > innerHeight || root.scrollWidth > innerWidth };
+      return { share: area / (innerWidth * innerHeight), \
+scrolls: root.scrollHeight > innerHeight || root.scrollWidth > innerWidth };
     }""")
     assert cover["share"] >= 0.5 and not cover["scrolls"], cover
 

@@ -39,7 +39,8 @@ def test_an_operator_drains_a_node_from_the_rack_page_and_the_grid_shows_it_drai
     # The big job is labelled on the grid, and its table row carries its grid colour.
     assert page.locator(f"text.job-label[data-job-label='{job.pk}']").text_content().startswith(f"#{job.pk}")
     cell_fill = page.evaluate(
-        f"getComputedStyle(document.querySelector('[data-testid=rack] path.fill[data-job=\"{job.pk}\"]')).fill"
+        "getComputedStyle("
+        f"document.querySelector('[data-testid=rack] path.fill[data-job=\"{job.pk}\"]')).fill"
     )
     swatch = page.locator(f"[data-testid=rack-jobs] [data-job-swatch='{job.pk}']")
     assert swatch.evaluate("el => getComputedStyle(el).backgroundColor") == cell_fill
@@ -66,12 +67,14 @@ def test_an_operator_drains_a_node_from_the_rack_page_and_the_grid_shows_it_drai
           const c = window.rackwise.cellState({node.pk}, 0);
           const drawn = window.rackwiseGrid.cells('[data-testid=rack]').filter(x => x.node === {node.pk});
           return c && c.mark === 'draining' && drawn.length === 4
-            && drawn.every(x => x.state === 'draining' && x.letter === 'D' && x.pattern === 'p-drain' && x.fill === {job.pk});
+            && drawn.every(x => x.state === 'draining' && x.letter === 'D' && \
+x.pattern === 'p-drain' && x.fill === {job.pk});
         }}"""
     )
     # The row is filled from the API's answer, which may come after the live event.
     page.wait_for_function(
-        f"document.querySelector('[data-testid=node-row][data-node-id=\"{node.pk}\"] [data-node-reason]').textContent === 'fan noise, RMA 4711'"
+        f"document.querySelector('[data-testid=node-row][data-node-id=\"{node.pk}\"] [data-node-reason]')"
+        ".textContent === 'fan noise, RMA 4711'"
     )
     assert row.locator("[data-node-state]").text_content() == "Draining"
     assert row.locator("[data-testid=node-reason]").input_value() == ""
@@ -144,13 +147,15 @@ def test_fleet_cards_count_failed_draining_and_spares_live_and_problems_only_fin
     status, body = post_api(page, f"/api/nodes/{failed.pk}/mark-failed/", {"reason": "XID 79"})
     assert status == 200, body
     page.wait_for_function(
-        f"document.querySelector('article.rack[data-rack-id=\"{r1.pk}\"] [data-stat=failed]').textContent === '1'"
+        f"document.querySelector('article.rack[data-rack-id=\"{r1.pk}\"] [data-stat=failed]')"
+        ".textContent === '1'"
     )
     page.wait_for_function(f"!document.querySelector('article.rack[data-rack-id=\"{r1.pk}\"]').hidden")
     assert page.text_content("[data-testid=shown]") == "2"
     # The slice follows with the next fragmentation report (at most 4 s).
     page.wait_for_function(
-        f"document.querySelector('article.rack[data-rack-id=\"{r1.pk}\"] [data-stat=slice]').textContent === '13'"
+        f"document.querySelector('article.rack[data-rack-id=\"{r1.pk}\"] [data-stat=slice]')"
+        ".textContent === '13'"
     )
     assert page.text_content("[data-testid=largest]") == "15 nodes (60 GPUs)"
     assert page.js_errors == []

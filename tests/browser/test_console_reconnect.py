@@ -42,7 +42,9 @@ def test_the_page_recovers_after_the_websocket_is_cut(page, server, fleet, opera
 
     server.start()
     page.wait_for_function(
-        f"document.body.dataset.ws === 'open' && Number(document.querySelector('article.rack[data-rack-id=\"{rack.pk}\"]').dataset.version) >= {version}",
+        "document.body.dataset.ws === 'open' && "
+        f"Number(document.querySelector('article.rack[data-rack-id=\"{rack.pk}\"]').dataset.version)"
+        f" >= {version}",
         timeout=20000,
     )
     assert (
@@ -51,7 +53,8 @@ def test_the_page_recovers_after_the_websocket_is_cut(page, server, fleet, opera
     )
     # Drawn, not only applied: the node's four cells carry the drain pattern's letter.
     page.wait_for_function(
-        f"window.rackwiseGrid.cells('main').filter(c => c.node === {node.pk} && c.state.startsWith('drain') && c.letter === 'D').length === 4"
+        f"window.rackwiseGrid.cells('main').filter(c => c.node === {node.pk} && "
+        "c.state.startsWith('drain') && c.letter === 'D').length === 4"
     )
     # The reconnect asked only for what changed since the last answer.
     assert fetched[first_load:] == [f"since={cursor}"]
@@ -66,7 +69,8 @@ def test_a_rack_removed_while_disconnected_is_dropped_on_reconnect(page, server,
     gone_node = Node.objects.filter(rack=removed).order_by("slot").first()
     assert page.evaluate(f"window.rackwise.cellState({gone_node.pk}, 0)") is not None
     removals = page.evaluate(
-        "(() => { const ids = []; window.rackwise.live.on('removed', (id) => ids.push(id)); window.__removed = ids; return ids.length; })()"
+        "(() => { const ids = []; window.rackwise.live.on('removed', (id) => ids.push(id)); "
+        "window.__removed = ids; return ids.length; })()"
     )
     assert removals == 0
 
@@ -90,7 +94,8 @@ def test_a_rack_removed_while_disconnected_is_dropped_on_reconnect(page, server,
     assert page.evaluate(f"window.rackwise.cellState({gone_node.pk}, 0)") is None
     # The Fleet page drops its card and overview square too.
     page.wait_for_function(
-        f"!document.querySelector('article.rack[data-rack-id=\"{removed.pk}\"]') && !document.querySelector('[data-ov=\"{removed.pk}\"]')"
+        f"!document.querySelector('article.rack[data-rack-id=\"{removed.pk}\"]') && "
+        f"!document.querySelector('[data-ov=\"{removed.pk}\"]')"
     )
     assert page.evaluate(f"window.rackwise.live.racks.has({kept.pk})")
     assert any(q.startswith("since=") for q in fetched)

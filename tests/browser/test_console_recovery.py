@@ -41,7 +41,8 @@ def test_a_failed_node_shows_as_failed_and_the_recovered_jobs_new_cell_appears(
           const onFailed = cells.filter(c => c.node === {failed.pk}).length;
           const drawn = window.rackwiseGrid.cells('main');
           const dom = drawn.filter(c => c.fill === {job.pk}).length;
-          const marked = drawn.filter(c => c.node === {failed.pk} && c.state === 'failed' && c.pattern === 'p-failed' && c.letter === 'F').length;
+          const marked = drawn.filter(c => c.node === {failed.pk} && c.state === 'failed' && \
+c.pattern === 'p-failed' && c.letter === 'F').length;
           return cells.length === 8 && onFailed === 0 && dom === 8 && marked === 4;
         }}""",
         timeout=30000,

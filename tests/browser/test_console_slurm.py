@@ -93,7 +93,8 @@ def test_a_node_down_in_slurm_is_swapped_in_place_and_the_grid_shows_it(
     page.wait_for_function(
         f"""() => {{
           const cells = window.rackwise.jobCells({job.pk});
-          const marked = window.rackwiseGrid.cells('main').filter(c => c.node === {victim.pk} && c.state === 'failed' && c.letter === 'F').length;
+          const marked = window.rackwiseGrid.cells('main').filter(c => c.node === {victim.pk} && \
+c.state === 'failed' && c.letter === 'F').length;
           return cells.length === 32 && cells.every(c => c.node !== {victim.pk}) && marked === 4;
         }}""",
         timeout=30000,

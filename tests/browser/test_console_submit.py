@@ -97,7 +97,8 @@ def test_the_what_if_says_at_once_why_a_job_too_big_for_a_rack_would_be_refused(
     form.get_by_test_id("field-gpus_per_node").fill("4")
     page.wait_for_function(
         "document.querySelector('[data-testid=what-if]').dataset.state === 'refused'"
-        " && document.querySelector('[data-testid=what-if-summary]').textContent.startsWith('would be refused')"
+        " && document.querySelector('[data-testid=what-if-summary]')"
+        ".textContent.startsWith('would be refused')"
     )
     assert "exceed the largest domain (18 nodes" in form.get_by_test_id("what-if-summary").text_content()
     assert page.js_errors == []

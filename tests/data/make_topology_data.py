@@ -141,7 +141,8 @@ def k8s_node(
             "labels": all_labels,
             "name": name,
             "resourceVersion": str(48_000_000 + int(ip.split(".")[-1]) * 17),
-            "uid": f"6f1d{zlib.crc32(name.encode()) % 10**8:08d}-3c2b-4a1e-9f0d-{int(ip.split('.')[-1]):012d}",
+            "uid": f"6f1d{zlib.crc32(name.encode()) % 10**8:08d}-3c2b-4a1e-9f0d-"
+            f"{int(ip.split('.')[-1]):012d}",
         },
         "spec": spec,
         "status": {
@@ -418,19 +419,28 @@ def main() -> None:
     text = json.dumps(small, indent=2)
     (HERE / "k8s_truncated.json").write_text(text[: len(text) // 2])
     (HERE / "slurm_bad_hostlist.conf").write_text(
-        "BlockName=nvl72-r1 Nodes=gb200-r1-n[01-18]\nBlockName=nvl72-r2 Nodes=gb200-r2-n[01-18\nBlockSizes=18\n"
+        "BlockName=nvl72-r1 Nodes=gb200-r1-n[01-18]\n"
+        "BlockName=nvl72-r2 Nodes=gb200-r2-n[01-18\n"
+        "BlockSizes=18\n"
     )
     (HERE / "slurm_bad_blocksizes.conf").write_text(
-        "BlockName=nvl72-r1 Nodes=gb200-r1-n[01-18]\nBlockName=nvl72-r2 Nodes=gb200-r2-n[01-18]\nBlockSizes=18,30\n"
+        "BlockName=nvl72-r1 Nodes=gb200-r1-n[01-18]\n"
+        "BlockName=nvl72-r2 Nodes=gb200-r2-n[01-18]\n"
+        "BlockSizes=18,30\n"
     )
     (HERE / "slurm_small_block.conf").write_text(
-        "BlockName=nvl72-r1 Nodes=gb200-r1-n[01-18]\n# half a rack\nBlockName=nvl72-r2 Nodes=gb200-r2-n[01-09]\nBlockSizes=16,32\n"
+        "BlockName=nvl72-r1 Nodes=gb200-r1-n[01-18]\n"
+        "# half a rack\n"
+        "BlockName=nvl72-r2 Nodes=gb200-r2-n[01-09]\n"
+        "BlockSizes=16,32\n"
     )
     (HERE / "slurm_tree.conf").write_text(
         "SwitchName=s0 Nodes=gb200-r1-n[01-18]\nSwitchName=s1 Switches=s0\n"
     )
     (HERE / "slurm_host_in_two_blocks.conf").write_text(
-        "BlockName=nvl72-r1 Nodes=gb200-r1-n[01-18]\nBlockName=nvl72-r2 Nodes=gb200-r2-n[01-17],gb200-r1-n18\nBlockSizes=16\n"
+        "BlockName=nvl72-r1 Nodes=gb200-r1-n[01-18]\n"
+        "BlockName=nvl72-r2 Nodes=gb200-r2-n[01-17],gb200-r1-n18\n"
+        "BlockSizes=16\n"
     )
     bad_nodes = scontrol_nodes()
     bad_nodes["nodes"][30]["gres"] = "gpu:gb200:lots"

@@ -278,7 +278,8 @@ def test_a_held_sbatch_job_is_adopted_placed_and_released(cluster, adapter, flee
     inside = cluster.jobs_dir_in_cluster
     sid = cluster.run(
         "sbatch", "--parsable", "--hold", "--no-requeue", "-N", "2", "--gres=gpu:4", "--job-name=user-train",
-        f"--partition={cluster.partition}", f"--chdir={inside}", f"--output={inside}/user-%j.out", f"{inside}/user.sh",
+        f"--partition={cluster.partition}", f"--chdir={inside}", f"--output={inside}/user-%j.out",
+        f"{inside}/user.sh",
     ).stdout.strip()  # fmt: skip
     adopted = slurm_sync.adopt_held_jobs(adapter)
     assert len(adopted) == 1 and slurm_sync.adopt_held_jobs(adapter) == []
@@ -329,5 +330,6 @@ def test_slurmctld_down_is_cluster_unavailable(cluster, adapter, fleet_of_slurm,
         time.sleep(0.2)
     assert all(r.state == NODE_HEALTHY for r in reports.values()) and len(reports) == len(cluster.nodes)
     print(
-        f"all nodes reported again {time.monotonic() - t0:.2f} s after slurmctld restarted (partial: {seen[:5]})"
+        f"all nodes reported again {time.monotonic() - t0:.2f} s after slurmctld restarted "
+        f"(partial: {seen[:5]})"
     )

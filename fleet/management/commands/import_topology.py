@@ -32,7 +32,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--rack-label",
             default=k8s.CLIQUE_LABEL,
-            help="Kubernetes label naming a node's NVLink domain (default: %(default)s, keyed by its ClusterUUID part)",
+            help="Kubernetes label naming a node's NVLink domain "
+            "(default: %(default)s, keyed by its ClusterUUID part)",
         )
         parser.add_argument(
             "--kubeconfig",
@@ -46,7 +47,8 @@ class Command(BaseCommand):
             "--gpus-per-node",
             type=int,
             default=4,
-            help="GPUs of new nodes when the source does not say (slurm without --nodes; default %(default)s)",
+            help="GPUs of new nodes when the source does not say "
+            "(slurm without --nodes; default %(default)s)",
         )
         parser.add_argument("--dry-run", action="store_true", help="show what would change, write nothing")
         parser.add_argument(

@@ -96,7 +96,8 @@ class DefragGoal:
             0 < self.budget_gpu_hours <= settings.RACKWISE_DEFRAG_MAX_BUDGET_GPU_HOURS
         ):
             errors["budget_gpu_hours"] = [
-                f"must be above 0 and at most {settings.RACKWISE_DEFRAG_MAX_BUDGET_GPU_HOURS:g}, got {self.budget_gpu_hours}"
+                f"must be above 0 and at most {settings.RACKWISE_DEFRAG_MAX_BUDGET_GPU_HOURS:g}, "
+                f"got {self.budget_gpu_hours}"
             ]
         if self.gpus_per_node is not None and self.room_for_nodes is None:
             errors["gpus_per_node"] = ["goes with room_for_nodes (the node size of the room to make)"]
@@ -254,7 +255,8 @@ def _make_plan(
     }
     title = (
         f"defragment: {len(plan.moves)} move(s) for {plan.target}, "
-        f"{plan.cost_gpu_hours:.1f} GPU-h, whole free racks {plan.free_racks_before} -> {plan.free_racks_after}"
+        f"{plan.cost_gpu_hours:.1f} GPU-h, "
+        f"whole free racks {plan.free_racks_before} -> {plan.free_racks_after}"
     )
     proposal = action_services.Proposal(
         kind=ActionKind.DEFRAG,
@@ -304,7 +306,8 @@ def replan(actor, action: Action, problems: list[str], *, keep_approval: bool = 
             actor,
             locked.pk,
             [
-                f"{why}; re-planned as #{successor.pk} ({locked.cost_gpu_hours:.1f} -> {successor.cost_gpu_hours:.1f} GPU-h)"
+                f"{why}; re-planned as #{successor.pk} "
+                f"({locked.cost_gpu_hours:.1f} -> {successor.cost_gpu_hours:.1f} GPU-h)"
             ],
             replan=False,
         )
@@ -342,9 +345,15 @@ def defrag_due() -> str | None:
     cutoff = timezone.now() - timedelta(seconds=settings.RACKWISE_DEFRAG_WAIT_THRESHOLD_S)
     waiting = Job.objects.filter(state=JobState.PENDING, locality=Locality.REQUIRED, submitted_at__lte=cutoff)
     if waiting.exists():
-        return f"{waiting.count()} required job(s) waited longer than {settings.RACKWISE_DEFRAG_WAIT_THRESHOLD_S} s"
+        return (
+            f"{waiting.count()} required job(s) waited longer than "
+            f"{settings.RACKWISE_DEFRAG_WAIT_THRESHOLD_S} s"
+        )
     if Job.objects.filter(state=JobState.PENDING, num_nodes__isnull=False).exists():
         fraction = fragmentation_report().fraction
         if fraction > settings.RACKWISE_DEFRAG_FRAGMENTATION_THRESHOLD:
-            return f"fragmentation {fraction:.2f} is above {settings.RACKWISE_DEFRAG_FRAGMENTATION_THRESHOLD:.2f}"
+            return (
+                f"fragmentation {fraction:.2f} is above "
+                f"{settings.RACKWISE_DEFRAG_FRAGMENTATION_THRESHOLD:.2f}"
+            )
     return None

@@ -145,7 +145,10 @@ def _proposal(snap: engine.Snapshot, job: Job) -> action_services.Proposal | Non
             snap.allocate_step(job.pk, plan.new_nodes, plan.new_segments, plan.reason),
             Start(job=job.pk),
         ]
-        title = f"move job #{job.pk} {job.name} to {', '.join(sorted({snap.rack_names[fleet.nodes[n].rack] for n in plan.new_nodes}))}"
+        title = (
+            f"move job #{job.pk} {job.name} to "
+            f"{', '.join(sorted({snap.rack_names[fleet.nodes[n].rack] for n in plan.new_nodes}))}"
+        )
     else:
         steps.append(Requeue(job=job.pk, reason=plan.reason))
         title = f"requeue job #{job.pk} {job.name}: {plan.reason}"

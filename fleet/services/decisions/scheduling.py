@@ -356,7 +356,10 @@ def _what_if_answer(snap: engine.Snapshot, answer, request: pm.JobRequest, now: 
             )
         first = snap.fleet.nodes[next(iter(plan.nodes))]
         if request.is_small(first.gpus):
-            where = f"{placed[0]['hostname']} in {placed[0]['rack']}, {len(placed[0]['gpus'])} of its {first.gpus} GPUs"
+            where = (
+                f"{placed[0]['hostname']} in {placed[0]['rack']}, "
+                f"{len(placed[0]['gpus'])} of its {first.gpus} GPUs"
+            )
         else:
             where = "; ".join(
                 f"{name}, {sum(p['rack'] == name for p in placed)} of {snap.fleet.rack_by_id[r].size} nodes"

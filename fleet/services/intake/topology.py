@@ -181,8 +181,8 @@ def _plan(topology: Topology, default_gpus: int, lock: bool) -> _Plan:
                 domain.name, rack = domain.external_id, by_name.get(domain.external_id)
             if rack is not None and rack.external_id:
                 raise Conflict(
-                    f"the {topology.source} domain {domain.external_id} would be rack {domain.name}, but that "
-                    f"name belongs to the rack of {rack.external_id}; rename that rack first"
+                    f"the {topology.source} domain {domain.external_id} would be rack {domain.name}, "
+                    f"but that name belongs to the rack of {rack.external_id}; rename that rack first"
                 )
         if rack is not None:
             matched.add(rack.pk)
@@ -238,7 +238,8 @@ def _report(topology: Topology, plan: _Plan, dry_run: bool) -> ImportReport:
         shape = (len(p.hosts), p.gpus_per_node)
         if p.hosts and shape != (p.rack.nodes_per_domain, p.rack.gpus_per_node):
             report.racks_reshaped.append(
-                f"{p.name}: {p.rack.nodes_per_domain} x {p.rack.gpus_per_node} GPUs -> {shape[0]} x {shape[1]} GPUs"
+                f"{p.name}: {p.rack.nodes_per_domain} x {p.rack.gpus_per_node} GPUs "
+                f"-> {shape[0]} x {shape[1]} GPUs"
             )
         if p.domain is None and not p.hosts:
             report.racks_removed.append(p.name)
@@ -513,7 +514,10 @@ def export_slurm_topology(*, base_block: int | None = None) -> SlurmExport:
         raise Conflict("no rack has a block's worth of healthy nodes; there is nothing to write")
     sizes = block_sizes_for(base, len(blocks))
     comments = [
-        "topology.conf for TopologyPlugin=topology/block, written by Rackwise (manage.py export_slurm_topology).",
+        (
+            "topology.conf for TopologyPlugin=topology/block, "
+            "written by Rackwise (manage.py export_slurm_topology)."
+        ),
         "One block per NVLink domain (rack) with its healthy nodes; BlockSizes starts at the slice size,",
         "so Slurm plans big jobs in slices and each rack's other nodes stay spare.",
         *(f"left out: {line}" for line in left_out),

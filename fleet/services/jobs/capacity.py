@@ -113,7 +113,8 @@ def normalise_shape(spec: JobSpec, capacity: FleetCapacity) -> Shape:
         raise InvalidInput(
             {
                 missing: [
-                    f"{missing} is required with {'num_nodes' if missing == 'gpus_per_node' else 'gpus_per_node'}"
+                    f"{missing} is required with "
+                    f"{'num_nodes' if missing == 'gpus_per_node' else 'gpus_per_node'}"
                 ]
             }
         )
@@ -121,7 +122,8 @@ def normalise_shape(spec: JobSpec, capacity: FleetCapacity) -> Shape:
         raise InvalidInput(
             {
                 "num_gpus": [
-                    f"num_gpus={num_gpus} does not match num_nodes x gpus_per_node = {num_nodes * gpn}; give one or the other"
+                    f"num_gpus={num_gpus} does not match num_nodes x gpus_per_node = {num_nodes * gpn}; "
+                    "give one or the other"
                 ]
             }
         )
@@ -188,7 +190,8 @@ def normalise_shape(spec: JobSpec, capacity: FleetCapacity) -> Shape:
             raise InvalidInput(
                 {
                     "segment_nodes": [
-                        f"{num_nodes} nodes cannot be cut into segments of {segment}; use a divisor of {num_nodes} such as {', '.join(map(str, divisors[-3:]))}"
+                        f"{num_nodes} nodes cannot be cut into segments of {segment}; "
+                        f"use a divisor of {num_nodes} such as {', '.join(map(str, divisors[-3:]))}"
                     ]
                 }
             )
@@ -196,7 +199,8 @@ def normalise_shape(spec: JobSpec, capacity: FleetCapacity) -> Shape:
             raise InvalidInput(
                 {
                     "segment_nodes": [
-                        f"a segment of {segment} nodes cannot fit: the largest NVLink domain has {largest} nodes of {gpn} GPUs"
+                        f"a segment of {segment} nodes cannot fit: "
+                        f"the largest NVLink domain has {largest} nodes of {gpn} GPUs"
                     ]
                 }
             )
@@ -204,7 +208,10 @@ def normalise_shape(spec: JobSpec, capacity: FleetCapacity) -> Shape:
         raise InvalidInput(
             {
                 "locality": [
-                    f"a required job must fit in one NVLink domain, but {num_nodes} nodes exceed the largest domain ({largest} nodes, {largest * gpn} GPUs); set segment_nodes (a divisor of {num_nodes} up to {largest}) to split it into rack-local segments, or use locality=preferred"
+                    f"a required job must fit in one NVLink domain, but {num_nodes} nodes exceed "
+                    f"the largest domain ({largest} nodes, {largest * gpn} GPUs); "
+                    f"set segment_nodes (a divisor of {num_nodes} up to {largest}) "
+                    "to split it into rack-local segments, or use locality=preferred"
                 ]
             }
         )

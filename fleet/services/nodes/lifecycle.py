@@ -98,7 +98,8 @@ MOVES: dict[str, Move] = {
             (N.HEALTHY,),
             "node.return",
             NODE_HEALTHY,
-            "only a failed, in-repair or suspect node can be returned to service (use undrain for a drained node)",
+            "only a failed, in-repair or suspect node can be returned to service "
+            "(use undrain for a drained node)",
         ),
         Move(
             "suspect",
