@@ -542,9 +542,7 @@ def rack_room(job: JobRequest, racks: list[Rack]) -> Callable[[dict[str, int]], 
 
     # The same as blocks (a weaker test for k > 1: all racks together), for
     # Backfill to find the first time worth trying.
-    test.blocks = (
-        [([r], n, seg) for r in ids]
-        if k == 1  # type: ignore[attr-defined]
-        else [(ids, n, seg)]
+    test.blocks = (  # type: ignore[attr-defined]
+        [([r], n, seg) for r in ids] if k == 1 else [(ids, n, seg)]
     )
     return test
