@@ -9,7 +9,7 @@ database live in :mod:`fleet.services.actions.rules`; the cluster side is the ad
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -77,8 +77,8 @@ _READERS: dict[str, Callable[[Any], Any]] = {
     "dict[str, str]": lambda v: {str(k): str(n) for k, n in v.items()},
     "list[str]": lambda v: [str(x) for x in v],
     "list[str] | None": lambda v: [str(x) for x in v],
-    "list[list[int]] | None": lambda v: [list(segment) for segment in v],
-    "list[dict] | None": list,
+    "list[list[str]] | None": lambda v: [list(segment) for segment in v],
+    "Sequence[str] | None": list,
 }
 
 
@@ -91,10 +91,13 @@ class Allocate(Step):
     effect: ClassVar[str] = "allocate"
     required: ClassVar[tuple[str, ...]] = ("job", "nodes")
     nodes: dict[int, list[int]] = field(default_factory=dict)
-    segments: list[list[int]] | None = None
+    # Node ids as the engine names them (strings), per segment.
+    segments: list[list[str]] | None = None
     hostnames: list[str] = field(default_factory=list)
     reason: str = ""
-    choices: list[dict] | None = None
+    # The engine's reasons, one per choice. Sequence, not list[str]: its reader
+    # keeps the stored items as they are (list[str]'s would str() each).
+    choices: Sequence[str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = super().to_dict()
@@ -114,7 +117,7 @@ class _OnHosts(Step):
     them from the step and never reads them from rows."""
 
     hostnames: list[str] | None = None
-    segments: list[list[int]] | None = None
+    segments: list[list[str]] | None = None
 
 
 @dataclass(frozen=True)

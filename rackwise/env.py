@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import os
 from pathlib import Path
+from typing import overload
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -30,6 +31,10 @@ def _raw(name: str) -> str | None:
     return None
 
 
+@overload
+def env_str(name: str, default: str) -> str: ...
+@overload
+def env_str(name: str, default: None = None) -> str | None: ...
 def env_str(name: str, default: str | None = None) -> str | None:
     value = _raw(name)
     return default if value is None else value

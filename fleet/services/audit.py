@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import contextvars
 import uuid
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, Protocol, cast
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import models
 
 from fleet.models import AuditEvent
@@ -18,7 +19,18 @@ current_request_id: contextvars.ContextVar[uuid.UUID | None] = contextvars.Conte
     "rackwise_request_id", default=None
 )
 
-Actor = AbstractBaseUser | None
+
+class AuditActor(Protocol):
+    """Who acts: a user, or something that quacks like one for the audit log (an
+    AnonymousUser, a node's AgentPrincipal), whose ``pk`` is None."""
+
+    @property
+    def pk(self) -> Any: ...
+
+    def get_username(self) -> str: ...
+
+
+Actor = AuditActor | None
 
 
 def actor_name(actor: Actor) -> str:
@@ -40,13 +52,14 @@ def record(
 def record_many(
     actor: Actor,
     action: str,
-    entries: list[tuple[models.Model, dict[str, Any] | None, dict[str, Any] | None, str]],
+    entries: Iterable[tuple[models.Model, dict[str, Any] | None, dict[str, Any] | None, str]],
 ) -> list[AuditEvent]:
     """Audit many objects at once (one insert): ``(obj, before, after, message)``."""
     request_id = current_request_id.get()
     return AuditEvent.objects.bulk_create(
         AuditEvent(
-            actor=actor if actor is not None and actor.pk else None,
+            # Only a saved user has a pk.
+            actor=cast(User, actor) if actor is not None and actor.pk else None,
             actor_name=actor_name(actor),
             action=action,
             object_type=obj._meta.model_name or obj.__class__.__name__.lower(),

@@ -232,8 +232,9 @@ def transition(
             elif to_state in ENDED_STATES:
                 release_holds(actor, action)
         events.actions_changed([action.pk])
-        if WEBHOOK_EVENT[to_state]:
-            webhooks.emit(WEBHOOK_EVENT[to_state], webhooks.action_finished(action))
+        event = WEBHOOK_EVENT[to_state]
+        if event:
+            webhooks.emit(event, webhooks.action_finished(action))
         _then(actor, action, replan=replan)
     return action
 

@@ -9,7 +9,7 @@ lifecycle (:mod:`fleet.services.actions.lifecycle`); carrying the steps out is
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from django.db import transaction
@@ -47,7 +47,7 @@ class Proposal:
 
     kind: str
     title: str
-    steps: list[Step | dict]  # typed steps; stored dicts (tests, old callers) pass as they are
+    steps: Sequence[Step | dict]  # typed steps; stored dicts (tests, old callers) pass as they are
     jobs: list[int]
     # What the steps cannot say (a recovery's or defrag's moves with their costs).
     engine_plan: dict | None = None
@@ -129,7 +129,7 @@ def _decide(actor, action_id: int, to_state: str, note: str) -> Action:
     """An operator's decision (approve or reject) on a proposed action, through
     the lifecycle, recording who decided and when."""
     _require_operator(actor)
-    return lifecycle.transition(
+    action = lifecycle.transition(
         actor,
         action_id,
         to_state,
@@ -142,6 +142,8 @@ def _decide(actor, action_id: int, to_state: str, note: str) -> Action:
         },
         expect=(ActionState.PROPOSED,),
     )
+    assert action is not None  # not quiet: a refused move raises
+    return action
 
 
 class Replanned(Conflict):
@@ -227,7 +229,7 @@ def cancel(actor, action_id: int, note: str = "") -> Action:
     """Stop an open action before its next step. Steps already done stay done;
     jobs left between steps are settled by the lifecycle."""
     _require_operator(actor)
-    return lifecycle.transition(
+    action = lifecycle.transition(
         actor,
         action_id,
         ActionState.CANCELLED,
@@ -235,6 +237,8 @@ def cancel(actor, action_id: int, note: str = "") -> Action:
         fields={"decision_note": note[:500]} if note else None,
         log=f"cancelled by {audit.actor_name(actor)}",
     )
+    assert action is not None  # not quiet: a refused move raises
+    return action
 
 
 def set_policy(actor, kind: str, mode: str) -> ApprovalPolicy:

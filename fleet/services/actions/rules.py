@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from fleet import engine
 from fleet import steps as st
@@ -67,8 +68,10 @@ class PlanCheck:
         return None
 
 
-Check = Callable[[PlanCheck, st.Step], None]
-Apply = Callable[[object, Action, st.Step], None]
+# Each rule takes the step kind its op names (an Allocate for "allocate"...), a
+# pairing Callable cannot spell: the step is Any here, typed in each rule.
+Check = Callable[[PlanCheck, Any], None]
+Apply = Callable[[object, Action, Any], None]
 
 
 def _why(action: Action) -> str:
@@ -201,6 +204,7 @@ def _apply_allocate(actor, action: Action, step: st.Allocate) -> None:
         step = replace(step, reason=_why(action))
     _, refused = job_allocations.place_jobs(actor, [step])
     if refused:
+        assert step.job is not None  # an allocate step requires its job (Step.from_dict)
         raise Conflict(refused[step.job])
 
 
@@ -210,23 +214,28 @@ def _apply_start(actor, action: Action, step: st.Step) -> None:
     # recovery swaps the node and restarts it; started here, it would run on the
     # failed node (the soak saw one do so for two minutes).
     expect = JobState.RECOVERING if step.op == st.Restart.op else JobState.PLACED
+    assert step.job is not None  # a job step requires its job (Step.from_dict)
     job_allocations.start_job(actor, step.job, expect=expect)
 
 
 def _apply_stop(actor, action: Action, step: st.Stop) -> None:
+    assert step.job is not None  # a job step requires its job (Step.from_dict)
     job_allocations.requeue_job(actor, step.job, reason=f"moving: {_why(action)}", action="job.stop")
 
 
 def _apply_preempt(actor, action: Action, step: st.Preempt) -> None:
+    assert step.job is not None  # a job step requires its job (Step.from_dict)
     job_allocations.requeue_job(actor, step.job, reason=f"preempted by {_why(action)}", action="job.preempt")
 
 
 def _apply_requeue(actor, action: Action, step: st.Requeue) -> None:
+    assert step.job is not None  # a job step requires its job (Step.from_dict)
     job_allocations.requeue_job(actor, step.job, reason=step.reason or f"requeued by {_why(action)}")
 
 
 def _apply_swap(actor, action: Action, step: st.Swap) -> None:
     refuse_held(action, step.swaps.values())
+    assert step.job is not None  # a job step requires its job (Step.from_dict)
     job_allocations.swap_job_nodes(actor, step.job, dict(step.swaps), reason=f"recovering: {_why(action)}")
 
 

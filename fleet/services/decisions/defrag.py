@@ -18,7 +18,7 @@ from fleet.services.actions import lifecycle
 from fleet.services.actions import propose as action_services
 from fleet.services.errors import InvalidInput
 from fleet.steps import Checkpoint, Start, Step, Stop
-from placement.defrag import FreeRacks, RoomFor, defragment
+from placement.defrag import FreeRacks, RoomFor, Target, defragment
 from placement.fragmentation import FragmentationReport, fragmentation
 
 
@@ -206,7 +206,7 @@ def _make_plan(
     with engine.live_snapshot() as snap, snap.fleet.trial():
         if mine is not None:
             snap.unhold(mine)
-        target = None
+        target: Target | None = None
         if goal.free_racks is not None:
             target = FreeRacks(goal.free_racks)
         elif goal.room_for_nodes is not None:
@@ -318,7 +318,7 @@ def replan(actor, action: Action, problems: list[str], *, keep_approval: bool = 
             and meets
             and (successor.cost_gpu_hours <= locked.cost_gpu_hours + 1e-9)
         ):
-            successor = lifecycle.transition(
+            approved = lifecycle.transition(
                 actor,
                 successor.pk,
                 ActionState.APPROVED,
@@ -331,6 +331,8 @@ def replan(actor, action: Action, problems: list[str], *, keep_approval: bool = 
                 },
                 expect=(ActionState.PROPOSED,),
             )
+            assert approved is not None  # not quiet: a refused move raises
+            successor = approved
     return successor
 
 

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 # The engine's order of preference for a recovery (recover.py): a later kind is
 # only chosen when the earlier ones are impossible.
-RECOVERY_RANK = {
+RECOVERY_RANK: dict[str, int] = {
     ActionKind.RECOVERY: 0,
     ActionKind.PREEMPTION: 1,
     ActionKind.MIGRATION: 2,

@@ -131,7 +131,8 @@ def _proposal(snap: engine.Snapshot, job: Job) -> action_services.Proposal | Non
         steps.append(
             Swap(
                 job=job.pk,
-                swaps=dict(plan.swaps),
+                # By database id, as the step stores them (the engine's are strings).
+                swaps={int(a): int(b) for a, b in plan.swaps.items()},
                 hostname_swaps={snap.hostnames[a]: snap.hostnames[b] for a, b in plan.swaps.items()},
             )
         )

@@ -11,9 +11,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import cast
 
 from django.db import transaction
 from django.utils import timezone
@@ -29,12 +30,12 @@ from fleet.services.jobs import allocations as job_allocations
 from fleet.services.jobs import lifecycle as job_lifecycle
 from fleet.services.jobs import submit as job_services
 from fleet.services.jobs.capacity import fleet_capacity, normalise_shape
-from fleet.steps import Start
+from fleet.steps import Allocate, Start
 from placement import model as pm
 from placement import schedule
 from placement.place import what_if as engine_what_if
 from placement.plans import PlacementPlan
-from placement.validate import validate
+from placement.validate import Violation, validate
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +179,7 @@ def _record(
         # held by the pass so far: together, the whole fleet stays valid without
         # re-checking every allocation for every job.
         allocation = placement_plan.allocation(request)
-        violations = validate(snap.fleet, {request.id: allocation})
+        violations: Sequence[Violation | str] = validate(snap.fleet, {request.id: allocation})
         try:
             if not violations:
                 snap.fleet.allocate(allocation)
@@ -227,6 +228,11 @@ def _record(
         _set_reason(job, reason)
 
 
+def _allocate_of(proposal: action_services.Proposal) -> Allocate:
+    """A placement's first step: its allocate (built by the pass above)."""
+    return cast(Allocate, proposal.steps[0])
+
+
 def _place_auto(auto: list[action_services.Proposal], version: int, checkpoint: Checkpoint) -> list[int]:
     """Allocate the pass's automatic placements (each proposal's first step, its
     allocate) and record their actions, in one transaction. If the batch
@@ -237,7 +243,7 @@ def _place_auto(auto: list[action_services.Proposal], version: int, checkpoint: 
     auto = _off_held_nodes(auto)
     try:
         with transaction.atomic():
-            placed, refused = job_allocations.place_jobs(None, [p.steps[0] for p in auto])
+            placed, refused = job_allocations.place_jobs(None, [_allocate_of(p) for p in auto])
             for job_id, why in refused.items():
                 log.info("placement of job %s skipped: %s", job_id, why)
             done = {job.pk for job in placed}
@@ -254,7 +260,7 @@ def _place_auto(auto: list[action_services.Proposal], version: int, checkpoint: 
         job_id = proposal.jobs[0]
         try:
             with transaction.atomic():
-                placed, refused = job_allocations.place_jobs(None, [proposal.steps[0]])
+                placed, refused = job_allocations.place_jobs(None, [_allocate_of(proposal)])
                 if refused:
                     raise Conflict(refused[job_id])
                 proposal.done_steps = 1
@@ -273,13 +279,13 @@ def _off_held_nodes(auto: list[action_services.Proposal]) -> list[action_service
     again as the pass records, so a hold taken since the snapshot (by a caller
     that did not wait for the decision lock) still wins. The next pass decides
     again for a job left out."""
-    nodes = {int(n) for p in auto for n in p.steps[0].nodes}
+    nodes = {int(n) for p in auto for n in _allocate_of(p).nodes}
     held = dict(NodeHold.objects.filter(node_id__in=nodes).values_list("node_id", "action_id"))
     if not held:
         return auto
     kept = []
     for proposal in auto:
-        on = sorted({held[int(n)] for n in proposal.steps[0].nodes if int(n) in held})
+        on = sorted({held[int(n)] for n in _allocate_of(proposal).nodes if int(n) in held})
         if on:
             log.info("placement of job %s skipped: its nodes are held for action(s) %s", proposal.jobs[0], on)
         else:
@@ -294,7 +300,9 @@ def _recheck_plans_filling(auto, placed: list[int], snap: engine.Snapshot) -> No
     if not placed:
         return
     done = set(placed)
-    racks = {int(snap.fleet.nodes[str(n)].rack) for p in auto if p.jobs[0] in done for n in p.steps[0].nodes}
+    racks = {
+        int(snap.fleet.nodes[str(n)].rack) for p in auto if p.jobs[0] in done for n in _allocate_of(p).nodes
+    }
     if filling(racks):
         dispatch.recheck_proposals_soon(sorted(racks))
 

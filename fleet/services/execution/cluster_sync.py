@@ -85,8 +85,8 @@ def sync_jobs(adapter: ClusterAdapter | None = None, job_ids: list[int] | None =
     cluster could not be reached (nothing changes; the next sync tries again).
     ``job_ids``: only these jobs."""
     adapter = adapter or get_adapter()
-    jobs = Job.objects.filter(job_lifecycle.CLUSTER_MAY_END).order_by("pk")
-    jobs = list(jobs if job_ids is None else jobs.filter(pk__in=job_ids))
+    may_end = Job.objects.filter(job_lifecycle.CLUSTER_MAY_END).order_by("pk")
+    jobs = list(may_end if job_ids is None else may_end.filter(pk__in=job_ids))
     result: dict = {"asked": len(jobs), "completed": [], "failed": [], "cancelled": [], "stale": []}
     if not jobs:
         return result

@@ -38,6 +38,7 @@ import logging
 from collections import Counter
 from dataclasses import replace
 from datetime import timedelta
+from typing import TypedDict
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -64,6 +65,15 @@ log = logging.getLogger(__name__)
 
 SERVICE_USER = "slurm-sync"
 _DRAINED = (NodeState.DRAINING, NodeState.DRAINED)
+
+
+class _Shape(TypedDict, total=False):
+    """The size of an adopted job, as JobSpec takes it."""
+
+    num_gpus: int
+    num_nodes: int
+    gpus_per_node: int
+
 
 # (Rackwise state, Slurm state) -> the node service to call; absent: nothing.
 _RULES: dict[tuple[str, str], str] = {
@@ -155,6 +165,7 @@ def adopt_held_jobs(adapter) -> list[int]:
     for report in fresh:
         nodes = report.num_nodes or 1
         per_node = report.gpus_per_node or node_size
+        shape: _Shape
         if nodes == 1 and per_node < node_size:
             shape = {"num_gpus": per_node}
         else:

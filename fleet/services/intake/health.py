@@ -75,7 +75,7 @@ MAX_XIDS_PER_GPU = 256  # XIDs since the last delivered heartbeat; far above any
 MAX_ERROR_CHARS = 500
 MAX_VERSION_CHARS = 100
 TEMPERATURE_RANGE_C = (-100.0, 300.0)
-_SEVERITY = {GpuHealth.OK: 0, GpuHealth.DEGRADED: 1, GpuHealth.FAILED: 2}
+_SEVERITY: dict[str, int] = {GpuHealth.OK: 0, GpuHealth.DEGRADED: 1, GpuHealth.FAILED: 2}
 TOKEN_PREFIX_SEPARATOR = "."
 
 
@@ -330,15 +330,12 @@ def record_heartbeat(node_id: int, payload: Any) -> dict[str, Any]:
             if health == GpuHealth.FAILED:
                 failures.append(f"GPU {gpu.index}: {error}")
             before = {"health": gpu.health, "last_xid": gpu.last_xid, "last_error": gpu.last_error}
-            after = {
-                "health": health,
-                "last_xid": xid if xid is not None else gpu.last_xid,
-                "last_error": error,
-            }
+            last_xid = xid if xid is not None else gpu.last_xid
+            after = {"health": health, "last_xid": last_xid, "last_error": error}
             if after == before:
                 continue
             health_changed = health != gpu.health
-            gpu.health, gpu.last_xid, gpu.last_error = after["health"], after["last_xid"], after["last_error"]
+            gpu.health, gpu.last_xid, gpu.last_error = health, last_xid, error
             if health_changed:
                 gpu.health_changed_at = now
             gpu.save(update_fields=["health", "last_xid", "last_error", "health_changed_at"])

@@ -125,6 +125,12 @@ class _RackPlan:
     gpus_per_node: int
     hosts: list[str] = field(default_factory=list)  # final slot order
 
+    @property
+    def saved_rack(self) -> Rack:
+        """The rack, once _apply has created those to create (its step 2)."""
+        assert self.rack is not None
+        return self.rack
+
 
 @dataclass
 class _Plan:
@@ -190,8 +196,8 @@ def _plan(topology: Topology, default_gpus: int, lock: bool) -> _Plan:
         plan = _RackPlan(domain, rack, rack.name if rack else domain.name[:100], domain.external_id, gpus)
         plan.hosts = [n.hostname for n in domain.nodes]
         plans.append(plan)
-        for node in domain.nodes:
-            desired[node.hostname] = (node, plan)
+        for wanted in domain.nodes:
+            desired[wanted.hostname] = (wanted, plan)
     absent = [n for h, n in nodes.items() if h not in desired]
     # Retired nodes stay in their rack, after the source's nodes.
     plan_of_rack = {p.rack.pk: p for p in plans if p.rack is not None}
@@ -348,23 +354,23 @@ def _apply(actor, topology: Topology, plan: _Plan) -> None:
     # 3. Busy nodes that change rack fail first: their jobs must not span racks silently.
     held_back: set[str] = set()
     for host, (_, p) in plan.desired.items():
-        node = plan.nodes.get(host)
-        if node is not None and node.rack_id != p.rack.pk and node.pk in plan.busy:
-            if node.state not in FAILED_NODE_STATES:
+        existing = plan.nodes.get(host)
+        if existing is not None and existing.rack_id != p.saved_rack.pk and existing.pk in plan.busy:
+            if existing.state not in FAILED_NODE_STATES:
                 mark_node_failed(
-                    actor, node.pk, f"moved from {node.rack.name} to {p.name} by {source} import"
+                    actor, existing.pk, f"moved from {existing.rack.name} to {p.name} by {source} import"
                 )
             held_back.add(host)
     moves: list[Node] = []
     final: dict[str, tuple[int, int]] = {}
     for p in plan.racks:
         for slot, host in enumerate(p.hosts):
-            final[host] = (p.rack.pk, slot)
+            final[host] = (p.saved_rack.pk, slot)
     for host, (rack_id, slot) in final.items():
-        node = plan.nodes.get(host)
-        if node is not None and (node.rack_id, node.slot) != (rack_id, slot):
-            node.rack_id, node.slot = rack_id, _PARKING_SLOT + slot
-            moves.append(node)
+        existing = plan.nodes.get(host)
+        if existing is not None and (existing.rack_id, existing.slot) != (rack_id, slot):
+            existing.rack_id, existing.slot = rack_id, _PARKING_SLOT + slot
+            moves.append(existing)
     if moves:
         Node.objects.bulk_update(moves, ["rack", "slot"])
         for node in moves:
@@ -373,16 +379,16 @@ def _apply(actor, topology: Topology, plan: _Plan) -> None:
     created = Node.objects.bulk_create(
         Node(rack_id=final[h][0], slot=final[h][1], hostname=h) for h in plan.desired if h not in plan.nodes
     )
-    gpn = {p.rack.pk: p.gpus_per_node for p in plan.racks}
+    gpn = {p.saved_rack.pk: p.gpus_per_node for p in plan.racks}
     GPU.objects.bulk_create(GPU(node=n, index=i) for n in created for i in range(gpn[n.rack_id]))
     for host in plan.desired:
-        node = plan.nodes.get(host)
-        if node is not None:
-            _fix_gpu_count(node, plan.gpu_counts[node.pk], gpn[final[host][0]])
+        existing = plan.nodes.get(host)
+        if existing is not None:
+            _fix_gpu_count(existing, plan.gpu_counts[existing.pk], gpn[final[host][0]])
     # 4. Rack shapes.
     for p in plan.racks:
         if p.hosts:
-            _reshape(p.rack, len(p.hosts), p.gpus_per_node, p.external_id)
+            _reshape(p.saved_rack, len(p.hosts), p.gpus_per_node, p.external_id)
     # 5. States, through the node services.
     ids = {n.hostname: n.pk for n in created} | {h: n.pk for h, n in plan.nodes.items()}
     for host, (want, _) in plan.desired.items():
@@ -402,17 +408,17 @@ def _apply(actor, topology: Topology, plan: _Plan) -> None:
         if node.pk in plan.ever_allocated and node.state not in FAILED_NODE_STATES:
             mark_node_failed(actor, node.pk, f"absent from {source} import")
     entries = []
-    after_all = _rack_snapshots([p.rack.pk for p in plan.racks if p.hosts])
+    after_all = _rack_snapshots([p.saved_rack.pk for p in plan.racks if p.hosts])
     for p in plan.racks:
-        after = after_all.get(p.rack.pk)
-        if before.get(p.rack.pk) != after:
-            entries.append((p.rack, before.get(p.rack.pk), after, f"{source} import"))
+        after = after_all.get(p.saved_rack.pk)
+        if before.get(p.saved_rack.pk) != after:
+            entries.append((p.saved_rack, before.get(p.saved_rack.pk), after, f"{source} import"))
     if entries:
         audit.record_many(actor, "rack.import", entries)
-    touched = [p.rack.pk for p in plan.racks if p.hosts]
+    touched = [p.saved_rack.pk for p in plan.racks if p.hosts]
     for p in plan.racks:
         if not p.hosts:
-            Rack.objects.filter(pk=p.rack.pk).delete()
+            Rack.objects.filter(pk=p.saved_rack.pk).delete()
     bump_versions(touched)
     dispatch.schedule_soon()
 

@@ -62,6 +62,7 @@ def place_jobs(actor, steps: list[st.Allocate]) -> tuple[list[Job], dict[int, st
         refused: dict[int, str] = {}
         accepted: list[tuple[st.Allocate, Job, list[GPU]]] = []
         for step in steps:
+            assert step.job is not None  # an allocate step requires its job (Step.from_dict)
             job = jobs.get(step.job)
             why = (
                 f"job #{step.job} is gone; it cannot be placed"
@@ -71,6 +72,7 @@ def place_jobs(actor, steps: list[st.Allocate]) -> tuple[list[Job], dict[int, st
             if why is not None:
                 refused[step.job] = why
                 continue
+            assert job is not None  # a job that is gone has a why
             chosen, missing = _pick(gpus, step.nodes)
             if missing:
                 refused[step.job] = _stale(missing)
@@ -89,13 +91,13 @@ def place_jobs(actor, steps: list[st.Allocate]) -> tuple[list[Job], dict[int, st
             }
             views[job.pk] = _placement_view(job.placement, [g.node for g in chosen])
         placed = [job for _, job, _ in accepted]
-        why = {step.job: step.reason for step, _, _ in accepted}
+        reasons = {step.job: step.reason for step, _, _ in accepted}
         job_lifecycle.apply_many(
             actor,
             placed,
             "place",
             reason_of=lambda job: "",
-            message_of=lambda job: why[job.pk],
+            message_of=lambda job: reasons[job.pk],
             fields={"placed_at": timezone.now()},
         )
         # One executemany rather than bulk_update's CASE per row: the placement
@@ -122,14 +124,15 @@ def placement_of(job: Job, allocations: Iterable[Allocation] | None = None) -> d
     rows = list(allocations)
     held = [a for a in rows if a.released_at is None]
     if not held and rows:
-        last = max(a.released_at for a in rows)
+        # None held: every row has been released.
+        last = max(a.released_at for a in rows if a.released_at is not None)
         held = [a for a in rows if a.released_at == last]
     if not job.placement and not held:
         return {}
     return _placement_view(job.placement or {}, [a.gpu.node for a in held])
 
 
-def hosts_held(job_id: int) -> tuple[list[str], list[list[int]] | None]:
+def hosts_held(job_id: int) -> tuple[list[str], list[list[str]] | None]:
     """Where the job runs now: the hostnames of its active allocation rows,
     sorted, and its segments (node ids) as the engine chose them."""
     hosts = sorted(

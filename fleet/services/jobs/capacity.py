@@ -159,6 +159,7 @@ def normalise_shape(spec: JobSpec, capacity: FleetCapacity) -> Shape:
             )
         num_nodes = -(-num_gpus // gpn)
     else:
+        assert gpn is not None  # num_nodes comes with gpus_per_node (refused above otherwise)
         num_gpus = num_nodes * gpn
 
     assert gpn is not None

@@ -77,8 +77,8 @@ def resolve_tenant(actor, tenant_name: str | None) -> Tenant:
         raise InvalidInput({"tenant": [f"tenant is required; {hint}"]})
     tenant = mine.filter(name=tenant_name).first()
     if tenant is None:
-        names = ", ".join(mine.values_list("name", flat=True)) or "none"
-        raise InvalidInput({"tenant": [f"unknown tenant {tenant_name!r} for you; yours: {names}"]})
+        yours = ", ".join(mine.values_list("name", flat=True)) or "none"
+        raise InvalidInput({"tenant": [f"unknown tenant {tenant_name!r} for you; yours: {yours}"]})
     return tenant
 
 

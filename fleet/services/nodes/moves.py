@@ -26,15 +26,18 @@ from placement.recover import restart_cost_gpu_hours
 
 def drain_node(actor, node_id: int, reason: str = "", *, mirror: bool = True) -> Node:
     """Stop new work landing on the node; running jobs finish where they are."""
-    return node_lifecycle.transition(
+    node = node_lifecycle.transition(
         actor, node_id, "drain", reason=reason or "drained by operator", mirror=mirror
     )
+    assert node is not None  # no where, no nowait, no settle: a refusal raises
+    return node
 
 
 def undrain_node(actor, node_id: int, reason: str = "", *, mirror: bool = True) -> Node:
     with transaction.atomic():
         node = node_lifecycle.transition(actor, node_id, "undrain", reason=reason, mirror=mirror)
         dispatch.schedule_soon()
+    assert node is not None  # no where, no nowait, no settle: a refusal raises
     return node
 
 
@@ -64,9 +67,11 @@ def mark_node_failed(actor, node_id: int, reason: str = "", *, mirror: bool = Tr
         # Every rack the interrupted jobs hold GPUs in shows their new state.
         return racks_held_by(j.pk for j in jobs)
 
-    return node_lifecycle.transition(
+    node = node_lifecycle.transition(
         actor, node_id, "fail", reason=reason or "marked failed by operator", mirror=mirror, effect=interrupt
     )
+    assert node is not None  # no where, no nowait, no settle: a refusal raises
+    return node
 
 
 def return_node_to_service(actor, node_id: int, reason: str = "", *, mirror: bool = True) -> Node:
@@ -83,6 +88,7 @@ def return_node_to_service(actor, node_id: int, reason: str = "", *, mirror: boo
             actor, node_id, "return", reason=reason or "returned to service", mirror=mirror, effect=reset_gpus
         )
         dispatch.schedule_soon()
+    assert node is not None  # no where, no nowait, no settle: a refusal raises
     return node
 
 

@@ -65,7 +65,7 @@ def attention(user, now: datetime | None = None) -> dict:
     long_waits = jobs.filter(
         state=JobState.PENDING, submitted_at__lt=now - timedelta(seconds=warn_s)
     ).aggregate(n=Count("id"), oldest=Min("submitted_at"))
-    nodes = {s: 0 for s in NODE_STATES}
+    nodes: dict[str, int] = {s: 0 for s in NODE_STATES}
     for row in Node.objects.filter(state__in=NODE_STATES).values("state").annotate(n=Count("id")):
         nodes[row["state"]] = row["n"]
 

@@ -47,7 +47,10 @@ def violations() -> list[str]:
             problems.append(f"{leaked} allocation(s) held by jobs that hold nothing")
         held = dict(active.values_list("job_id").annotate(n=Count("id")))
         for job in Job.objects.filter(state__in=HOLDING_JOB_STATES):
-            want = job.num_nodes * job.gpus_per_node if job.num_nodes else job.num_gpus
+            want = job.num_gpus
+            if job.num_nodes:
+                assert job.gpus_per_node is not None  # set with num_nodes (a check constraint)
+                want = job.num_nodes * job.gpus_per_node
             if held.get(job.pk, 0) != want:
                 problems.append(f"job #{job.pk} holds {held.get(job.pk, 0)} GPUs, wants {want}")
     return problems

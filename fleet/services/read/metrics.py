@@ -93,5 +93,6 @@ def chart_markers(hours: float) -> list[dict]:
             "url": f"{reverse('actions')}?state=all#action-{a.pk}",
         }
         for a in defrags
+        if a.started_at is not None  # all of them: started_at__gte leaves out NULL
     ]
     return sorted(markers, key=lambda m: m["at"])

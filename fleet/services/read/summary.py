@@ -59,14 +59,16 @@ def rack_summaries(racks: QuerySet[Rack] | None = None) -> dict[int, RackSummary
     # holds it), so the four GPU counts partition the rack.
     held = Allocation.objects.filter(released_at__isnull=True).values("gpu_id")
     failed = (Q(health=GpuHealth.FAILED) | Q(node__state__in=FAILED_NODE_STATES)) & ~Q(id__in=held)
-    for row in gpus.values("node__rack_id").annotate(total=Count("id"), failed=Count("id", filter=failed)):
-        s = out[row["node__rack_id"]]
-        s.gpus_total = row["total"]
-        s.gpus_failed = row["failed"]
+    for gpu_row in gpus.values("node__rack_id").annotate(
+        total=Count("id"), failed=Count("id", filter=failed)
+    ):
+        s = out[gpu_row["node__rack_id"]]
+        s.gpus_total = gpu_row["total"]
+        s.gpus_failed = gpu_row["failed"]
 
     active = Allocation.objects.filter(released_at__isnull=True, gpu__node__rack_id__in=rack_ids)
-    for row in active.values("gpu__node__rack_id").annotate(n=Count("id")):
-        out[row["gpu__node__rack_id"]].gpus_used = row["n"]
+    for used_row in active.values("gpu__node__rack_id").annotate(n=Count("id")):
+        out[used_row["gpu__node__rack_id"]].gpus_used = used_row["n"]
 
     # Free GPUs: on healthy nodes, not failed, not allocated.
     free_rows = (
@@ -76,17 +78,17 @@ def rack_summaries(racks: QuerySet[Rack] | None = None) -> dict[int, RackSummary
         .values("node__rack_id")
         .annotate(n=Count("id"))
     )
-    for row in free_rows:
-        out[row["node__rack_id"]].gpus_free = row["n"]
+    for free_row in free_rows:
+        out[free_row["node__rack_id"]].gpus_free = free_row["n"]
 
     busy_nodes = Allocation.objects.filter(released_at__isnull=True).values("gpu__node_id")
-    for row in (
+    for idle_row in (
         Node.objects.filter(rack_id__in=rack_ids, state=NodeState.HEALTHY)
         .exclude(id__in=busy_nodes)
         .values("rack_id")
         .annotate(n=Count("id"))
     ):
-        out[row["rack_id"]].nodes_free = row["n"]
+        out[idle_row["rack_id"]].nodes_free = idle_row["n"]
 
     for s in out.values():
         s.gpus_unavailable = max(0, s.gpus_total - s.gpus_used - s.gpus_free - s.gpus_failed)
