@@ -47,7 +47,9 @@ class Quota(models.Model):
 
     class Meta:
         ordering = ["tenant__name", "gpus_per_node"]
-        constraints = [models.UniqueConstraint(fields=["tenant", "gpus_per_node"], name="one_quota_per_tenant_shape")]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "gpus_per_node"], name="one_quota_per_tenant_shape")
+        ]
 
     def __str__(self) -> str:
         return f"{self.tenant}: {self.nominal_gpus} GPUs on {self.gpus_per_node}-GPU nodes"
