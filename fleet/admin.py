@@ -143,8 +143,10 @@ class GPUAdmin(AuditedAdmin):
 
 @admin.register(Tenant)
 class TenantAdmin(AuditedAdmin):
-    list_display = ["name"]
+    list_display = ["name", "cohort", "weight"]
     filter_horizontal = ["members"]
+    # Changed through fleet.services.tenants.quotas only (operators, audited).
+    readonly_fields = ["cohort", "weight"]
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
