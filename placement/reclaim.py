@@ -89,25 +89,18 @@ def reclaim(
     order = sorted(costs, key=lambda v: (not fleet.allocations[v].job.preemptible, costs[v], v))
 
     best: tuple[tuple[float, int, str], list[str], PlacementPlan] | None = None
-    rack_size = {gpn: max(r.size for r in racks) for gpn, racks in fleet.groups.items()}
-    one_rack = any(job.is_small(g) or 0 < job.nodes_needed(g) <= size for g, size in rack_size.items())
-    if one_rack:
-        for rack in fleet.racks:
-            if (
-                not job.is_small(rack.gpus_per_node)
-                and not 0 < job.nodes_needed(rack.gpus_per_node) <= rack.size
-            ):
-                continue
-            here = [
-                v for v in order if any(fleet.nodes[n].rack == rack.id for n in fleet.allocations[v].nodes)
-            ]
-            others = frozenset(r.id for r in fleet.racks if r.id != rack.id)
-            found = _victims(fleet, job, here, limits, need_gpus, policy, now, others)
-            if found is not None:
-                victims, plan = found
-                key = (round(sum(costs[v] for v in victims), 6), len(victims), rack.id)
-                if best is None or key < best[0]:
-                    best = (key, victims, plan)
+    for rack in fleet.racks:
+        gpn = rack.gpus_per_node
+        if not job.is_small(gpn) and not 0 < job.nodes_needed(gpn) <= rack.size:
+            continue  # the job cannot sit in this rack alone
+        here = [v for v in order if any(fleet.nodes[n].rack == rack.id for n in fleet.allocations[v].nodes)]
+        others = frozenset(r.id for r in fleet.racks if r.id != rack.id)
+        found = _victims(fleet, job, here, limits, need_gpus, policy, now, others)
+        if found is not None:
+            victims, plan = found
+            key = (round(sum(costs[v] for v in victims), 6), len(victims), rack.id)
+            if best is None or key < best[0]:
+                best = (key, victims, plan)
     if best is None:
         found = _victims(fleet, job, order, limits, need_gpus, policy, now, frozenset())
         if found is not None:

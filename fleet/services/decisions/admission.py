@@ -66,9 +66,10 @@ def admit(pending: list[Job], busy: set[int]) -> Admitted | None:
         shape = usage.job_shape(job, shapes)
         if shape is not None:
             extra[(job.tenant.name, shape)] = extra.get((job.tenant.name, shape), 0) + job.num_gpus
-    out = Admitted(ledgers=usage.ledgers(extra), cohort_of=dict(Tenant.objects.values_list("name", "cohort")))
+    tenants = list(Tenant.objects.values_list("name", "cohort", "weight"))
+    out = Admitted(ledgers=usage.ledgers(extra), cohort_of={name: cohort for name, cohort, _ in tenants})
     decayed = usage.decayed_usage()
-    weight = dict(Tenant.objects.values_list("name", "weight"))
+    weight = {name: w for name, _, w in tenants}
 
     def order(job: Job) -> tuple:
         tenant = job.tenant.name
