@@ -412,6 +412,7 @@ def job_report(item: dict[str, Any]) -> JobReport:
             "slurm_state": job.state,
             "held": job.held,
             "partition": item.get("partition") or "",
+            "account": str(item.get("account") or ""),
             "comment": job.comment,
             "required_nodes": list(job.required),
         },

@@ -16,6 +16,7 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from fleet.choices import ActionKind, ActionState, JobState, NodeState
+from fleet.cluster.slurm_cli import is_held
 from fleet.models import Action, Allocation, Job, Node, Rack
 from fleet.services.execution import cluster_sync
 from fleet.tasks import reconcile_once
@@ -349,4 +350,74 @@ def test_slurmctld_stopped_mid_action_is_a_clear_error_a_retry_and_nothing_lost(
     named = [j for j in cluster.json("squeue")["jobs"] if j.get("name") == f"rackwise-{job_id}"]
     assert [str(j["job_id"]) for j in named] == [job.external_id]
     assert slurm_nodes(cluster, job.external_id) == rackwise_hostnames(job_id)
+    assert consistent_violations() == []
+
+
+def _hold_in_slurm(cluster, account: str, nodes: int) -> str:
+    """A user's ``sbatch --hold`` under a Slurm account, for Rackwise to adopt."""
+    out = cluster.run(
+        "sbatch",
+        "--parsable",
+        "--hold",
+        f"--account={account}",
+        "-p",
+        cluster.partition,
+        "-N",
+        str(nodes),
+        "--gres=gpu:4",
+        "--exclusive",
+        f"--chdir={cluster.jobs_dir_in_cluster}",
+        "--wrap",
+        "trap 'echo checkpoint requested' USR1; srun hostname; while true; do sleep 1; done",
+    ).stdout.strip()
+    return out.split(";")[0]
+
+
+def test_slurm_accounts_are_tenants_and_a_reclaim_requeues_one_blocks_borrowed_jobs(
+    slurm_fleet, operator_client, submitter_client, other_submitter
+):
+    cluster = slurm_fleet  # other_submitter: the tenant vision exists, as an operator would make it
+    half = 16 * 4  # one block's 16 nodes outside its spares
+    for tenant in ("llm", "vision"):
+        response = operator_client.put(
+            f"/api/tenants/{tenant}/quotas/",
+            {"quotas": [{"gpus_per_node": 4, "nominal_gpus": half}]},
+            format="json",
+        )
+        assert response.status_code == 200, response.content
+
+    with workers(1, worker_env(cluster)):
+        # vision's users sbatch under their account: adopted as vision's jobs,
+        # they borrow the whole idle fleet (eight 4-node jobs, four per block).
+        slurm_ids = [_hold_in_slurm(cluster, "vision", 4) for _ in range(8)]
+        adopted = sync_until(
+            lambda: Job.objects.filter(external_id__in=slurm_ids).count() == 8, 30, "the jobs to be adopted"
+        )
+        assert adopted
+        vision_jobs = list(Job.objects.filter(external_id__in=slurm_ids))
+        assert {j.tenant.name for j in vision_jobs} == {"vision"}
+        sync_until(
+            lambda: all(running_in_slurm(cluster, j.pk) for j in vision_jobs), 60, "vision's jobs to run"
+        )
+        figures = operator_client.get("/api/tenants/vision/").json()["quotas"][0]
+        assert (figures["in_use_gpus"], figures["borrowed_gpus"]) == (2 * half, half)
+
+        gang = submit(submitter_client, 16, SLEEPER, tenant="llm", locality="required")
+        action = wait_for(
+            lambda: Action.objects.filter(kind=ActionKind.RECLAIM, jobs=gang).first(), 30, "a reclaim"
+        )
+        victims = [s["job"] for s in action.steps if s["op"] == "preempt"]
+        assert len(victims) == 4
+        victim_hosts = set().union(*(rackwise_hostnames(v) for v in victims))
+        (rack,) = racks_of(victim_hosts)
+        wait_for(lambda: running_in_slurm(cluster, gang), 60, "the gang to run in Slurm")
+        gang_hosts = slurm_nodes(cluster, Job.objects.get(pk=gang).external_id)
+        assert len(gang_hosts) == 16 and racks_of(gang_hosts) == {rack}
+        # Preemption on Slurm is a requeue: the victims wait, held, in Slurm and in Rackwise.
+        for job in Job.objects.filter(pk__in=victims):
+            assert job.state == JobState.PENDING and job.state_reason.endswith("(reclaim)")
+            found = slurm_job(cluster, job.external_id)
+            assert found["job_state"][0] == "PENDING" and is_held(found), found
+        untouched = [j.pk for j in vision_jobs if j.pk not in victims]
+        assert all(running_in_slurm(cluster, pk) for pk in untouched)
     assert consistent_violations() == []

@@ -24,8 +24,10 @@ and the integration call them directly; each is idempotent.
    A node whose Rackwise state changed after Slurm was read is skipped this
    round: the read may predate a change Rackwise just mirrored into Slurm.
 2. :func:`adopt_held_jobs`: held jobs in the managed partition that Rackwise
-   does not know become Rackwise jobs of ``RACKWISE_SLURM_TENANT``; the
-   scheduler places them and the allocate/start steps pin and release them.
+   does not know become Rackwise jobs of the tenant named as their Slurm
+   account (``RACKWISE_SLURM_TENANT`` when no tenant has that name), so they
+   count against that tenant's quota; the scheduler places them and the
+   allocate/start steps pin and release them.
 3. :func:`reconcile_jobs`: a Rackwise job that ended (cancelled, finished)
    while its Slurm job still runs or waits is scancelled.
 4. :func:`sync_topology`: the live import (``import_topology --from
@@ -54,7 +56,7 @@ from fleet.cluster.base import (
     ClusterUnavailable,
     StepFailed,
 )
-from fleet.models import Job, Node, Rack
+from fleet.models import Job, Node, Rack, Tenant
 from fleet.services.errors import ServiceError
 from fleet.services.intake.topology import import_topology
 from fleet.services.jobs import submit as job_services
@@ -128,14 +130,22 @@ def sync_nodes(adapter) -> dict[str, list[str]]:
     return changed
 
 
-def service_user():
-    """The user adopted jobs belong to: a submitter of ``RACKWISE_SLURM_TENANT``."""
-    tenant = settings.RACKWISE_SLURM_TENANT
+def service_user(tenant: str | None = None):
+    """The user adopted jobs belong to: a submitter of ``tenant`` (by default
+    ``RACKWISE_SLURM_TENANT``), made a member of it when it is not yet."""
+    tenant = tenant or settings.RACKWISE_SLURM_TENANT
     user = get_user_model().objects.filter(username=SERVICE_USER).first()
     if user is not None and user.tenants.filter(name=tenant).exists():
         return user
     user, _ = ensure_user(None, SERVICE_USER, role=Role.SUBMITTER, tenants=[tenant], issue_token=False)
     return user
+
+
+def tenant_of_account(account: str, known: set[str]) -> str:
+    """Slurm accounts are tenants: an adopted job's tenant is the Rackwise
+    tenant named as its Slurm account, else ``RACKWISE_SLURM_TENANT`` (an
+    account no tenant is named after makes no tenant of its own)."""
+    return account if account in known else settings.RACKWISE_SLURM_TENANT
 
 
 def _default_gpus_per_node() -> int:
@@ -159,10 +169,13 @@ def adopt_held_jobs(adapter) -> list[int]:
     fresh = [r for r in held if r.external_id not in known]
     if not fresh:
         return []
-    actor = service_user()
     node_size = _default_gpus_per_node()
+    accounts = {str(r.extra.get("account") or "") for r in fresh}
+    known = set(Tenant.objects.filter(name__in=accounts).values_list("name", flat=True))
     adopted = []
     for report in fresh:
+        tenant = tenant_of_account(str(report.extra.get("account") or ""), known)
+        actor = service_user(tenant)
         nodes = report.num_nodes or 1
         per_node = report.gpus_per_node or node_size
         shape: _Shape
@@ -172,7 +185,7 @@ def adopt_held_jobs(adapter) -> list[int]:
             shape = {"num_nodes": nodes, "gpus_per_node": per_node}
         spec = job_services.JobSpec(
             name=(report.name or f"slurm-{report.external_id}")[:200],
-            tenant=settings.RACKWISE_SLURM_TENANT,
+            tenant=tenant,
             locality=Locality.REQUIRED,
             idempotency_key=f"slurm:{report.external_id}",
             **shape,
@@ -190,6 +203,7 @@ def adopt_held_jobs(adapter) -> list[int]:
                                 "adopted": True,
                                 "job_id": report.external_id,
                                 "user": report.user,
+                                "account": report.extra.get("account", ""),
                                 "partition": report.extra.get("partition", ""),
                             }
                         },
