@@ -134,11 +134,10 @@ def service_user(tenant: str | None = None):
     """The user adopted jobs belong to: a submitter of ``tenant`` (by default
     ``RACKWISE_SLURM_TENANT``), made a member of it when it is not yet."""
     tenant = tenant or settings.RACKWISE_SLURM_TENANT
-    user = get_user_model().objects.filter(username=SERVICE_USER).first()
-    if user is not None and user.tenants.filter(name=tenant).exists():
-        return user
-    user, _ = ensure_user(None, SERVICE_USER, role=Role.SUBMITTER, tenants=[tenant], issue_token=False)
-    return user
+    found = get_user_model().objects.filter(username=SERVICE_USER, tenants__name=tenant).first()
+    if found is not None:
+        return found
+    return ensure_user(None, SERVICE_USER, role=Role.SUBMITTER, tenants=[tenant], issue_token=False)[0]
 
 
 def tenant_of_account(account: str, known: set[str]) -> str:
@@ -171,10 +170,10 @@ def adopt_held_jobs(adapter) -> list[int]:
         return []
     node_size = _default_gpus_per_node()
     accounts = {str(r.extra.get("account") or "") for r in fresh}
-    known = set(Tenant.objects.filter(name__in=accounts).values_list("name", flat=True))
+    tenants = set(Tenant.objects.filter(name__in=accounts).values_list("name", flat=True))
     adopted = []
     for report in fresh:
-        tenant = tenant_of_account(str(report.extra.get("account") or ""), known)
+        tenant = tenant_of_account(str(report.extra.get("account") or ""), tenants)
         actor = service_user(tenant)
         nodes = report.num_nodes or 1
         per_node = report.gpus_per_node or node_size
