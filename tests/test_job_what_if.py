@@ -113,3 +113,27 @@ def test_an_operator_may_ask_for_any_tenant(fleet, submitter, operator_client):
     response = ask(operator_client, name="x", num_gpus=2, tenant="llm")
     assert response.status_code == 200, response.content
     assert response.json()["summary"].endswith("2 of its 4 GPUs")
+
+
+def test_a_job_its_tenants_quota_holds_back_waits_on_the_quota_in_the_what_if(
+    fleet, submitter, submitter_client, operator
+):
+    from fleet.services.tenants import quotas
+
+    quotas.set_quotas(operator, "llm", [{"gpus_per_node": 4, "nominal_gpus": 32, "borrowing_limit_gpus": 0}])
+    run_on(submitter, fleet[0], 8, hours=2)
+    before = counts()
+    answer = ask(submitter_client, name="more", num_nodes=2, gpus_per_node=4, tenant="llm")
+    assert answer.status_code == 200, answer.content
+    body = answer.json()
+    assert body["starts_now"] is False and body["placement"] == []
+    assert body["quota"] == {
+        "admitted": False,
+        "reason": "llm holds 32 of 32 nominal GPUs and may borrow 0: this job's 8 GPUs would borrow 8",
+    }
+    assert body["summary"] == f"waits on its tenant's quota: {body['quota']['reason']}"
+    # Within the quota the engine's answer stands, and says the quota admits it.
+    assert counts() == before
+    quotas.set_quotas(operator, "llm", [{"gpus_per_node": 4, "nominal_gpus": 64}])
+    body = ask(submitter_client, name="more", num_nodes=2, gpus_per_node=4, tenant="llm").json()
+    assert body["starts_now"] is True and body["quota"]["admitted"] is True

@@ -152,6 +152,11 @@ class AllocatedNodeSerializer(serializers.Serializer):
     gpus = serializers.ListField(child=serializers.IntegerField())
 
 
+class QuotaCheckSerializer(serializers.Serializer):
+    admitted = serializers.BooleanField(help_text="Whether its tenant's quota lets it reach placement now.")
+    reason = serializers.CharField(help_text="The numbers: what the tenant holds, its quota, its borrowing.")
+
+
 class WhatIfSerializer(serializers.Serializer):
     """What would happen to a job submitted now (nothing is submitted)."""
 
@@ -167,6 +172,9 @@ class WhatIfSerializer(serializers.Serializer):
     largest_free_slice = serializers.IntegerField(help_text="The largest slice it could use now.")
     largest_free_unit = serializers.ChoiceField(choices=["nodes", "GPUs"])
     jobs_ahead = serializers.IntegerField(help_text="Waiting jobs the queue takes before it.")
+    quota = QuotaCheckSerializer(
+        allow_null=True, help_text="Its tenant's quota admission now; null when no quota is set."
+    )
 
 
 class JobSerializer(serializers.ModelSerializer):

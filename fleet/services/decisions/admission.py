@@ -35,7 +35,7 @@ from fleet.models import Action, Job, Tenant
 from fleet.services.actions import propose as action_services
 from fleet.services.tenants import usage
 from fleet.steps import Checkpoint, Preempt, Start, Step
-from placement.quota import Ledger
+from placement.quota import Admission, Ledger
 from placement.reclaim import reclaim
 
 # After an operator rejects a reclaim, the job waits this long before another is proposed.
@@ -97,6 +97,19 @@ def admit(pending: list[Job], busy: set[int]) -> Admitted | None:
         if decision.guaranteed:
             out.guaranteed[job.pk] = decision.overdraw
     return out
+
+
+def quota_check(job: Job) -> Admission | None:
+    """Admission of one job, not saved, against the quotas and what tenants
+    hold now (what-if); None when no quota is configured or no shape holds it."""
+    if not usage.quotas_configured():
+        return None
+    shape = usage.job_shape(job, sorted(usage.capacity_by_shape()))
+    if shape is None:
+        return None
+    cohort = Tenant.objects.filter(pk=job.tenant_id).values_list("cohort", flat=True).first()
+    ledger = usage.ledgers().get((cohort or Tenant.DEFAULT_COHORT, shape))
+    return ledger.admit(job.tenant.name, job.num_gpus) if ledger is not None else None
 
 
 def propose_reclaims(

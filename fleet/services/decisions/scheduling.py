@@ -343,9 +343,23 @@ def what_if(actor, spec: job_services.JobSpec) -> dict:
     # process's own, brought up to date from the changed racks): a what-if is
     # asked as the form is filled in, and a full load is 0.5 s at 1,000 racks.
     with engine.live_snapshot() as snap:
-        return _what_if_answer(
+        answer = _what_if_answer(
             snap, engine_what_if(snap.fleet, pending, request, now, engine.policy()), request, now
         )
+    quota = admission.quota_check(unsaved)
+    answer["quota"] = None if quota is None else {"admitted": quota.admitted, "reason": quota.reason}
+    if quota is not None and not quota.admitted:
+        # The engine's answer is moot: the quota holds it back before placement.
+        answer.update(
+            starts_now=False,
+            summary=f"waits on its tenant's quota: {quota.reason}",
+            reason=f"quota: {quota.reason}",
+            placement=[],
+            racks=[],
+            expected_start=None,
+            expected_start_in_s=None,
+        )
+    return answer
 
 
 def _what_if_answer(snap: engine.Snapshot, answer, request: pm.JobRequest, now: float) -> dict:
