@@ -3,14 +3,18 @@
     .venv/bin/python benchmarks/bench_decisions.py [--racks 1000] [--samples 300]
 
 Prints p50/p99 of place() per policy at 50/70/90 % occupancy, recovery decision
-time, defrag plan time (also for one-node jobs blocked by small jobs on every node) and fragmentation
-time. Figures, not pass/fail tests.
+time, defrag plan time (also for one-node jobs blocked by small jobs on every node),
+fragmentation time, and with quotas on (four tenants, the fleet shared out): quota
+admission plus place() per decision, and reclaim() for a 16-node gang of a tenant
+under its quota on a full fleet. Figures, not pass/fail tests.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
+import statistics
 import time
 
 from common import fill, ms, pct, random_job
@@ -19,6 +23,8 @@ from placement.defrag import FreeRacks, defragment
 from placement.fragmentation import fragmentation
 from placement.model import Allocation, Fleet, JobRequest
 from placement.place import place
+from placement.quota import Ledger, Quota
+from placement.reclaim import reclaim
 from placement.recover import recover
 
 POLICIES = ["rackwise", "first-fit", "random", "slurm-block", "kueue-tas"]
@@ -56,6 +62,10 @@ def main() -> None:
                 f"{ms(pct(times, 0.99)):>7}  {ms(max(times)):>7}"
             )
         print(f"{'':>9}  (filling the fleet took {fill_s:.1f} s, {len(fleet.allocations):,} jobs)")
+
+    for occ in (0.7, 0.9):
+        with_quotas(states[occ], args.samples)
+    reclaim_on_a_full_fleet(args.racks)
 
     fleet = states[0.7]
     rng = random.Random(3)
@@ -138,6 +148,72 @@ def main() -> None:
             f"({len(fleet.allocations):,}): {dt * 1000:.0f} ms, feasible={plan.feasible}, "
             f"{len(plan.moves)} moves, made placeable {len(plan.jobs_made_placeable)}"
         )
+
+
+TENANTS = ("a", "b", "c", "d")
+
+
+def shared_out(fleet: Fleet) -> Ledger:
+    """The running jobs shared among four tenants with equal nominal quotas
+    (tenant "a" holds none: it is under its quota and may reclaim)."""
+    for i, jid in enumerate(sorted(fleet.allocations)):
+        alloc = fleet.allocations[jid]
+        alloc.job = dataclasses.replace(alloc.job, tenant=TENANTS[1 + i % 3])
+    ledger = Ledger(4, fleet.total_gpus, {t: Quota(fleet.total_gpus // 4) for t in TENANTS})
+    for alloc in fleet.allocations.values():
+        ledger.take(alloc.job.tenant, alloc.gpus)
+    return ledger
+
+
+def with_quotas(fleet: Fleet, samples: int) -> None:
+    """Quotas on: admission then place() per decision, against place() alone on
+    the same jobs in the same run; three rounds, the median of each p99 (the
+    machine is shared: compare the two)."""
+    ledger = shared_out(fleet)
+    held = 1 - fleet.free_gpus() / fleet.total_gpus
+    rng = random.Random(1)
+    jobs = [dataclasses.replace(random_job(rng, f"q{i}"), tenant=TENANTS[i % 4]) for i in range(samples)]
+    rounds: dict[str, list[float]] = {"admit": [], "plain": [], "quota": []}
+    for _ in range(3):
+        admit, plain, quota = [], [], []
+        for job in jobs:
+            t = time.perf_counter()
+            place(fleet, job, "rackwise", rng=random.Random(2))
+            plain.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            admitted = ledger.admit(job.tenant, job.num_gpus).admitted
+            admit.append(time.perf_counter() - t)
+            if admitted:
+                place(fleet, job, "rackwise", rng=random.Random(2))
+            quota.append(time.perf_counter() - t)
+        for key, times in (("admit", admit), ("plain", plain), ("quota", quota)):
+            rounds[key].append(pct(times, 0.99))
+    p99 = {key: ms(statistics.median(values)) for key, values in rounds.items()}
+    print(
+        f"quotas on, {held:.0%} held: admission + place() p99 {p99['quota']} ms (admission alone "
+        f"{p99['admit']} ms; place() alone on the same jobs {p99['plain']} ms); median of 3 rounds"
+    )
+
+
+def reclaim_on_a_full_fleet(racks: int) -> None:
+    """reclaim() for a 16-node required gang of a tenant under its quota, on a
+    fleet filled to 98 % (no whole rack free), by borrowers."""
+    fleet = Fleet.uniform(racks)
+    fill(fleet, 0.98, seed=5)
+    budgets = shared_out(fleet).reclaim_budgets()
+    gang = JobRequest("gang", num_nodes=16, gpus_per_node=4, locality="required", tenant="a")
+    times = []
+    for _ in range(5):
+        t = time.perf_counter()
+        plan = reclaim(fleet, gang, lambda j: j.tenant in budgets, budgets, now=0.0)
+        times.append(time.perf_counter() - t)
+    held = 1 - fleet.free_gpus() / fleet.total_gpus
+    where = ", ".join(plan.placement.racks) if plan.placement else "-"
+    print(
+        f"quotas on, {held:.0%} held: reclaim() for a 16-node required gang of a tenant under its "
+        f"quota: median {ms(pct(times, 0.5))} ms; {len(plan.victims)} victim(s), "
+        f"{plan.cost_gpu_hours:.1f} GPU-h, in {where}"
+    )
 
 
 if __name__ == "__main__":

@@ -67,7 +67,9 @@ def reclaim(
     1. Candidates: the jobs ``may_preempt`` allows, preemptible ones first,
        then by the work each would lose (since its last checkpoint, and the
        restart).
-    2. For each rack that could hold the job by itself: stop candidates with
+    2. For each rack that could hold the job by itself, cheapest bound first
+       (a lower bound on the cost of making room there; the search ends at a
+       rack whose bound exceeds the best set found): stop candidates with
        GPUs in that rack, in that order, until the job places inside the rack
        (and ``need_gpus`` is met); then give back, dearest first, every victim
        the placement does not need. So no more is stopped than needed, and the
@@ -88,17 +90,28 @@ def reclaim(
         )
     order = sorted(costs, key=lambda v: (not fleet.allocations[v].job.preemptible, costs[v], v))
 
-    best: tuple[tuple[float, int, str], list[str], PlacementPlan] | None = None
+    by_rack: dict[str, list[str]] = {}
+    for vid in order:
+        for rid in {fleet.nodes[n].rack for n in fleet.allocations[vid].nodes}:
+            by_rack.setdefault(rid, []).append(vid)
+    # Racks in the order of a lower bound on what making room there costs; the
+    # search stops at the first rack whose bound exceeds the best set found.
+    bounded = []
     for rack in fleet.racks:
-        gpn = rack.gpus_per_node
-        if not job.is_small(gpn) and not 0 < job.nodes_needed(gpn) <= rack.size:
-            continue  # the job cannot sit in this rack alone
-        here = [v for v in order if any(fleet.nodes[n].rack == rack.id for n in fleet.allocations[v].nodes)]
-        others = frozenset(r.id for r in fleet.racks if r.id != rack.id)
-        found = _victims(fleet, job, here, limits, need_gpus, policy, now, others)
+        here = by_rack.get(rack.id, [])
+        bound = _least_cost(fleet, job, rack, here, costs)
+        if bound is not None:
+            bounded.append((bound, rack.id, here))
+    bounded.sort(key=lambda b: (b[0], b[1]))
+    everyone = frozenset(fleet.rack_by_id)
+    best: tuple[tuple[float, int, str], list[str], PlacementPlan] | None = None
+    for bound, rid, here in bounded:
+        if best is not None and bound > best[0][0] + 1e-6:
+            break
+        found = _victims(fleet, job, here, limits, need_gpus, policy, now, everyone - {rid})
         if found is not None:
             victims, plan = found
-            key = (round(sum(costs[v] for v in victims), 6), len(victims), rack.id)
+            key = (round(sum(costs[v] for v in victims), 6), len(victims), rid)
             if best is None or key < best[0]:
                 best = (key, victims, plan)
     if best is None:
@@ -121,6 +134,40 @@ def reclaim(
         costs={v: round(costs[v], 4) for v in victims},
         placement=plan,
     )
+
+
+def _least_cost(
+    fleet: Fleet, job: JobRequest, rack, here: list[str], costs: dict[str, float]
+) -> float | None:
+    """A lower bound on the GPU-hours lost to make room for ``job`` in ``rack``
+    alone from the candidates ``here`` (a fractional knapsack over their GPUs in
+    the rack), or None when the job cannot sit in the rack even if all of them
+    stopped."""
+    gpn = rack.gpus_per_node
+    if job.is_small(gpn):
+        want = job.num_gpus
+    else:
+        nodes = job.nodes_needed(gpn)
+        if not 0 < nodes <= rack.healthy:
+            return None
+        want = nodes * gpn
+    deficit = want - rack.free_gpus()
+    if deficit <= 0:
+        return 0.0
+    offers = []
+    for vid in here:
+        alloc = fleet.allocations[vid]
+        inside = sum(len(g) for n, g in alloc.nodes.items() if fleet.nodes[n].rack == rack.id)
+        offers.append((costs[vid] / inside, inside))
+    offers.sort()
+    bound = 0.0
+    for per_gpu, gpus in offers:
+        take = min(gpus, deficit)
+        bound += per_gpu * take
+        deficit -= take
+        if deficit <= 0:
+            return bound
+    return None
 
 
 def _victims(

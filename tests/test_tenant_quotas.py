@@ -151,3 +151,32 @@ def test_without_quotas_nothing_changes_and_nothing_is_preempted(fleet, submitte
 
 def _nodes(job_id: int) -> list[Node]:
     return list(Node.objects.filter(pk__in=nodes_of(job_id)))
+
+
+def test_without_quotas_a_higher_priority_stops_only_its_own_tenants_lower_priority_preemptible_jobs(
+    fleet, submitter, other_submitter
+):
+    # The fleet full: llm's preemptible and non-preemptible 4-node jobs, and vision's.
+    cheap = [_submit(submitter, "llm", f"cheap{i}", 4, preemptible=True) for i in range(4)]
+    kept = [_submit(submitter, "llm", f"kept{i}", 4, preemptible=False) for i in range(2)]
+    theirs = [_submit(other_submitter, "vision", f"v{i}", 4, preemptible=True) for i in range(2)]
+    _pass()
+    everyone = cheap + kept + theirs
+    assert {Job.objects.get(pk=j.pk).state for j in everyone} == {JobState.RUNNING}
+
+    urgent = _submit(submitter, "llm", "urgent", 16, locality="required", priority=5)
+    schedule_pass()
+    action = Action.objects.get(kind=ActionKind.RECLAIM)
+    victims = {s["job"] for s in action.steps if s["op"] == "preempt"}
+    assert victims <= {j.pk for j in cheap}, "only llm's own preemptible, lower-priority jobs"
+    _carry_out([action.pk])
+    urgent.refresh_from_db()
+    assert urgent.state == JobState.RUNNING and len({n.rack_id for n in _nodes(urgent.pk)}) == 1
+    assert {Job.objects.get(pk=j.pk).state for j in kept + theirs} == {JobState.RUNNING}
+
+    # An equal priority preempts nothing.
+    same = _submit(submitter, "llm", "same", 16, locality="required", priority=0)
+    schedule_pass()
+    assert Action.objects.filter(kind=ActionKind.RECLAIM).count() == 1
+    same.refresh_from_db()
+    assert same.state == JobState.PENDING

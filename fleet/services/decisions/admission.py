@@ -1,7 +1,7 @@
 """A shared fleet: quota admission before placement, and preemption to start a job.
 
 With no quota configured (no ``Quota`` row), every pending job goes to the
-engine as it always did, and nothing is preempted at placement. With quotas:
+engine as it always did, and only a higher priority preempts (step 2). With quotas:
 
 1. Admission (:func:`admit`): pending jobs are taken in fair-share order
    (tenants with the least decayed usage per weight first, then priority, then
@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.conf import settings
+from django.db.models import Min
 from django.utils import timezone
 
 from fleet import engine
@@ -54,12 +55,12 @@ class Admitted:
     cohort_of: dict[str, str] = field(default_factory=dict)
 
 
-def admit(pending: list[Job], busy: set[int]) -> Admitted | None:
-    """Admission for ``pending`` jobs; None when no quota is configured. Jobs of
-    open actions (``busy``) that are still pending count as held (they are
-    about to be placed)."""
+def admit(pending: list[Job], busy: set[int]) -> Admitted:
+    """Admission for ``pending`` jobs. With no quota configured, all of them, as
+    they came (and no ledgers). Jobs of open actions (``busy``) that are still
+    pending count as held (they are about to be placed)."""
     if not usage.quotas_configured():
-        return None
+        return Admitted(jobs=list(pending))
     shapes = sorted(usage.capacity_by_shape())
     extra: dict[tuple[str, int], int] = {}
     for job in Job.objects.select_related("tenant").filter(pk__in=busy, state=JobState.PENDING):
@@ -129,17 +130,33 @@ def propose_reclaims(
         Job.objects.filter(state=JobState.RUNNING).exclude(pk__in=busy).values_list("pk", flat=True)
     )
     proposals = []
+    # Without quotas, only a higher priority preempts: jobs with a lower-priority
+    # preemptible job of their own tenant running.
+    lowest = {
+        row["tenant_id"]: row["low"]
+        for row in Job.objects.filter(pk__in=running, preemptible=True)
+        .values("tenant_id")
+        .annotate(low=Min("priority"))
+    }
     for job in admitted.jobs:
-        if job.pk not in waiting or job.pk in recently_rejected or job.pk not in admitted.shape_of:
+        if job.pk not in waiting or job.pk in recently_rejected:
             continue
         tenant = job.tenant.name
-        ledger = admitted.ledgers[
-            (admitted.cohort_of.get(tenant, Tenant.DEFAULT_COHORT), admitted.shape_of[job.pk])
-        ]
-        guaranteed = job.pk in admitted.guaranteed
+        ledger = None
+        if admitted.ledgers:
+            if job.pk not in admitted.shape_of:
+                continue
+            ledger = admitted.ledgers[
+                (admitted.cohort_of.get(tenant, Tenant.DEFAULT_COHORT), admitted.shape_of[job.pk])
+            ]
+        guaranteed = ledger is not None and job.pk in admitted.guaranteed
         limits = (
-            {t: gpus for t, gpus in ledger.reclaim_budgets().items() if t != tenant} if guaranteed else {}
+            {t: gpus for t, gpus in ledger.reclaim_budgets().items() if t != tenant}
+            if ledger is not None and guaranteed
+            else {}
         )
+        if not limits and lowest.get(job.tenant_id, job.priority) >= job.priority:
+            continue  # nothing it may stop
 
         def may_preempt(victim, tenant=tenant, job=job, limits=limits) -> bool:
             if int(victim.id) not in running:
@@ -162,7 +179,8 @@ def propose_reclaims(
             continue
         for vid in plan.victims:
             victim = snap.fleet.release(vid)
-            ledger.give(victim.job.tenant, victim.gpus)
+            if ledger is not None:
+                ledger.give(victim.job.tenant, victim.gpus)
         snap.fleet.allocate(plan.placement.allocation(request))
         proposals.append(_proposal(job, plan, snap, limits))
     return proposals

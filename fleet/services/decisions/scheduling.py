@@ -105,12 +105,11 @@ def schedule_pass(checkpoint: Checkpoint = _no_checkpoint) -> PassResult:
         ).values_list("job_id", flat=True)
     )
     admitted = admission.admit(pending, busy)
-    if admitted is not None:
-        by_id = {job.pk: job for job in pending}
-        for job_id, reason in admitted.waiting.items():
-            result.waiting[job_id] = reason
-            _set_reason(by_id[job_id], reason)
-        pending = admitted.jobs
+    by_id = {job.pk: job for job in pending}
+    for job_id, reason in admitted.waiting.items():
+        result.waiting[job_id] = reason
+        _set_reason(by_id[job_id], reason)
+    pending = admitted.jobs
     requests = {}
     for job in pending:
         request = engine.job_request(job)
@@ -129,8 +128,7 @@ def schedule_pass(checkpoint: Checkpoint = _no_checkpoint) -> PassResult:
             plan = schedule(snap.fleet, list(requests.values()), engine.policy(), now=time.time(), apply=True)
         with snap.fleet.trial():
             _record(plan, pending, requests, snap, checkpoint, result)
-            if admitted is not None:
-                _reclaim(admitted, result, snap, busy, checkpoint)
+            _reclaim(admitted, result, snap, busy, checkpoint)
     return result
 
 
