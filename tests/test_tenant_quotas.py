@@ -113,7 +113,10 @@ def test_a_tenant_under_its_quota_reclaims_one_rack_of_borrowed_work_for_its_gan
     assert gang.state == JobState.RUNNING
     assert {n.rack_id for n in _nodes(gang.pk)} == racks, "the gang runs rack-local, in the rack reclaimed"
     for v in Job.objects.filter(pk__in=victims):
-        assert v.state == JobState.PENDING and v.state_reason.startswith("preempted by")
+        assert v.state == JobState.PENDING
+        assert (
+            v.state_reason == f"preempted by action #{action.pk} (reclaim) to start job #{gang.pk} gang (llm)"
+        )
 
     # Back in the queue, vision's stopped jobs wait on the quota, saying why.
     schedule_pass()

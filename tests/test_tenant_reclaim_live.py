@@ -75,8 +75,10 @@ def test_a_tenant_under_its_quota_takes_back_one_rack_from_a_borrower_with_real_
         for job in Job.objects.filter(pk__in=victims):
             assert job.state == JobState.PENDING, job.state
             # Why it waits: the reclaim, or (once a pass has seen it) its tenant's quota.
-            assert job.state_reason == f"preempted by action #{action.pk} (reclaim)" or (
-                job.state_reason.startswith("quota: vision holds 64 of 64 nominal GPUs")
+            assert (
+                job.state_reason
+                == f"preempted by action #{action.pk} (reclaim) to start job #{gang} gang (llm)"
+                or (job.state_reason.startswith("quota: vision holds 64 of 64 nominal GPUs"))
             ), job.state_reason
         untouched = set(borrowed) - set(victims)
         assert Job.objects.filter(pk__in=untouched, state=JobState.RUNNING).count() == 4

@@ -417,9 +417,9 @@ def test_slurm_accounts_are_tenants_and_a_reclaim_requeues_one_blocks_borrowed_j
         for job in Job.objects.filter(pk__in=victims):
             # Why it waits: the reclaim, or (once a pass has seen it) its tenant's quota.
             assert job.state == JobState.PENDING, job.state
-            assert job.state_reason.endswith("(reclaim)") or job.state_reason.startswith(
-                "quota: vision holds 64 of 64 nominal GPUs"
-            ), job.state_reason
+            assert job.state_reason.endswith(
+                f"(reclaim) to start job #{gang} train-16n (llm)"
+            ) or job.state_reason.startswith("quota: vision holds 64 of 64 nominal GPUs"), job.state_reason
             found = slurm_job(cluster, job.external_id)
             assert found["job_state"][0] == "PENDING" and is_held(found), found
         untouched = [j.pk for j in vision_jobs if j.pk not in victims]

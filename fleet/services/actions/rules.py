@@ -225,7 +225,13 @@ def _apply_stop(actor, action: Action, step: st.Stop) -> None:
 
 def _apply_preempt(actor, action: Action, step: st.Preempt) -> None:
     assert step.job is not None  # a job step requires its job (Step.from_dict)
-    job_allocations.requeue_job(actor, step.job, reason=f"preempted by {_why(action)}", action="job.preempt")
+    reason = f"preempted by {_why(action)}"
+    # The job the room is for (a reclaim's allocate step), named so its owner knows who took it.
+    target = next((s.get("job") for s in action.steps if s.get("op") == st.Allocate.op), None)
+    found = Job.objects.filter(pk=target).values_list("name", "tenant__name").first() if target else None
+    if found is not None:
+        reason += f" to start job #{target} {found[0]} ({found[1]})"
+    job_allocations.requeue_job(actor, step.job, reason=reason[:500], action="job.preempt")
 
 
 def _apply_requeue(actor, action: Action, step: st.Requeue) -> None:
