@@ -198,7 +198,9 @@ class FleetCollector(Collector):
             labels=["tenant", "shape", "kind"],
         )
         pending = GaugeMetricFamily(
-            "rackwise_tenant_pending_gpus", "GPUs asked for by a tenant's pending jobs.", labels=["tenant"]
+            "rackwise_tenant_pending_gpus",
+            "GPUs asked for by a tenant's pending jobs, by the node shape each is charged to.",
+            labels=["tenant", "shape"],
         )
         share = GaugeMetricFamily(
             "rackwise_tenant_fair_share",
@@ -212,9 +214,10 @@ class FleetCollector(Collector):
         )
         for t in tenants:
             for q in t["quotas"]:
+                shape = str(q["gpus_per_node"])
                 for kind in TENANT_GPU_KINDS:
-                    gpus.add_metric([t["name"], str(q["gpus_per_node"]), kind], q[f"{kind}_gpus"])
-            pending.add_metric([t["name"]], t["pending_gpus"])
+                    gpus.add_metric([t["name"], shape, kind], q[f"{kind}_gpus"])
+                pending.add_metric([t["name"], shape], q["pending_gpus"])
             share.add_metric([t["name"]], t["fair_share"])
             usage.add_metric([t["name"]], t["decayed_usage_gpu_hours"])
         yield from (gpus, pending, share, usage)

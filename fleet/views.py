@@ -499,6 +499,10 @@ QUOTA_FORM_FIELDS = (
 )
 
 
+# The per-shape figures drawn as bars ("<kind>_gpus" in tenant_figures).
+SHAPE_BARS = ("nominal", "in_use", "borrowed", "lent", "pending")
+
+
 def _blank(value: int | None) -> str:
     return "" if value is None else str(value)
 
@@ -531,9 +535,7 @@ class TenantsView(RoleRequiredMixin, TemplateView):
             t["share_bar"] = _bar(t["fair_share"], 1.0)
             for q in t["quotas"]:
                 scale = max(q["cohort_capacity_gpus"], q["nominal_gpus"], q["in_use_gpus"])
-                q["bars"] = {
-                    k: _bar(q[f"{k}_gpus"], scale) for k in ("nominal", "in_use", "borrowed", "lent")
-                }
+                q["bars"] = {k: _bar(q[f"{k}_gpus"], scale) for k in SHAPE_BARS}
             # The edit form: one row per shape of the fleet, filled where the tenant
             # has a quota (a shape it only borrows in reads as nominal 0, no limits:
             # left blank, as no quota is the same thing).

@@ -26,8 +26,8 @@ def test_each_tenants_quota_usage_pending_share_and_usage_are_served(fragmented,
 
     assert [gpus("llm", k) for k in ("nominal", "in_use", "borrowed", "lent")] == [16, 32, 16, 0]
     assert [gpus("vision", k) for k in ("nominal", "in_use", "borrowed", "lent")] == [112, 0, 0, 16]
-    assert one(samples, "rackwise_tenant_pending_gpus", tenant="llm") == 64  # job c's 16 nodes
-    assert one(samples, "rackwise_tenant_pending_gpus", tenant="vision") == 0
+    assert one(samples, "rackwise_tenant_pending_gpus", tenant="llm", shape="4") == 64  # job c's 16 nodes
+    assert one(samples, "rackwise_tenant_pending_gpus", tenant="vision", shape="4") == 0
     assert one(samples, "rackwise_tenant_fair_share", tenant="llm") == pytest.approx(0.75)
     assert one(samples, "rackwise_tenant_fair_share", tenant="vision") == pytest.approx(0.25)
     assert one(samples, "rackwise_tenant_decayed_gpu_hours", tenant="vision") == 0
@@ -40,6 +40,11 @@ def test_each_tenants_quota_usage_pending_share_and_usage_are_served(fragmented,
             for kind in ("nominal", "in_use", "borrowed", "lent"):
                 labels = {"tenant": t["name"], "shape": str(q["gpus_per_node"]), "kind": kind}
                 assert one(samples, "rackwise_tenant_gpus", **labels) == q[f"{kind}_gpus"]
+            shape = str(q["gpus_per_node"])
+            assert (
+                one(samples, "rackwise_tenant_pending_gpus", tenant=t["name"], shape=shape)
+                == q["pending_gpus"]
+            )
 
 
 def test_a_tenant_without_quota_or_usage_has_no_gpu_series_but_its_share(fleet, other_submitter):

@@ -61,6 +61,9 @@ def test_every_role_reads_the_figures_as_bars(shared, request, persona):
     assert 'class="fill nominal" style="width:50.0%"' in llm
     assert 'class="fill in-use" style="width:6.2%"' in llm
     assert _figure(vision, "pending") == "16" and _figure(llm, "pending") == "0"
+    # vision has no quota and holds nothing, but its waiting job is shown in its shape.
+    assert [_figure(vision, k) for k in ("nominal", "in-use", "shape-pending")] == ["0", "0", "16"]
+    assert _figure(llm, "shape-pending") == "0"
     assert _figure(llm, "fair-share") == "0.5"  # two tenants, equal weights
     assert float(_figure(llm, "decayed-usage")) >= 0
     assert "borrows at most 32; lends all of it" in llm
