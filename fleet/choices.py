@@ -122,6 +122,8 @@ class WebhookEvent(models.TextChoices):
     ACTION_PROPOSED = "action.proposed", "A decision was recorded"
     ACTION_APPROVED = "action.approved", "A decision was approved (by an operator or the policy)"
     ACTION_FINISHED = "action.finished", "A decision ended: succeeded, failed, cancelled, expired or rejected"
+    RECLAIM_PROPOSED = "reclaim.proposed", "A job is to start by preempting others (borrowed GPUs taken back)"
+    RECLAIM_FINISHED = "reclaim.finished", "A reclaim ended: succeeded, failed, cancelled, expired, rejected"
 
 
 # Sent by the "test" button only; not subscribable.

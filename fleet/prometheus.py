@@ -33,6 +33,7 @@ from prometheus_client.registry import Collector
 from fleet.choices import ActionKind, ActionState, JobState
 from fleet.models import Action, Job, Node
 from fleet.services.read import read_models
+from fleet.services.read.tenants import tenant_figures
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,8 @@ FINISHED_ACTION_STATES = (
     ActionState.CANCELLED,
 )
 GPU_STATES = ("used", "free", "failed", "unavailable")
+# The kinds of rackwise_tenant_gpus: tenant_figures' per-shape figures ("<kind>_gpus").
+TENANT_GPU_KINDS = ("nominal", "in_use", "borrowed", "lent")
 
 
 class FleetCollector(Collector):
@@ -61,6 +64,7 @@ class FleetCollector(Collector):
         yield self._wait_histogram()
         yield from self._actions()
         yield self._heartbeats()
+        yield from self._tenants()
         yield from self._queues()
 
     def _capacity(self, summary: dict) -> Iterator:
@@ -183,6 +187,40 @@ class FleetCollector(Collector):
         ):
             ages.add_metric([hostname, rack], max(0.0, (now - at).total_seconds()))
         return ages
+
+    def _tenants(self) -> Iterator:
+        # The read model the Tenants page and /api/tenants/ show: one definition.
+        tenants = tenant_figures()
+        gpus = GaugeMetricFamily(
+            "rackwise_tenant_gpus",
+            "A tenant's GPUs per node shape (GPUs per node): its nominal quota, what it holds (in_use), "
+            "holds beyond its quota (borrowed), and its idle quota others use now (lent).",
+            labels=["tenant", "shape", "kind"],
+        )
+        pending = GaugeMetricFamily(
+            "rackwise_tenant_pending_gpus",
+            "GPUs asked for by a tenant's pending jobs, by the node shape each is charged to.",
+            labels=["tenant", "shape"],
+        )
+        share = GaugeMetricFamily(
+            "rackwise_tenant_fair_share",
+            "A tenant's weight over all tenants' weights, 0..1.",
+            labels=["tenant"],
+        )
+        usage = GaugeMetricFamily(
+            "rackwise_tenant_decayed_gpu_hours",
+            "GPU-hours a tenant used, halved per RACKWISE_FAIR_SHARE_HALF_LIFE_H gone by (fair-share order).",
+            labels=["tenant"],
+        )
+        for t in tenants:
+            for q in t["quotas"]:
+                shape = str(q["gpus_per_node"])
+                for kind in TENANT_GPU_KINDS:
+                    gpus.add_metric([t["name"], shape, kind], q[f"{kind}_gpus"])
+                pending.add_metric([t["name"], shape], q["pending_gpus"])
+            share.add_metric([t["name"]], t["fair_share"])
+            usage.add_metric([t["name"]], t["decayed_usage_gpu_hours"])
+        yield from (gpus, pending, share, usage)
 
     def _queues(self) -> Iterator:
         depth = GaugeMetricFamily(

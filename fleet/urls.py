@@ -13,6 +13,7 @@ urlpatterns = [
     path("actions/", views.ActionListView.as_view(), name="actions"),
     path("actions/<int:pk>/fragment/", views.ActionFragmentView.as_view(), name="action-fragment"),
     path("audit/", views.AuditView.as_view(), name="audit"),
+    path("tenants/", views.TenantsView.as_view(), name="tenants"),
     path("webhooks/", views.WebhooksView.as_view(), name="webhooks"),
     path("login/", auth_views.LoginView.as_view(authentication_form=LoginForm), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),

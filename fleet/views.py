@@ -51,6 +51,8 @@ from fleet.services.nodes import moves as node_services
 from fleet.services.read import read_models
 from fleet.services.read.attention import age_text, attention
 from fleet.services.read.summary import rack_summaries
+from fleet.services.read.tenants import tenant_figures
+from fleet.services.tenants.usage import capacity_by_shape
 from placement.place import largest_free
 
 PAGE_ROWS = 200
@@ -486,4 +488,72 @@ class JobSubmitView(RoleRequiredMixin, TemplateView):
             # A starting value for the form, not a limit: the API bounds it.
             gpus_per_node=fleet_capacity().dominant_gpus_per_node or 4,
         )
+        return context
+
+
+# The edit form's fields per node shape, with what a blank one means.
+QUOTA_FORM_FIELDS = (
+    ("nominal_gpus", "no quota"),
+    ("borrowing_limit_gpus", "no limit"),
+    ("lending_limit_gpus", "lends all"),
+)
+
+
+# The per-shape figures drawn as bars ("<kind>_gpus" in tenant_figures).
+SHAPE_BARS = ("nominal", "in_use", "borrowed", "lent", "pending")
+
+
+def _blank(value: int | None) -> str:
+    return "" if value is None else str(value)
+
+
+def _bar(value: float, scale: float) -> float:
+    """A bar's width in percent of ``scale`` (0 to 100; an empty scale draws none)."""
+    return round(min(100.0, max(0.0, 100.0 * value / scale)), 1) if scale > 0 else 0.0
+
+
+class TenantsView(RoleRequiredMixin, TemplateView):
+    """Tenants sharing the fleet: per node shape their quota, what they hold,
+    borrow and lend; their pending demand, fair share and decayed usage, all
+    from the read model ``/api/tenants/`` serves (``tenant_figures``), drawn as
+    bars here. Operators edit quotas, weight and cohort in the page through
+    ``/api/tenants/`` (static/rackwise/tenants.js), so the service's checks and
+    audit apply as for any client; everyone else sees the figures only."""
+
+    template_name = "fleet/tenants.html"
+
+    def get_context_data(self, **kwargs):
+        context = super().get_context_data(**kwargs)
+        tenants = tenant_figures()
+        shapes = sorted(capacity_by_shape().items())
+        # One scale per page for the tenant-wide figures, so bars compare across tenants.
+        most_pending = max((t["pending_gpus"] for t in tenants), default=0)
+        most_usage = max((t["decayed_usage_gpu_hours"] for t in tenants), default=0.0)
+        for t in tenants:
+            t["pending_bar"] = _bar(t["pending_gpus"], most_pending)
+            t["usage_bar"] = _bar(t["decayed_usage_gpu_hours"], most_usage)
+            t["share_bar"] = _bar(t["fair_share"], 1.0)
+            for q in t["quotas"]:
+                scale = max(q["cohort_capacity_gpus"], q["nominal_gpus"], q["in_use_gpus"])
+                q["bars"] = {k: _bar(q[f"{k}_gpus"], scale) for k in SHAPE_BARS}
+            # The edit form: one row per shape of the fleet, filled where the tenant
+            # has a quota (a shape it only borrows in reads as nominal 0, no limits:
+            # left blank, as no quota is the same thing).
+            own = {
+                q["gpus_per_node"]: q
+                for q in t["quotas"]
+                if q["nominal_gpus"] or any(q[f] is not None for f, _ in QUOTA_FORM_FIELDS[1:])
+            }
+            t["form_rows"] = [
+                {
+                    "gpus_per_node": shape,
+                    "capacity": capacity,
+                    "fields": [
+                        (field, _blank(own.get(shape, {}).get(field)), hint)
+                        for field, hint in QUOTA_FORM_FIELDS
+                    ],
+                }
+                for shape, capacity in shapes
+            ]
+        context.update(tenants=tenants, shapes=shapes)
         return context

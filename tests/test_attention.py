@@ -100,7 +100,7 @@ def test_outsiders_and_anonymous_callers_are_refused(needs, outsider_client, ano
 
 
 def test_the_nav_badge_counts_the_proposals_on_every_page_and_hides_at_zero(needs, viewer, submitter, fleet):
-    for path in ("/", "/jobs/", "/actions/", "/audit/", f"/racks/{fleet[0].pk}/"):
+    for path in ("/", "/jobs/", "/actions/", "/audit/", "/tenants/", f"/racks/{fleet[0].pk}/"):
         assert 'data-testid="nav-badge" data-count="3"' in page_html(viewer, path), path
     assert "3 awaiting approval · oldest 1 h 30 min" in page_html(viewer, "/")
     assert 'data-count="2"' in page_html(submitter, "/")

@@ -67,13 +67,13 @@ def test_the_stylesheet_is_served_by_the_app(browser, viewer):
     assert response.status_code == 200
 
 
-@pytest.mark.parametrize("path", ["/jobs/", "/actions/", "/audit/", "/racks/{rack}/"])
+@pytest.mark.parametrize("path", ["/jobs/", "/actions/", "/audit/", "/tenants/", "/racks/{rack}/"])
 def test_every_console_page_needs_a_role(browser, outsider, fleet, path):
     browser.force_login(outsider)
     assert browser.get(path.format(rack=fleet[0].pk)).status_code == 403
 
 
-@pytest.mark.parametrize("path", ["/jobs/", "/actions/", "/audit/", "/racks/{rack}/"])
+@pytest.mark.parametrize("path", ["/jobs/", "/actions/", "/audit/", "/tenants/", "/racks/{rack}/"])
 def test_a_viewer_reads_every_console_page(browser, viewer, fleet, path):
     browser.force_login(viewer)
     assert browser.get(path.format(rack=fleet[0].pk)).status_code == 200

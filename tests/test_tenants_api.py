@@ -35,6 +35,7 @@ def test_an_operator_sets_a_quota_and_every_reader_sees_the_figures(
             "in_use_gpus": 0,
             "borrowed_gpus": 0,
             "lent_gpus": 0,
+            "pending_gpus": 100,
             "cohort_capacity_gpus": 128,
         }
     ]

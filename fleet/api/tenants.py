@@ -43,6 +43,7 @@ class QuotaFiguresSerializer(QuotaSerializer):
     in_use_gpus = serializers.IntegerField()
     borrowed_gpus = serializers.IntegerField(help_text="What it holds beyond its nominal quota.")
     lent_gpus = serializers.IntegerField(help_text="Its idle lendable quota that other tenants use now.")
+    pending_gpus = serializers.IntegerField(help_text="GPUs its pending jobs charged to this shape ask for.")
     cohort_capacity_gpus = serializers.IntegerField()
 
 

@@ -348,6 +348,39 @@ def action_finished(action: Action) -> Callable[[], dict]:
     return lambda: action_data(action)
 
 
+def _job(job: Job) -> dict:
+    return {
+        "id": job.pk,
+        "name": job.name,
+        "tenant": job.tenant.name,
+        "state": job.state,
+        "num_gpus": job.num_gpus,
+        "priority": job.priority,
+        "preemptible": job.preemptible,
+    }
+
+
+def reclaim_data(action: Action, jobs: Iterable[int] | None = None) -> dict:
+    """``reclaim.*`` data: the job the reclaim starts and its tenant, the
+    victims it preempts (with theirs), the GPU-hours it was expected to lose
+    and, once it ended, those it lost; ``borrowed`` when the victims held GPUs
+    beyond their tenants' quotas (else they are the tenant's own lower-priority
+    work). The action itself as in ``action.*``."""
+    ids = sorted(action.jobs.values_list("pk", flat=True) if jobs is None else jobs)
+    victim_ids = [int(v) for v in (action.benefit or {}).get("victims", [])]
+    rows = {j.pk: j for j in Job.objects.filter(pk__in=ids).select_related("tenant")}
+    started = next((rows[i] for i in ids if i not in victim_ids and i in rows), None)
+    return {
+        "job": _job(started) if started else None,
+        "tenant": started.tenant.name if started else None,
+        "victims": [_job(rows[v]) for v in victim_ids if v in rows],
+        "borrowed": bool((action.benefit or {}).get("reclaim")),
+        "gpu_hours": action.cost_gpu_hours,
+        "lost_gpu_hours": action.lost_gpu_hours,
+        **action_data(action, ids),
+    }
+
+
 # --- delivering -----------------------------------------------------------------
 
 

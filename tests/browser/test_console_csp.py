@@ -21,6 +21,7 @@ PAGES = [
     "/jobs/submit/",
     "/actions/",
     "/audit/",
+    "/tenants/",
     "/webhooks/",
     "/api/docs/",
 ]

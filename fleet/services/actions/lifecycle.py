@@ -26,6 +26,10 @@ succeeded   action.succeeded action.finished      a scheduling pass (not after a
 failed      action.failed    action.finished      jobs settled
 =========== ================ ==================== ===========================================
 
+A ``reclaim`` (preemption to start a job, :mod:`fleet.services.decisions.admission`)
+also sends ``reclaim.proposed`` when it is created and ``reclaim.finished`` when
+it ends, with the job, its tenant, the victims and the GPU-hours.
+
 Holds. A plan that moves jobs (:data:`HOLD_KINDS`: defrag plans, migrations,
 recoveries and preemptions)
 holds the nodes it empties and the nodes it fills (``NodeHold`` rows) from its
@@ -157,6 +161,8 @@ def create(rows: list[Action], jobs: Sequence[Sequence[int]], actor=None) -> lis
         # Kinds the policy runs automatically are approved as they are proposed.
         approved_now = ((a, ids) for a, ids in pairs if a.state != S.PROPOSED)
         webhooks.emit_many("action.approved", (webhooks.action_data(a, ids) for a, ids in approved_now))
+        reclaims = ((a, ids) for a, ids in pairs if a.kind == ActionKind.RECLAIM)
+        webhooks.emit_many("reclaim.proposed", (webhooks.reclaim_data(a, ids) for a, ids in reclaims))
         events.actions_changed(a.pk for a in actions)
     return actions
 
@@ -235,6 +241,8 @@ def transition(
         event = WEBHOOK_EVENT[to_state]
         if event:
             webhooks.emit(event, webhooks.action_finished(action))
+        if to_state in ENDED_STATES and action.kind == ActionKind.RECLAIM:
+            webhooks.emit("reclaim.finished", lambda: webhooks.reclaim_data(action))
         _then(actor, action, replan=replan)
     return action
 

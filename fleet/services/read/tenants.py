@@ -14,6 +14,7 @@ from fleet.services.tenants import usage
 def tenant_figures(name: str | None = None) -> list[dict]:
     ledgers = usage.ledgers()
     demand = usage.pending_demand()
+    demand_by_shape = usage.pending_by_shape()
     decayed = usage.decayed_usage()
     rows = Tenant.objects.annotate(
         running_jobs=Count("jobs", filter=Q(jobs__state=JobState.RUNNING)),
@@ -31,7 +32,8 @@ def tenant_figures(name: str | None = None) -> list[dict]:
                 continue
             quota = ledger.quota(tenant.name)
             in_use = ledger.usage.get(tenant.name, 0)
-            if (tenant.pk, shape) not in configured and not in_use:
+            pending = demand_by_shape.get((tenant.name, shape), 0)
+            if (tenant.pk, shape) not in configured and not in_use and not pending:
                 continue
             shapes.append(
                 {
@@ -42,6 +44,7 @@ def tenant_figures(name: str | None = None) -> list[dict]:
                     "in_use_gpus": in_use,
                     "borrowed_gpus": ledger.borrowed(tenant.name),
                     "lent_gpus": ledger.lent(tenant.name),
+                    "pending_gpus": pending,
                     "cohort_capacity_gpus": ledger.capacity,
                 }
             )

@@ -93,6 +93,24 @@ def pending_demand() -> dict[str, int]:
     return {r["tenant__name"]: r["gpus"] or 0 for r in rows}
 
 
+def pending_by_shape() -> dict[tuple[str, int], int]:
+    """GPUs asked for by each tenant's pending jobs, by (tenant, node shape the
+    job is charged to: :func:`job_shape`). A job no shape of the fleet holds is
+    left out (its tenant's total, :func:`pending_demand`, counts it)."""
+    shapes = list(capacity_by_shape())
+    rows = (
+        Job.objects.filter(state=JobState.PENDING)
+        .values("tenant__name", "gpus_per_node", "num_gpus")
+        .annotate(n=Count("id"))
+    )
+    out: dict[tuple[str, int], int] = defaultdict(int)
+    for r in rows:
+        shape = job_shape(Job(gpus_per_node=r["gpus_per_node"], num_gpus=r["num_gpus"]), shapes)
+        if shape is not None:
+            out[(r["tenant__name"], shape)] += r["num_gpus"] * r["n"]
+    return dict(out)
+
+
 def decayed_usage(now: datetime | None = None) -> dict[str, float]:
     """GPU-hours each tenant used, each hour weighing half as much per
     ``RACKWISE_FAIR_SHARE_HALF_LIFE_H`` gone by (Slurm's decayed usage for its
