@@ -528,8 +528,8 @@ def tenant_report(
             g = gmean([figure(ms[pol], k) + floor for ms in metrics]) - floor
             vals.append(f"{g:,.0f}" if k.endswith("_s") else f"{g:.3f}")
         print(f"| {pol} | " + " | ".join(vals) + " |")
-    bad = sum(ms["rackwise"]["tenants"]["reclaims_below_nominal"] for ms in metrics)
-    print(f"\nrackwise reclaims that took a tenant below its nominal quota: {bad}")
+    bad = sum(ms["rackwise"]["tenants"]["victims_at_or_under_nominal"] for ms in metrics)
+    print(f"\nrackwise victims whose tenant was at or under its nominal quota: {bad}")
 
 
 if __name__ == "__main__":

@@ -100,8 +100,18 @@ class TenantPasses(QueuePasses):
         ten = self.tenancy
         assert ten is not None
         if self.policy == "rackwise":
+            # Jobs owed by quota (within their tenant's nominal quota) first, then by
+            # fair share.
             share = {t: ten.fair_share(t) for t in ten.names}
-            return sorted(jobs, key=lambda st: (share.get(st.job.tenant, math.inf), *lxf_key(st)))
+            room = {t: ten.nominal(t) - ten.used(t) for t in ten.names}
+            return sorted(
+                jobs,
+                key=lambda st: (
+                    st.job.total_gpus > room.get(st.job.tenant, 0),
+                    share.get(st.job.tenant, math.inf),
+                    *lxf_key(st),
+                ),
+            )
         fs = self.fs_factors
         return sorted(jobs, key=lambda st: (-fs.get(st.job.tenant, 0.0), st.order))
 
@@ -167,14 +177,12 @@ class TenantPasses(QueuePasses):
         ten.reclaim_tried.pop(job.id, None)
         for vid in victims:
             vst = self.jobs[vid]
+            vt = vst.job.tenant
+            if self.policy == "rackwise" and ten.used(vt) <= ten.nominal(vt):
+                ten.below_nominal += 1  # a tenant at or under nominal preempted: a bug
             ten.preempted_gs += vst.gpus * (now - vst.run_start)
             ten.preemptions += 1
             self._requeue(now, vst, cause="preemption")
-        if self.policy == "rackwise":
-            for vid in victims:
-                vt = self.jobs[vid].job.tenant
-                if ten.used(vt) < ten.nominal(vt):
-                    ten.below_nominal += 1
         self._take(st)
         self._start(now, st, plan.allocation(job))
         return True
@@ -184,22 +192,38 @@ class TenantPasses(QueuePasses):
     ) -> tuple[list[str], PlacementPlan] | None:
         ten = self.tenancy
         assert ten is not None
-        limits = {t: b for t, b in ten.ledger.reclaim_budgets().items() if t != job.tenant}
-        if not limits:
+        usage = ten.ledger.usage
+        budgets = {t: b for t, b in ten.ledger.reclaim_budgets().items() if t != job.tenant}
+        if not budgets:
             return None
-        plan = reclaim(
-            self.fleet,
-            job,
-            lambda v: v.tenant in limits,
-            limits,
-            need_gpus=verdict.overdraw,
-            policy="rackwise",
-            now=now,
-            restart_minutes=self.cfg.restart_minutes,
-        )
-        if not plan.placed or plan.placement is None:
-            return None
-        return plan.victims, plan.placement
+        # 1. Within the borrowers' budgets: no victim takes its tenant below nominal.
+        # 2. Else a borrower may lose a job that straddles its nominal line (Kueue's
+        #    rule: a queue is a candidate while it is borrowing), but each victim only
+        #    while its tenant is still above nominal, checked in the order they stop.
+        for limits in (budgets, {t: usage[t] for t in budgets}):
+            plan = reclaim(
+                self.fleet,
+                job,
+                lambda v: v.tenant in budgets,  # both passes: the same borrowers
+                limits,
+                need_gpus=verdict.overdraw,
+                policy="rackwise",
+                now=now,
+                restart_minutes=self.cfg.restart_minutes,
+            )
+            if not plan.placed or plan.placement is None:
+                continue
+            left = dict(usage)
+            ok = True
+            for vid in plan.victims:
+                v = self.fleet.allocations[vid]
+                if left[v.job.tenant] <= ten.nominal(v.job.tenant):
+                    ok = False
+                    break
+                left[v.job.tenant] -= v.gpus
+            if ok:
+                return plan.victims, plan.placement
+        return None
 
     def _healthy(self, alloc: Allocation) -> bool:
         return all(self.fleet.nodes[n].health == HEALTHY for n in alloc.nodes)

@@ -243,7 +243,7 @@ class Simulation(TenantPasses):
             if sum(ten.ledger.usage.values()) != held or held > self.total_gpus:
                 bad.append(f"tenants hold {sum(ten.ledger.usage.values())} GPUs, the fleet {held}")
             if ten.below_nominal:
-                bad.append("a reclaim took a tenant below its nominal quota")
+                bad.append("a reclaim preempted a tenant at or under its nominal quota")
         if bad:
             raise AssertionError(f"t={t}: {bad[:3]}")
 

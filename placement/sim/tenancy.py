@@ -75,7 +75,7 @@ class Tenancy:
     entitled_gs: dict[str, float] = field(default_factory=dict)
     preempted_gs: float = 0.0
     preemptions: int = 0
-    # Victims whose tenant a rackwise reclaim took below its nominal quota (must stay 0).
+    # rackwise victims whose tenant was at or under its nominal quota (must stay 0).
     below_nominal: int = 0
     reclaim_tried: dict[str, float] = field(default_factory=dict)
 
@@ -282,7 +282,7 @@ class Tenancy:
             "gpu_hours_preempted": _r(self.preempted_gs / 3600),
             "gpu_hours_lost_preemption": _r(lost_preemption_gs / 3600),
             "preemptions": self.preemptions,
-            "reclaims_below_nominal": self.below_nominal,
+            "victims_at_or_under_nominal": self.below_nominal,
             "per_tenant": {
                 t: {
                     "nominal_gpus": self.nominal(t),
