@@ -22,6 +22,12 @@ cell, over the classes with at least ``--min-class-jobs`` (20) jobs in the trace
 Goodput is a difference in percentage points. Per-cell ratios and
 their geometric means are printed as Markdown.
 
+``--tenants``: a shared fleet instead (``tenant_report``): every trace's jobs assigned to
+four tenants (50/30/15/5 % of the GPU-hours, in bursts; ``placement/sim/tenants.py``,
+the ITP traces carry no tenant column) with nominal quotas in the same proportions of
+the fleet, borrowing allowed, one cohort, checkpoints every 30 minutes; rackwise
+against the faithful Kueue and Slurm set-ups of ``placement/sim/preempt.py``.
+
 ``--quick``: seed 0 and MTBF 2,000 h only, the first 5,000 jobs of each trace
 (16-40 s on the shared 2-core machine). The full run takes 4-13 min on 2 cores
 (253 s in the latest run, 2026-12-03; its longest replay, itp07 x4 high under
@@ -44,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from placement.sim.simulation import POLICY_NAMES, SIZE_CLASSES, SimConfig, simulate, size_class
 from placement.sim.state import config_overrides
+from placement.sim.tenants import TenantSetup, assign
 from placement.sim.trace import TraceJob, read_trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -123,8 +130,23 @@ def class_excess(
     return worst, worst_cls
 
 
+TENANT_CHECKPOINT_MIN = 30.0
+TENANT_POLICIES = ("rackwise", "slurm-block", "kueue-tas")
+
+
 def run_task(task: dict[str, Any]) -> dict[str, Any]:
     trace = load(task["path"], task["scale"], task["max_jobs"], task["locality"])
+    if task.get("tenants"):
+        # The same tenants for every policy of a cell (seeded by the cell's seed).
+        trace = assign(trace, seed=task["seed"], checkpoint_minutes=TENANT_CHECKPOINT_MIN)
+        task = {
+            **task,
+            "config": {
+                **task["config"],
+                "tenants": TenantSetup(),
+                "checkpoint_minutes": TENANT_CHECKPOINT_MIN,
+            },
+        }
     cfg = SimConfig(
         racks=task["racks"],
         nodes_per_rack=NODES,
@@ -136,6 +158,7 @@ def run_task(task: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     result = simulate(trace, task["policy"], cfg)
     m = dict(result.metrics, worst_p95=worst_p95(result.metrics))
+    task = {k: v for k, v in task.items() if k != "config"}
     return {**task, "metrics": m, "wall": time.perf_counter() - t0, "fingerprint": result.fingerprint}
 
 
@@ -157,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
         "--traces", default=str(default_traces()), help="folder of trace CSVs (default ../shared/traces/itp)"
     )
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument(
+        "--tenants", action="store_true", help="a shared fleet: four tenants with quotas (see the docstring)"
+    )
     ap.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default 3)")
     ap.add_argument(
         "--mtbfs", default="", help="comma-separated node MTBFs in hours (default 12700,2000; --quick: 2000)"
@@ -244,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
                                 "config": config,
                             }
                         )
-    tasks = [dict(c, policy=pol) for c in cells for pol in POLICY_NAMES]
+    policies = TENANT_POLICIES if args.tenants else POLICY_NAMES
+    tasks = [dict(c, policy=pol, tenants=args.tenants) for c in cells for pol in policies]
     # Biggest first, so the pool does not end waiting on one long replay.
     tasks.sort(key=lambda t: (-t["jobs"] * (t["scale"] + 1), t["trace"], t["policy"]))
     if args.workers > 1:
@@ -260,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     by_cell: dict[tuple[Any, ...], dict[str, dict[str, Any]]] = {}
     for r in results:
         by_cell.setdefault(ckey(r), {})[r["policy"]] = r["metrics"]
+    if args.tenants:
+        tenant_report(cells, [by_cell[ckey(c)] for c in cells], baselines, args, seeds, mtbfs, max_jobs, wall)
+        return 0
 
     heads = [h for _, h, _, _ in RATIOS]
     print(f"# Real-trace replay: rackwise / best of {', '.join(baselines)} (below 1: rackwise better)\n")
@@ -401,6 +431,105 @@ def main(argv: list[str] | None = None) -> int:
         + ", ".join(f"{r['trace']} x{r['scale']} {r['load']} {r['policy']} {r['wall']:.1f} s" for r in slow)
     )
     return 0
+
+
+# (key, header, floor): lower is better for all; ratios rackwise / best baseline.
+TENANT_RATIOS = (
+    ("time_to_guaranteed_p95_s", "time to guaranteed p95", WAIT_FLOOR_S, 0.5),
+    ("share_error", "share error", 0.001, 1.0),
+    ("gpu_hours_lost_preemption", "GPU-h lost to preemption", 1.0, 1.0),
+    ("mean_jct_s", "mean JCT", 0.0, 0.95),
+)
+
+
+def tenant_report(
+    cells: list[dict[str, Any]],
+    metrics: list[dict[str, dict[str, Any]]],
+    baselines: list[str],
+    args: argparse.Namespace,
+    seeds: list[int],
+    mtbfs: tuple[float, ...],
+    max_jobs: int | None,
+    wall: float,
+) -> None:
+    """The ``--tenants`` tables: per cell, rackwise / the best faithful baseline for
+    each figure (floors: 60 s on time to guaranteed, 0.001 on share error, 1 GPU-hour
+    on work lost to preemption, so 0/0 is 1), then geometric means against the
+    targets; the per-size-class max wait ratio (classes of >= --min-class-jobs jobs,
+    60 s floor) is reported as its worst cell."""
+
+    def figure(m: dict[str, Any], key: str) -> float:
+        return float(m["tenants"][key] if key in m["tenants"] else m[key])
+
+    print(f"# Shared fleet: rackwise / best of {', '.join(baselines)} (below 1: rackwise better)\n")
+    print(
+        f"{len({c['trace'] for c in cells})} traces, {len(cells)} cells x {len(TENANT_POLICIES)} policies, "
+        f"seeds {seeds}, MTBF {', '.join(f'{m:,.0f}' for m in mtbfs)} h, 4 tenants 50/30/15/5, "
+        f"checkpoints every {TENANT_CHECKPOINT_MIN:.0f} min, "
+        f"{'first ' + str(max_jobs) + ' jobs' if max_jobs else 'whole traces'}; {wall:.0f} s wall on "
+        f"{args.workers} workers\n"
+    )
+    heads = [h for _, h, _, _ in TENANT_RATIOS]
+    print(
+        "| trace | GPUs | load | racks | MTBF h | seed | " + " | ".join(heads) + " | worst class max wait |"
+    )
+    print("|---" * (len(heads) + 7) + "|")
+    per: dict[str, list[float]] = {h: [] for h in heads}
+    worst_cells: list[float] = []
+    for c, ms in zip(cells, metrics, strict=True):
+        rw = ms["rackwise"]
+        row = []
+        for key, head, floor, _ in TENANT_RATIOS:
+            best = min(figure(ms[b], key) for b in baselines)
+            x = ratio(figure(rw, key), best, True, floor)
+            per[head].append(x)
+            row.append(f"{x:.2f}")
+        worst, cls = 0.0, ""
+        for k in SIZE_CLASSES:
+            if c["class_jobs"][k] >= args.min_class_jobs:
+                best = min(ms[b]["max_wait_s_by_size"][k] for b in baselines)
+                x = ratio(rw["max_wait_s_by_size"][k], best, True, WAIT_FLOOR_S)
+                if x > worst:
+                    worst, cls = x, k
+        worst_cells.append(worst)
+        print(
+            f"| {c['trace']} | x{c['scale']} | {c['load']} | {c['racks']} | {c['mtbf']:,.0f} | {c['seed']} | "
+            + " | ".join(row)
+            + f" | {worst:.2f} {cls} |"
+        )
+    print(f"\n## Geometric means over {len(cells)} cells, against the targets\n")
+    print("| figure (rackwise / best baseline) | geo mean | min | max | target | met |")
+    print("|---|---|---|---|---|---|")
+    for _, head, _, target in TENANT_RATIOS:
+        xs = per[head]
+        g = gmean(xs)
+        met = "yes" if g <= target else "no"
+        print(f"| {head} | {g:.3f} | {min(xs):.2f} | {max(xs):.2f} | <= {target} | {met} |")
+    top = max(worst_cells)
+    print(
+        f"| per-size-class max wait (worst class of each cell) | {gmean(worst_cells):.3f} | "
+        f"{min(worst_cells):.2f} | {top:.2f} | <= 1.2 in every cell | {'yes' if top <= 1.2 else 'no'} |"
+    )
+    print("\n## Each policy, geometric mean over the cells (floors as above)\n")
+    keys = [
+        ("time_to_guaranteed_p95_s", "ttg p95 s", WAIT_FLOOR_S),
+        ("share_error", "share error", 0.0),
+        ("jain_index", "Jain", 0.0),
+        ("gpu_hours_preempted", "GPU-h preempted", 1.0),
+        ("gpu_hours_lost_preemption", "GPU-h lost (preemption)", 1.0),
+        ("preemptions", "preemptions", 1.0),
+        ("mean_jct_s", "JCT s", 0.0),
+    ]
+    print("| policy | " + " | ".join(h for _, h, _ in keys) + " |")
+    print("|---" * (len(keys) + 1) + "|")
+    for pol in TENANT_POLICIES:
+        vals = []
+        for k, _, floor in keys:
+            g = gmean([figure(ms[pol], k) + floor for ms in metrics]) - floor
+            vals.append(f"{g:,.0f}" if k.endswith("_s") else f"{g:.3f}")
+        print(f"| {pol} | " + " | ".join(vals) + " |")
+    bad = sum(ms["rackwise"]["tenants"]["victims_at_or_under_nominal"] for ms in metrics)
+    print(f"\nrackwise victims whose tenant was at or under its nominal quota: {bad}")
 
 
 if __name__ == "__main__":

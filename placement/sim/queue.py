@@ -19,6 +19,7 @@ from placement.policies.rackwise import idle_room, rack_room
 from placement.policies.slurm_block import block_room
 from placement.queues import Backfill, Hold, expansion_factor
 from placement.sim.state import JobState, SimConfig
+from placement.sim.tenancy import Tenancy, Verdict
 from placement.timeline import NodeEnds
 
 
@@ -44,9 +45,17 @@ class QueuePasses:
     fresh: list[JobState]
     fifo_blocked: str | None
     room_tests: dict[tuple[Any, ...], Callable[[dict[str, int]], bool]]
+    tenancy: Tenancy | None  # a shared fleet (placement/sim/preempt.py); None: no tenants
+    again: bool
 
     def _start(self, t: float, st: JobState, alloc: Allocation) -> None:
         raise NotImplementedError  # the Simulation's: allocate and run the job
+
+    def _tenant_order(self, jobs: list[JobState], now: float, lxf_key: Any) -> list[JobState]:
+        raise NotImplementedError  # TenantPasses'
+
+    def _preempt_for(self, now: float, st: JobState, verdict: Verdict) -> bool:
+        raise NotImplementedError  # TenantPasses'
 
     def _enqueue(self, st: JobState) -> None:
         group = self.groups.setdefault(shape_key(st.job), [])
@@ -61,6 +70,8 @@ class QueuePasses:
         group.insert(lo, st)
         self.queued += 1
         self.fresh.append(st)
+        if self.tenancy is not None:
+            self.tenancy.enqueued(st.job)
 
     def _freed(self, early: bool = True) -> None:
         """Capacity came back: every shape may fit again; reservations are redone.
@@ -75,8 +86,13 @@ class QueuePasses:
         self.bf = None
         self.fifo_blocked = None
 
+    def _pass_tenants(self, now: float) -> None:
+        raise NotImplementedError  # TenantPasses'
+
     def _pass(self, now: float) -> None:
-        if self.policy == "slurm-block" or (
+        if self.tenancy is not None:
+            self._pass_tenants(now)
+        elif self.policy == "slurm-block" or (
             self.policy == "rackwise" and self.cfg.rackwise_queue == "backfill"
         ):
             self._pass_backfill(now)
@@ -102,6 +118,8 @@ class QueuePasses:
         if not group:
             del self.groups[key]  # only shapes with queued jobs: passes read them all
         self.queued -= 1
+        if self.tenancy is not None:
+            self.tenancy.dequeued(st.job)
 
     def _expected_run(self, st: JobState) -> float:
         # What the scheduler expects this run to take (the simulator knows the
@@ -116,8 +134,10 @@ class QueuePasses:
         age = 0.0 if rackwise else cfg.bf_min_age_reserve_s
         lxf = rackwise and cfg.rackwise_order == "lxf"
         last = self.bf_last
+        ten = self.tenancy
         if (
-            self.bf is not None
+            ten is None
+            and self.bf is not None
             and last is not None
             and not age  # else ageing alone changes the plan
             and all(
@@ -157,16 +177,22 @@ class QueuePasses:
                 kept=(self.kept_holds if rackwise and cfg.rackwise_keep_reservations else None),
                 idle_room=idle_room if rackwise else None,
             )
-            if lxf:
-                tau = cfg.rackwise_lxf_tau_s
-                todo = sorted(
-                    (st for g in self.groups.values() for st in g),
-                    key=lambda st: (
-                        st.order[0],
-                        -expansion_factor(now - st.submit, self._expected_run(st), tau),
-                        st.order,
-                    ),
+            tau = cfg.rackwise_lxf_tau_s
+
+            def lxf_key(st: JobState) -> tuple[Any, ...]:
+                xf = expansion_factor(now - st.submit, self._expected_run(st), tau)
+                return (st.order[0], -xf, st.order)
+
+            if ten is not None:
+                # A shared fleet: fair share first (placement/sim/preempt.py).
+                todo = self._tenant_order(
+                    [st for g in self.groups.values() for st in g],
+                    now,
+                    lxf_key if lxf else (lambda st: (st.order,)),
                 )
+                del todo[cfg.bf_max_job_test :]
+            elif lxf:
+                todo = sorted((st for g in self.groups.values() for st in g), key=lxf_key)
                 del todo[cfg.bf_max_job_test :]
             else:
                 todo = self._in_order(cfg.bf_max_job_test)
@@ -181,6 +207,11 @@ class QueuePasses:
                 continue
             self.bf_last = st.order if self.bf_last is None else max(self.bf_last, st.order)
             job = st.job
+            verdict = None
+            if ten is not None:
+                verdict = ten.admit(job)
+                if not verdict.admitted:
+                    continue  # held by its quota: no start, no reservation
             key = shape_key(job)
             run = self._expected_run(st)
             if run < cannot.get(key, math.inf):
@@ -207,6 +238,9 @@ class QueuePasses:
                     continue
                 # Around no hold it fails whatever it runs for: skip its shape.
                 cannot[key] = run if bf.holds else -math.inf
+            if verdict is not None and self._preempt_for(now, st, verdict):
+                self.again = True  # the fleet changed under this cycle: plan a new one
+                return
             if self.policy != "rackwise" or not job.is_small(gpn):
                 # rackwise reserves for gangs only: a single-node job fits on any
                 # node, and its rising expansion factor moves it up the queue.

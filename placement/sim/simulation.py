@@ -21,7 +21,7 @@ from placement.model import FAILED, HEALTHY, Allocation, Fleet
 from placement.place import can_ever_fit
 from placement.policies.common import min_racks
 from placement.recover import apply_recovery, recover
-from placement.sim.queue import QueuePasses
+from placement.sim.preempt import TENANT_POLICIES, TenantPasses
 from placement.sim.state import (
     LOSS_CAUSES,
     SIZE_CLASSES,
@@ -32,6 +32,7 @@ from placement.sim.state import (
     metrics,
     size_class,
 )
+from placement.sim.tenancy import Tenancy
 from placement.sim.trace import TraceJob
 from placement.timeline import NodeEnds
 from placement.validate import validate, validate_indexes
@@ -63,7 +64,7 @@ RELAUNCH = 4
 Progress = Callable[[str, float, int, int], None]
 
 
-class Simulation(QueuePasses):
+class Simulation(TenantPasses):
     """One policy over one trace. Call :meth:`run`."""
 
     def __init__(
@@ -100,7 +101,9 @@ class Simulation(QueuePasses):
         self.useful_gpu_s = 0.0
         self.counts = {"failures": 0, "in_place_recoveries": 0, "requeues": 0, "migrations": 0, "rejected": 0}
         self.migration_gpu_s = 0.0
-        self.lost_gpu_s = dict.fromkeys(LOSS_CAUSES, 0.0)
+        # Preemption (a shared fleet's reclaims) is counted apart: metrics() reports
+        # LOSS_CAUSES, the tenants' figures the rest.
+        self.lost_gpu_s = dict.fromkeys((*LOSS_CAUSES, "preemption"), 0.0)
         self.relaunches_pending = 0
         self.series: list[tuple[float, float, int, float]] = []
         self.held_now = 0
@@ -116,6 +119,15 @@ class Simulation(QueuePasses):
         # Backfill's room tests by (shape, rack group): they read only the shape and
         # the racks' sizes, which never change.
         self.room_tests = {}
+        # A shared fleet (opt-in): quotas, fair share, reclaim (placement/sim/preempt.py).
+        self.tenancy = None
+        self.again = False
+        self.preempt_failed = set()
+        self.fs_factors = {}
+        if cfg.tenants is not None:
+            if policy not in TENANT_POLICIES or (policy == "rackwise" and cfg.rackwise_queue != "backfill"):
+                raise ValueError(f"tenants are modelled for {', '.join(TENANT_POLICIES)} (backfill) only")
+            self.tenancy = Tenancy(cfg.tenants, self.total_gpus, cfg.gpus_per_node, policy)
 
     # -- events -------------------------------------------------------------------------
 
@@ -154,8 +166,11 @@ class Simulation(QueuePasses):
         next_sample = first_submit
         shapes_seen: dict[int, float] = {}
         last_progress = 0.0
+        ten = self.tenancy
         while self.heap:
             t = self.heap[0][0]
+            if ten is not None:
+                ten.advance(t)
             while self.heap and self.heap[0][0] == t:
                 _, kind, _, key = heapq.heappop(self.heap)
                 if kind == ARRIVE:
@@ -176,6 +191,8 @@ class Simulation(QueuePasses):
                     self.repairs_pending -= 1
                     self._freed()
             self._pass(t)
+            if ten is not None:
+                ten.observe(t)
             if self.policy == "rackwise" and cfg.defrag_after_s is not None:
                 self._defrag(t)
             if cfg.check_invariants:
@@ -198,9 +215,12 @@ class Simulation(QueuePasses):
                 self.progress(self.policy, t - first_submit, self.done, len(self.trace))
             if self.unfinished == 0:
                 break
+        figures = metrics(self, first_submit, time.perf_counter() - wall0)
+        if ten is not None:
+            figures["tenants"] = ten.report(self.lost_gpu_s["preemption"])
         return SimResult(
             self.policy,
-            metrics(self, first_submit, time.perf_counter() - wall0),
+            figures,
             self.series,
             fingerprint(self.jobs),
         )
@@ -217,6 +237,13 @@ class Simulation(QueuePasses):
             fresh = NodeEnds(self.fleet, track=False)
             if (kept.free_at, kept.ends, kept.rack_ends) != (fresh.free_at, fresh.ends, fresh.rack_ends):
                 bad.append("backfill node ends drifted from the fleet")
+        ten = self.tenancy
+        if ten is not None:
+            held = sum(a.gpus for a in self.fleet.allocations.values())
+            if sum(ten.ledger.usage.values()) != held or held > self.total_gpus:
+                bad.append(f"tenants hold {sum(ten.ledger.usage.values())} GPUs, the fleet {held}")
+            if ten.below_nominal:
+                bad.append("a reclaim preempted a tenant at or under its nominal quota")
         if bad:
             raise AssertionError(f"t={t}: {bad[:3]}")
 
@@ -265,6 +292,8 @@ class Simulation(QueuePasses):
     def _reject_stuck(self) -> None:
         for group in self.groups.values():
             for st in group:
+                if self.tenancy is not None:
+                    self.tenancy.dequeued(st.job)
                 self.counts["rejected"] += 1
                 self.unfinished -= 1
                 st.end = None
@@ -314,6 +343,8 @@ class Simulation(QueuePasses):
         st.version += 1
         self.running.add(job.id)
         self.held_now += st.gpus
+        if self.tenancy is not None:
+            self.tenancy.started(job, st.gpus)
         end = t + st.penalty + st.remaining / st.speed
         alloc.expected_end = end
         alloc.started_at = t + st.penalty
@@ -329,6 +360,8 @@ class Simulation(QueuePasses):
         self.useful_gpu_s += st.job.total_gpus * st.duration
         self.held_now -= st.gpus
         self.running.discard(jid)
+        if self.tenancy is not None:
+            self.tenancy.stopped(st.job, st.gpus)
         self.fleet.release(jid)
         st.end = t
         st.remaining = 0.0
@@ -365,12 +398,14 @@ class Simulation(QueuePasses):
         self.held_gpu_s += st.gpus * elapsed
         self.held_now -= st.gpus
         self.running.discard(st.job.id)
+        if self.tenancy is not None:
+            self.tenancy.stopped(st.job, st.gpus)
         st.restarts += 1
         st.version += 1
         return st.gpus * (productive - saved + st.penalty)
 
-    def _requeue(self, t: float, st: JobState) -> None:
-        self._interrupt(t, st)
+    def _requeue(self, t: float, st: JobState, cause: str = "failures") -> None:
+        self._interrupt(t, st, cause)
         self.fleet.release(st.job.id)
         self.counts["requeues"] += 1
         # Back in the queue at its old place (order keeps its submit time), but

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from placement.model import JobRequest
 from placement.place import RACKWISE_MAX_RESERVATIONS, RESERVE_AFTER_S
 from placement.queues import BF_MAX_RESERVATIONS, BF_MIN_AGE_RESERVE_S, BF_WINDOW_S
+from placement.sim.tenants import TenantSetup
 
 # slurm.conf(5) SchedulerParameters bf_max_job_test: jobs a backfill cycle looks at.
 BF_MAX_JOB_TEST = 500
@@ -87,6 +88,10 @@ class SimConfig:
     bf_min_age_reserve_s: float = BF_MIN_AGE_RESERVE_S
     bf_max_reservations: int = BF_MAX_RESERVATIONS
     bf_max_job_test: int = BF_MAX_JOB_TEST
+    # A shared fleet (None: one tenant, no quotas, as before): tenants' quotas, fair
+    # share and reclaim, per policy (placement/sim/preempt.py). Jobs carry their
+    # tenant (placement/sim/tenants.py assigns them on traces without one).
+    tenants: TenantSetup | None = None
 
 
 def config_overrides(items: Iterable[str]) -> dict[str, Any]:
