@@ -220,3 +220,37 @@ def _victims(
             stopped[vid] = alloc
             count(alloc, +1)
         return sorted(stopped, key=order.index), plan
+
+
+def reclaim_for_quota(
+    fleet: Fleet,
+    job: JobRequest,
+    may_preempt: Callable[[JobRequest], bool],
+    budgets: dict[str, int],
+    held: dict[str, int],
+    nominal: Callable[[str], int],
+    **kw: Any,
+) -> ReclaimPlan:
+    """:func:`reclaim` for a job within its tenant's nominal quota, taking back
+    what borrowers (``budgets``: tenant -> GPUs above its nominal quota) hold.
+
+    1. Within the budgets: no borrower goes below its nominal quota.
+    2. Else a borrower may lose a job that straddles its nominal line (Kueue's
+       ``reclaimWithinCohort``: a queue is a candidate while it borrows), each
+       victim only while its tenant is still above nominal (``held`` GPUs), in
+       the order they stop. Without this, a borrower holding one big job could
+       never be reclaimed from."""
+    plan = reclaim(fleet, job, may_preempt, budgets, **kw)
+    if plan.placed or not budgets:
+        return plan
+    wider = reclaim(fleet, job, may_preempt, {t: held.get(t, 0) for t in budgets}, **kw)
+    if not wider.placed:
+        return plan
+    left = dict(held)
+    for vid in wider.victims:
+        victim = fleet.allocations[vid].job.tenant
+        if victim in budgets:
+            if left.get(victim, 0) <= nominal(victim):
+                return plan
+            left[victim] -= fleet.allocations[vid].gpus
+    return wider

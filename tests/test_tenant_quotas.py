@@ -183,3 +183,26 @@ def test_without_quotas_a_higher_priority_stops_only_its_own_tenants_lower_prior
     assert Action.objects.filter(kind=ActionKind.RECLAIM).count() == 1
     same.refresh_from_db()
     assert same.state == JobState.PENDING
+
+
+def test_a_borrowers_job_that_straddles_its_nominal_line_is_reclaimed_when_nothing_smaller_makes_room(
+    fleet, operator, submitter, other_submitter
+):
+    # vision may keep 48 GPUs and runs one 16-node job (64 GPUs): it borrows 16,
+    # all in that one job. llm, within its 80, holds one rack with 16 nodes.
+    quotas.set_quotas(operator, "vision", [{"gpus_per_node": 4, "nominal_gpus": 48}])
+    quotas.set_quotas(operator, "llm", [{"gpus_per_node": 4, "nominal_gpus": 80}])
+    big = _submit(other_submitter, "vision", "big", 16, locality="required")
+    mine = _submit(submitter, "llm", "mine", 16, locality="required")
+    _pass()
+    assert {Job.objects.get(pk=j.pk).state for j in (big, mine)} == {JobState.RUNNING}
+
+    # llm's next 4 nodes keep it within its quota: vision's borrowed job goes,
+    # though stopping it takes vision below its nominal 48 (it was above when stopped).
+    more = _submit(submitter, "llm", "more", 4, locality="required")
+    schedule_pass()
+    action = Action.objects.get(kind=ActionKind.RECLAIM)
+    assert [s["job"] for s in action.steps if s["op"] == "preempt"] == [big.pk]
+    _carry_out([action.pk])
+    more.refresh_from_db()
+    assert more.state == JobState.RUNNING

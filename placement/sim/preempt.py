@@ -55,7 +55,7 @@ from placement.model import HEALTHY, Allocation, JobRequest
 from placement.place import place, shape_key
 from placement.plans import PlacementPlan
 from placement.quota import Ledger
-from placement.reclaim import reclaim
+from placement.reclaim import reclaim_for_quota
 from placement.sim.queue import QueuePasses
 from placement.sim.state import JobState
 from placement.sim.tenancy import SLURM_POLICIES, Tenancy, Verdict
@@ -196,34 +196,21 @@ class TenantPasses(QueuePasses):
         budgets = {t: b for t, b in ten.ledger.reclaim_budgets().items() if t != job.tenant}
         if not budgets:
             return None
-        # 1. Within the borrowers' budgets: no victim takes its tenant below nominal.
-        # 2. Else a borrower may lose a job that straddles its nominal line (Kueue's
-        #    rule: a queue is a candidate while it is borrowing), but each victim only
-        #    while its tenant is still above nominal, checked in the order they stop.
-        for limits in (budgets, {t: usage[t] for t in budgets}):
-            plan = reclaim(
-                self.fleet,
-                job,
-                lambda v: v.tenant in budgets,  # both passes: the same borrowers
-                limits,
-                need_gpus=verdict.overdraw,
-                policy="rackwise",
-                now=now,
-                restart_minutes=self.cfg.restart_minutes,
-            )
-            if not plan.placed or plan.placement is None:
-                continue
-            left = dict(usage)
-            ok = True
-            for vid in plan.victims:
-                v = self.fleet.allocations[vid]
-                if left[v.job.tenant] <= ten.nominal(v.job.tenant):
-                    ok = False
-                    break
-                left[v.job.tenant] -= v.gpus
-            if ok:
-                return plan.victims, plan.placement
-        return None
+        plan = reclaim_for_quota(
+            self.fleet,
+            job,
+            lambda v: v.tenant in budgets,
+            budgets,
+            usage,
+            ten.nominal,
+            need_gpus=verdict.overdraw,
+            policy="rackwise",
+            now=now,
+            restart_minutes=self.cfg.restart_minutes,
+        )
+        if not plan.placed or plan.placement is None:
+            return None
+        return plan.victims, plan.placement
 
     def _healthy(self, alloc: Allocation) -> bool:
         return all(self.fleet.nodes[n].health == HEALTHY for n in alloc.nodes)

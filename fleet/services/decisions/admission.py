@@ -11,7 +11,8 @@ engine as it always did, and only a higher priority preempts (step 2). With quot
 2. Preemption to start a job (:func:`propose_reclaims`): an admitted job the
    engine could not place gets victims chosen by :func:`placement.reclaim.reclaim`:
    a job within its tenant's nominal quota takes back what other tenants
-   borrowed (never from a tenant within its own nominal quota), and any job may
+   borrowed (never from a tenant within its own nominal quota:
+   :func:`placement.reclaim.reclaim_for_quota`), and any job may
    stop preemptible jobs of its own tenant with a lower priority. The victims
    are chosen to give it one NVLink domain at the least GPU-hours lost. The plan
    is an action (``reclaim``): checkpoint and preempt the victims (they go back to
@@ -25,6 +26,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import partial
 
 from django.conf import settings
 from django.db.models import Min
@@ -37,7 +39,7 @@ from fleet.services.actions import propose as action_services
 from fleet.services.tenants import usage
 from fleet.steps import Checkpoint, Preempt, Start, Step
 from placement.quota import Admission, Ledger
-from placement.reclaim import reclaim
+from placement.reclaim import reclaim_for_quota
 
 # After an operator rejects a reclaim, the job waits this long before another is proposed.
 RECLAIM_COOLDOWN = timedelta(minutes=15)
@@ -166,11 +168,13 @@ def propose_reclaims(
             return victim.tenant == tenant and victim.preemptible and victim.priority < job.priority
 
         request = engine.job_request(job)
-        plan = reclaim(
+        plan = reclaim_for_quota(
             snap.fleet,
             request,
             may_preempt,
             limits,
+            ledger.usage if ledger is not None else {},
+            partial(_nominal, ledger),
             need_gpus=admitted.guaranteed.get(job.pk, 0),
             policy=engine.policy(),
             now=time.time(),
@@ -184,6 +188,10 @@ def propose_reclaims(
         snap.fleet.allocate(plan.placement.allocation(request))
         proposals.append(_proposal(job, plan, snap, limits))
     return proposals
+
+
+def _nominal(ledger: Ledger | None, tenant: str) -> int:
+    return ledger.quota(tenant).nominal if ledger is not None else 0
 
 
 def _proposal(job: Job, plan, snap: engine.Snapshot, limits: dict[str, int]) -> action_services.Proposal:
