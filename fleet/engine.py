@@ -113,15 +113,19 @@ def load_snapshot() -> Snapshot:
         nodes_by_rack[rack_id].append(
             pm.Node(nid, str(rack_id), slot, gpus, engine_health(state, held_for), name=hostname)
         )
-    for rack_id, name, spare_nodes in Rack.objects.order_by(*RACK_ORDER).values_list(
-        "id", "name", "spare_nodes"
+    reservations: dict[str, str] = {}
+    for rack_id, name, spare_nodes, reserved_for in Rack.objects.order_by(*RACK_ORDER).values_list(
+        "id", "name", "spare_nodes", "reservation__tenant__name"
     ):
+        if reserved_for:
+            reservations[str(rack_id)] = reserved_for
         nodes = nodes_by_rack.get(rack_id)
         if not nodes:
             continue
         rack_names[str(rack_id)] = name
         racks.append(pm.Rack(str(rack_id), nodes, spare_nodes=_spares(spare_nodes, len(nodes)), name=name))
     fleet = pm.Fleet(racks)
+    fleet.reservations = {r: t for r, t in reservations.items() if r in fleet.rack_by_id}
     jobs = _restore(fleet, Allocation.objects.filter(released_at__isnull=True))
     return Snapshot(fleet, jobs, hostnames, rack_names, held)
 
@@ -218,13 +222,21 @@ class LiveFleet:
         return snap
 
     def _bring_up_to_date(self) -> Snapshot:
-        rows = list(Rack.objects.order_by(*RACK_ORDER).values_list("id", "version", "spare_nodes", "name"))
-        layout = [(rid, spares) for rid, _, spares, _ in rows]
-        versions = {rid: v for rid, v, _, _ in rows}
+        # A reservation changes no rack's version: read with the racks each time.
+        rows = list(
+            Rack.objects.order_by(*RACK_ORDER).values_list(
+                "id", "version", "spare_nodes", "name", "reservation__tenant__name"
+            )
+        )
+        layout = [(rid, spares) for rid, _, spares, _, _ in rows]
+        versions = {rid: v for rid, v, _, _, _ in rows}
         if self.snap is None or layout != self.layout:
             return self._rebuild(layout, versions)
         snap = self.snap
-        for rid, _, _, name in rows:
+        snap.fleet.reservations = {
+            str(rid): t for rid, _, _, _, t in rows if t and str(rid) in snap.fleet.rack_by_id
+        }
+        for rid, _, _, name, _ in rows:
             if str(rid) in snap.rack_names:
                 snap.rack_names[str(rid)] = name
         changed = [rid for rid, v in versions.items() if self.versions.get(rid) != v]

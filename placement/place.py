@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from collections.abc import Iterable
@@ -12,7 +13,7 @@ from placement.policies import POLICIES, Context
 from placement.policies.common import fewest_racks, min_racks, segment_of
 from placement.policies.rackwise import may_borrow, rack_room
 from placement.policies.slurm_block import block_room
-from placement.queues import Backfill, expansion_factor
+from placement.queues import Backfill, by_tier, expansion_factor
 
 DEFAULT_POLICY = "rackwise"
 # A blocked gang gets a reservation once it has waited this long (Slurm has the same
@@ -46,7 +47,41 @@ def place(
     job expected to end by then may use them (EASY backfill); ``now`` is the clock for
     policies that weigh waiting against spanning racks; ``exclude`` racks are not
     used at all. Deterministic for a seed.
+
+    Racks reserved for tenants (``fleet.reservations``) are tried in tiers
+    (:func:`placement.queues.by_tier`): the job's tenant's own first, another
+    tenant's only when nothing else holds the job.
     """
+    run = functools.partial(
+        _place,
+        fleet,
+        job,
+        policy,
+        seed=seed,
+        rng=rng,
+        reserved=reserved,
+        reserved_until=reserved_until,
+        now=now,
+    )
+    skip = frozenset(exclude)
+    if not fleet.reservations:
+        return run(exclude=skip)
+    return by_tier(fleet, job, lambda out: run(exclude=skip | out if skip else out))
+
+
+def _place(
+    fleet: Fleet,
+    job: JobRequest,
+    policy: str,
+    *,
+    seed: int,
+    rng: random.Random | None,
+    reserved: Iterable[str],
+    reserved_until: float | None,
+    exclude: frozenset[str],
+    now: float | None,
+) -> PlacementPlan:
+    """:func:`place` over the racks not in ``exclude``, reservations aside."""
     fn = POLICIES.get(policy)
     if fn is None:
         raise ValueError(f"unknown policy {policy!r}; choose from {sorted(POLICIES)}")
@@ -57,10 +92,11 @@ def place(
         and now + job.expected_duration <= reserved_until
     ):
         reserved = ()  # it ends before the blocked job could start: backfill freely
-    skip = frozenset(exclude)
+    skip = exclude
     if (
         skip
         and 2 * len(skip) < len(fleet.racks)
+        and skip not in fleet.reservation_tiers(job.tenant)
         and policy == "rackwise"
         and job.locality == REQUIRED
         and not any(job.is_small(gpn) for gpn in fleet.groups)
@@ -74,7 +110,7 @@ def place(
             {rid: sorted(fleet.rack_by_id[rid].free) for rid in skip if rid in fleet.rack_by_id}
         )
         try:
-            return place(
+            return _place(
                 fleet,
                 job,
                 policy,
@@ -82,6 +118,7 @@ def place(
                 rng=rng,
                 reserved=reserved,
                 reserved_until=reserved_until,
+                exclude=frozenset(),
                 now=now,
             )
         finally:
@@ -89,11 +126,7 @@ def place(
     ctx = Context(rng, frozenset(reserved), now, seed)
     best: PlacementPlan | None = None
     reasons: list[str] = []
-    for gpn, racks in fleet.groups.items():
-        if skip:
-            racks = [r for r in racks if r.id not in skip]
-            if not racks:
-                continue
+    for gpn, racks in fleet.groups_outside(skip).items():
         if not job.is_small(gpn) and job.nodes_needed(gpn) == 0:
             reasons.append(f"{gpn}-GPU nodes: job needs {job.gpus_per_node} GPUs per node")
             continue

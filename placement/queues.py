@@ -41,7 +41,7 @@ from typing import Any
 
 from placement.model import HEALTHY, Fleet, JobRequest, Node, Rack
 from placement.plans import PlacementPlan, not_placed
-from placement.policies.common import Context
+from placement.policies.common import Context, min_racks
 from placement.timeline import HeldView, LaterView, NodeEnds, jobs_on, replace_sorted
 
 # slurm.conf(5), SchedulerParameters: bf_window=1440 (minutes), bf_min_age_reserve=0 (s).
@@ -84,11 +84,59 @@ class Hold:
         object.__setattr__(self, "nodes", frozenset(self.gpus))
 
 
+def by_tier(
+    fleet: Fleet, job: JobRequest, attempt: Callable[[frozenset[str]], PlacementPlan]
+) -> PlacementPlan:
+    """``attempt(racks left out)`` over the tiers of racks reserved for tenants
+    (:meth:`Fleet.reservation_tiers`: the job's tenant's own, then the unreserved,
+    then every rack: another tenant's reserved rack is lent while idle). The plan
+    over the fewest racks wins, the earliest tier among equals, so a tier never
+    makes a job span more racks than the whole fleet would."""
+    best: PlacementPlan | None = None
+    plan = not_placed(job, "", "the fleet has no racks")
+    least = least_racks(fleet, job)
+    for tier in fleet.reservation_tiers(job.tenant):
+        if tier and len(tier) >= len(fleet.racks):
+            continue
+        plan = attempt(tier)
+        if plan.placed:
+            if len(plan.racks) <= least:
+                return plan
+            if best is None or len(plan.racks) < len(best.racks):
+                best = plan
+    return best or plan
+
+
+def least_racks(fleet: Fleet, job: JobRequest) -> int:
+    """The fewest racks any placement of ``job`` can use (1 for a job one rack
+    of some shape holds)."""
+    counts = [
+        1 if job.is_small(g) else min_racks(job.nodes_needed(g), size, job.segment_nodes)
+        for g, size in fleet.group_size.items()
+        if job.is_small(g) or job.nodes_needed(g)
+    ]
+    return min((c for c in counts if c), default=1)
+
+
 def decide(
     fleet: Fleet, job: JobRequest, fn: PolicyFn, racks_by_gpn: dict[int, list[Any]], ctx: Context, name: str
 ) -> PlacementPlan:
     """``fn`` over each rack shape (as :func:`placement.place.place` does); the plan
-    that needs the fewest racks wins."""
+    that needs the fewest racks wins. Reserved racks: :func:`by_tier`."""
+    if not fleet.reservations:
+        return _decide(fleet, job, fn, racks_by_gpn, ctx, name)
+
+    def outside(out: frozenset[str]) -> dict[int, list[Any]]:
+        if racks_by_gpn is fleet.groups:
+            return fleet.groups_outside(out)
+        return {g: [r for r in rs if r.id not in out] for g, rs in racks_by_gpn.items()}
+
+    return by_tier(fleet, job, lambda out: _decide(fleet, job, fn, outside(out), ctx, name))
+
+
+def _decide(
+    fleet: Fleet, job: JobRequest, fn: PolicyFn, racks_by_gpn: dict[int, list[Any]], ctx: Context, name: str
+) -> PlacementPlan:
     best: PlacementPlan | None = None
     reasons: list[str] = []
     for gpn, racks in racks_by_gpn.items():

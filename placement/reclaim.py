@@ -76,7 +76,9 @@ def reclaim(
        room made is one NVLink domain.
     3. If no single rack works (a gang bigger than a rack, or one whose
        segments must span racks): the same over the whole fleet.
-    4. The cheapest set wins (then the fewest victims, then the rack's id).
+    4. The cheapest set wins (then the fewest victims, then the rack's id);
+       racks reserved for the job's tenant are searched first, and win when
+       any of them works.
     The fleet is left as it was.
     """
     costs: dict[str, float] = {}
@@ -104,16 +106,21 @@ def reclaim(
             bounded.append((bound, rack.id, here))
     bounded.sort(key=lambda b: (b[0], b[1]))
     everyone = frozenset(fleet.rack_by_id)
+    own = {r for r, t in fleet.reservations.items() if t == job.tenant}
     best: tuple[tuple[float, int, str], list[str], PlacementPlan] | None = None
-    for bound, rid, here in bounded:
-        if best is not None and bound > best[0][0] + 1e-6:
+    # The job's tenant's reserved racks first: a reclaim takes back its own domains.
+    for tier in ([b for b in bounded if b[1] in own], [b for b in bounded if b[1] not in own]):
+        for bound, rid, here in tier:
+            if best is not None and bound > best[0][0] + 1e-6:
+                break
+            found = _victims(fleet, job, here, limits, need_gpus, policy, now, everyone - {rid})
+            if found is not None:
+                victims, plan = found
+                key = (round(sum(costs[v] for v in victims), 6), len(victims), rid)
+                if best is None or key < best[0]:
+                    best = (key, victims, plan)
+        if best is not None:
             break
-        found = _victims(fleet, job, here, limits, need_gpus, policy, now, everyone - {rid})
-        if found is not None:
-            victims, plan = found
-            key = (round(sum(costs[v] for v in victims), 6), len(victims), rid)
-            if best is None or key < best[0]:
-                best = (key, victims, plan)
     if best is None:
         found = _victims(fleet, job, order, limits, need_gpus, policy, now, frozenset())
         if found is not None:

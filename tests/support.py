@@ -239,6 +239,26 @@ class InstantAdapter:
         return {}
 
 
+def carry_out(action_id: int) -> None:
+    """Every step of the action, carried out at once (:class:`InstantAdapter`)."""
+    from fleet.services.execution import execute as execution
+
+    while execution.execute_next_step(action_id, adapter=InstantAdapter()).more:
+        pass
+
+
+def pass_carried_out() -> None:
+    """A scheduling pass, and the actions it approved carried out."""
+    from fleet.choices import ActionState
+    from fleet.models import Action
+    from fleet.services.decisions.scheduling import schedule_pass
+
+    schedule_pass()
+    approved = Action.objects.filter(state__in=(ActionState.APPROVED, ActionState.EXECUTING))
+    for action_id in approved.values_list("pk", flat=True):
+        carry_out(action_id)
+
+
 def page_html(user, path: str) -> str:
     """A console page as ``user`` sees it (it must answer 200)."""
     from django.test import Client

@@ -24,13 +24,12 @@ from fleet.services.decisions import defrag as defrag_services
 from fleet.services.decisions import recheck as proposals
 from fleet.services.decisions.recovery import plan_recovery
 from fleet.services.errors import Conflict
-from fleet.services.execution import execute as execution
 from fleet.services.jobs.allocations import apply_placement, finish_job, start_job
 from fleet.services.jobs.submit import JobSpec, submit_job
 from fleet.services.nodes import moves as node_services
 from rackwise.asgi import application
 from tests.sockets import run_socket_test
-from tests.support import InstantAdapter, nodes_of, wait_for, workers
+from tests.support import carry_out, nodes_of, wait_for, workers
 from tests.webhook_receiver import subscribe
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -116,11 +115,6 @@ def _finished_deliveries(action_id: int) -> list[dict]:
     ]
 
 
-def _execute(action_id: int) -> None:
-    while execution.execute_next_step(action_id, adapter=InstantAdapter()).more:
-        pass
-
-
 # --- a waiting recovery gives way when the fleet makes it obsolete -------------------
 
 
@@ -150,7 +144,7 @@ def test_a_waiting_preemption_expires_and_the_job_restarts_in_place_when_its_fai
     restart = Action.objects.get(jobs=train.pk, kind=ActionKind.RECOVERY)
     assert restart.state == ActionState.APPROVED, "a restart in place runs without an operator"
     assert [s["op"] for s in restart.steps] == ["restart"]
-    _execute(restart.pk)
+    carry_out(restart.pk)
     train.refresh_from_db()
     filler.refresh_from_db()
     assert (train.state, train.attempt) == (JobState.RUNNING, 2)
@@ -181,7 +175,7 @@ def test_a_waiting_preemption_expires_and_the_job_takes_the_spare_that_freed_up_
 
     swap = Action.objects.get(jobs=train.pk, kind=ActionKind.RECOVERY)
     assert [s["op"] for s in swap.steps] == ["swap", "restart"]
-    _execute(swap.pk)
+    carry_out(swap.pk)
     train.refresh_from_db()
     assert (train.state, train.attempt) == (JobState.RUNNING, 2)
     after = nodes_of(train.pk)

@@ -10,10 +10,9 @@ from fleet.choices import ActionKind, ActionState, JobState, WebhookEvent
 from fleet.models import Action, Job, WebhookDelivery
 from fleet.services.actions import propose as action_services
 from fleet.services.decisions.scheduling import schedule_pass
-from fleet.services.execution import execute as execution
 from fleet.services.jobs import submit as job_services
 from fleet.services.tenants import quotas
-from tests.support import InstantAdapter
+from tests.support import carry_out
 from tests.webhook_receiver import deliver_all, subscribe
 
 pytestmark = pytest.mark.django_db
@@ -22,11 +21,6 @@ pytestmark = pytest.mark.django_db
 def _submit(user, tenant: str, name: str, nodes: int, **kw) -> Job:
     spec = job_services.JobSpec(name=name, tenant=tenant, num_nodes=nodes, gpus_per_node=4, **kw)
     return job_services.submit_job(user, spec)
-
-
-def _carry_out(action_id: int) -> None:
-    while execution.execute_next_step(action_id, adapter=InstantAdapter()).more:
-        pass
 
 
 @pytest.fixture
@@ -41,7 +35,7 @@ def borrowed(fleet, operator, submitter, other_submitter, receiver):
     schedule_pass()
     placing = Action.objects.filter(state__in=(ActionState.APPROVED, ActionState.EXECUTING))
     for action_id in placing.values_list("pk", flat=True):
-        _carry_out(action_id)
+        carry_out(action_id)
     assert {Job.objects.get(pk=j.pk).state for j in jobs} == {JobState.RUNNING}
     gang = _submit(submitter, "llm", "gang", 16, locality="required")
     return endpoint, gang
@@ -69,7 +63,7 @@ def test_a_reclaim_is_announced_when_proposed_and_when_done(borrowed, receiver):
     assert proposed["action"]["id"] == action.pk and proposed["action"]["kind"] == "reclaim"
     assert not WebhookDelivery.objects.filter(event_type="reclaim.finished").exists()
 
-    _carry_out(action.pk)
+    carry_out(action.pk)
     action.refresh_from_db()
     finished = _data("reclaim.finished")
     assert finished["action"]["state"] == ActionState.SUCCEEDED

@@ -10,28 +10,11 @@ from fleet.choices import ActionKind, ActionState, JobState
 from fleet.models import Action, AuditEvent, Job, Node
 from fleet.services.decisions.scheduling import schedule_pass
 from fleet.services.errors import InvalidInput, NotAllowed
-from fleet.services.execution import execute as execution
 from fleet.services.jobs import submit as job_services
 from fleet.services.tenants import quotas
-from tests.support import InstantAdapter, nodes_of
+from tests.support import carry_out, nodes_of, pass_carried_out
 
 pytestmark = pytest.mark.django_db
-
-
-def _carry_out(action_ids) -> None:
-    for action_id in action_ids:
-        while execution.execute_next_step(action_id, adapter=InstantAdapter()).more:
-            pass
-
-
-def _pass() -> None:
-    """A scheduling pass, and its automatic actions carried out."""
-    schedule_pass()
-    _carry_out(
-        Action.objects.filter(state__in=(ActionState.APPROVED, ActionState.EXECUTING)).values_list(
-            "pk", flat=True
-        )
-    )
 
 
 def _submit(user, tenant: str, name: str, nodes: int, **kw) -> Job:
@@ -80,7 +63,7 @@ def test_a_job_beyond_its_tenants_quota_and_borrowing_limit_waits_with_the_numbe
     quotas.set_quotas(operator, "llm", [{"gpus_per_node": 4, "nominal_gpus": 32, "borrowing_limit_gpus": 16}])
     first = _submit(submitter, "llm", "first", 8)
     second = _submit(submitter, "llm", "second", 8)
-    _pass()
+    pass_carried_out()
     first.refresh_from_db()
     second.refresh_from_db()
     assert first.state == JobState.RUNNING
@@ -95,7 +78,7 @@ def test_a_tenant_under_its_quota_reclaims_one_rack_of_borrowed_work_for_its_gan
 ):
     # vision borrows the whole idle fleet: eight 4-node jobs, four in each rack.
     borrowed = [_submit(other_submitter, "vision", f"v{i}", 4) for i in range(8)]
-    _pass()
+    pass_carried_out()
     assert {Job.objects.get(pk=j.pk).state for j in borrowed} == {JobState.RUNNING}
 
     gang = _submit(submitter, "llm", "gang", 16, locality="required")
@@ -108,7 +91,7 @@ def test_a_tenant_under_its_quota_reclaims_one_rack_of_borrowed_work_for_its_gan
     assert len(racks) == 1
     assert action.steps[0]["op"] == "checkpoint", "the victims are told to checkpoint before they stop"
 
-    _carry_out([action.pk])
+    carry_out(action.pk)
     gang.refresh_from_db()
     assert gang.state == JobState.RUNNING
     assert {n.rack_id for n in _nodes(gang.pk)} == racks, "the gang runs rack-local, in the rack reclaimed"
@@ -132,7 +115,7 @@ def test_a_reclaim_never_takes_from_a_tenant_within_its_nominal_quota(shared, su
     # the cohort has nothing to lend; vision is within its quota, so nothing is reclaimed.
     held = [_submit(other_submitter, "vision", f"v{i}", 4) for i in range(4)]
     mine = [_submit(submitter, "llm", f"l{i}", 4) for i in range(4)]
-    _pass()
+    pass_carried_out()
     assert {Job.objects.get(pk=j.pk).state for j in held + mine} == {JobState.RUNNING}
     late = _submit(submitter, "llm", "late", 4)
     schedule_pass()
@@ -143,7 +126,7 @@ def test_a_reclaim_never_takes_from_a_tenant_within_its_nominal_quota(shared, su
 
 def test_without_quotas_nothing_changes_and_nothing_is_preempted(fleet, submitter, other_submitter):
     jobs = [_submit(other_submitter, "vision", f"v{i}", 4) for i in range(8)]
-    _pass()
+    pass_carried_out()
     gang = _submit(submitter, "llm", "gang", 16, priority=5)
     schedule_pass()
     gang.refresh_from_db()
@@ -163,7 +146,7 @@ def test_without_quotas_a_higher_priority_stops_only_its_own_tenants_lower_prior
     cheap = [_submit(submitter, "llm", f"cheap{i}", 4, preemptible=True) for i in range(4)]
     kept = [_submit(submitter, "llm", f"kept{i}", 4, preemptible=False) for i in range(2)]
     theirs = [_submit(other_submitter, "vision", f"v{i}", 4, preemptible=True) for i in range(2)]
-    _pass()
+    pass_carried_out()
     everyone = cheap + kept + theirs
     assert {Job.objects.get(pk=j.pk).state for j in everyone} == {JobState.RUNNING}
 
@@ -172,7 +155,7 @@ def test_without_quotas_a_higher_priority_stops_only_its_own_tenants_lower_prior
     action = Action.objects.get(kind=ActionKind.RECLAIM)
     victims = {s["job"] for s in action.steps if s["op"] == "preempt"}
     assert victims <= {j.pk for j in cheap}, "only llm's own preemptible, lower-priority jobs"
-    _carry_out([action.pk])
+    carry_out(action.pk)
     urgent.refresh_from_db()
     assert urgent.state == JobState.RUNNING and len({n.rack_id for n in _nodes(urgent.pk)}) == 1
     assert {Job.objects.get(pk=j.pk).state for j in kept + theirs} == {JobState.RUNNING}
@@ -194,7 +177,7 @@ def test_a_borrowers_job_that_straddles_its_nominal_line_is_reclaimed_when_nothi
     quotas.set_quotas(operator, "llm", [{"gpus_per_node": 4, "nominal_gpus": 80}])
     big = _submit(other_submitter, "vision", "big", 16, locality="required")
     mine = _submit(submitter, "llm", "mine", 16, locality="required")
-    _pass()
+    pass_carried_out()
     assert {Job.objects.get(pk=j.pk).state for j in (big, mine)} == {JobState.RUNNING}
 
     # llm's next 4 nodes keep it within its quota: vision's borrowed job goes,
@@ -203,6 +186,6 @@ def test_a_borrowers_job_that_straddles_its_nominal_line_is_reclaimed_when_nothi
     schedule_pass()
     action = Action.objects.get(kind=ActionKind.RECLAIM)
     assert [s["job"] for s in action.steps if s["op"] == "preempt"] == [big.pk]
-    _carry_out([action.pk])
+    carry_out(action.pk)
     more.refresh_from_db()
     assert more.state == JobState.RUNNING

@@ -14,6 +14,7 @@ from fleet.services.read.tenants import tenant_figures
 from fleet.services.tenants import quotas as quota_services
 
 MAX_GPUS = 10_000_000  # a bound for the parser; the service bounds each figure by the fleet
+MAX_RACKS = 10_000  # the same for a list of racks (the service checks each exists)
 
 
 class QuotaSerializer(serializers.Serializer):
@@ -59,11 +60,22 @@ class TenantSerializer(serializers.Serializer):
     pending_jobs = serializers.IntegerField()
     running_jobs = serializers.IntegerField()
     quotas = QuotaFiguresSerializer(many=True)
+    reserved_racks = serializers.ListField(
+        child=serializers.CharField(), help_text="Racks (NVLink domains) reserved for it, by name."
+    )
 
 
 class QuotasSerializer(serializers.Serializer):
     quotas = QuotaSerializer(
         many=True, help_text="One per node shape; an empty list removes the tenant's quotas."
+    )
+    reserved_racks = serializers.ListField(
+        child=serializers.CharField(max_length=100),
+        required=False,
+        max_length=MAX_RACKS,
+        help_text="Racks reserved for the tenant, by name (omitted: unchanged; empty: none). Its work goes "
+        "there first and others' only while they are idle; their GPUs outside spare nodes count towards "
+        "its nominal quota of their shape.",
     )
 
 
@@ -109,5 +121,7 @@ class TenantViewSet(viewsets.ViewSet):
             raise NotFound(f"no tenant {name!r}")
         form = QuotasSerializer(data=request.data)
         form.is_valid(raise_exception=True)
-        quota_services.set_quotas(request.user, name, form.validated_data["quotas"])
+        quota_services.set_quotas(
+            request.user, name, form.validated_data["quotas"], form.validated_data.get("reserved_racks")
+        )
         return Response(self._one(name))

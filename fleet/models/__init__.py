@@ -1,6 +1,6 @@
 from fleet.models.actions import Action, AgentToken, ApprovalPolicy, HoldRole, NodeHold
 from fleet.models.audit import AuditEvent
-from fleet.models.jobs import Allocation, Job, Quota, Tenant
+from fleet.models.jobs import Allocation, Job, Quota, RackReservation, Tenant
 from fleet.models.metrics import FleetSample
 from fleet.models.racks import GPU, Node, Rack
 from fleet.models.webhooks import WebhookDelivery, WebhookEndpoint
@@ -19,6 +19,7 @@ __all__ = [
     "NodeHold",
     "Quota",
     "Rack",
+    "RackReservation",
     "Tenant",
     "WebhookDelivery",
     "WebhookEndpoint",

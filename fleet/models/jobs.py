@@ -55,6 +55,24 @@ class Quota(models.Model):
         return f"{self.tenant}: {self.nominal_gpus} GPUs on {self.gpus_per_node}-GPU nodes"
 
 
+class RackReservation(models.Model):
+    """A whole rack (one NVLink domain) reserved for a tenant inside its nominal
+    quota: the tenant's work goes there first, other tenants' work only while
+    it is idle, and a reclaim by the tenant looks there first. Its GPUs
+    outside spare nodes count towards the tenant's nominal quota of the rack's
+    node shape. Written by fleet.services.tenants.quotas only."""
+
+    rack = models.OneToOneField("fleet.Rack", on_delete=models.CASCADE, related_name="reservation")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="reserved_racks")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["tenant__name", "rack__name"]
+
+    def __str__(self) -> str:
+        return f"{self.rack} reserved for {self.tenant}"
+
+
 class Job(models.Model):
     """A request for GPUs. The shape is stored normalised: ``num_gpus`` always, and
     for multi-node gangs ``num_nodes`` x ``gpus_per_node`` as well."""

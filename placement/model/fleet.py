@@ -36,6 +36,9 @@ class Fleet:
         self.rack_pos: dict[str, int] = {}
         self.nodes: dict[str, Node] = {}
         self.allocations: dict[str, Allocation] = {}
+        # Racks reserved for a tenant (rack id -> tenant): its work goes there first,
+        # others' only while nothing else holds it (placement.place.place).
+        self.reservations = {}
         for pos, rack in enumerate(self.racks):
             if rack.id in self.rack_by_id:
                 raise ValueError(f"duplicate rack id {rack.id!r}")
@@ -82,6 +85,50 @@ class Fleet:
         for alloc in allocations:
             self.allocate(alloc)
 
+    @property
+    def reservations(self) -> dict[str, str]:
+        return self._reservations
+
+    @reservations.setter
+    def reservations(self, value: dict[str, str]) -> None:
+        self._reservations = value
+        self._tiers: dict[str, list[frozenset[str]]] = {}
+        self._outside: dict[frozenset[str], dict[int, list[Rack]]] = {}
+
+    def reservation_tiers(self, tenant: str) -> list[frozenset[str]]:
+        """The racks to leave out, tier by tier, for a job of ``tenant`` (see
+        :func:`placement.queues.by_tier`): all but its own reserved racks, then
+        the racks other tenants reserved, then none. Computed once per tenant
+        while the reservations stay (assign ``reservations`` anew to change
+        them)."""
+        if not self._reservations:
+            return [frozenset()]
+        tiers = self._tiers.get(tenant)
+        if tiers is None:
+            others = frozenset(r for r, t in self._reservations.items() if t != tenant)
+            found = [others, frozenset()]
+            if len(others) < len(self._reservations):
+                own = frozenset(self._reservations) - others
+                found.insert(0, frozenset(self.rack_by_id) - own)
+            tiers = self._tiers[tenant] = list(dict.fromkeys(found))
+            for tier in tiers:
+                self._outside.setdefault(tier, {})
+        return tiers
+
+    def groups_outside(self, skip: frozenset[str]) -> dict[int, list[Rack]]:
+        """:attr:`groups` without the racks in ``skip`` (kept for the reservation
+        tiers, which every decision asks for again)."""
+        if not skip:
+            return self.groups
+        kept = self._outside.get(skip)
+        if kept:
+            return kept
+        groups = {g: [r for r in rs if r.id not in skip] for g, rs in self.groups.items()}
+        groups = {g: rs for g, rs in groups.items() if rs}
+        if kept is not None:
+            self._outside[skip] = groups
+        return groups
+
     # -- construction ---------------------------------------------------------------
 
     @classmethod
@@ -121,6 +168,7 @@ class Fleet:
             for r in self.racks
         ]
         out = Fleet(racks)  # builds the fixed indexes (shapes, slots, positions)
+        out.reservations = dict(self.reservations)
         for rack, src in zip(out.racks, self.racks, strict=True):
             for node, was in zip(rack.nodes, src.nodes, strict=True):
                 node.used, node.jobs = was.used, dict(was.jobs)  # __init__ clears them

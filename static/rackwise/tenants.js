@@ -10,6 +10,7 @@
 //    "quotas[1].nominal_gpus" from the service, "quotas.1.nominal_gpus" from
 //    the parser. Before sending, each row's message slots are named by the
 //    place that row takes, so every message lands next to its field.
+//    Reserved racks are sent with the quotas (the API checks them together).
 // 3. After a save every tenant's figures are redrawn from the page itself (the
 //    server renders the bars: one renderer), since a weight or cohort changes
 //    the others' shares too. article[data-saved] counts the saves, for tests.
@@ -42,7 +43,14 @@ function quotaBody(form) {
     for (const input of inputs) quota[input.name] = value(input);
     quotas.push(quota);
   }
-  return { quotas };
+  // Reserved racks: names, comma- or space-separated; the API names a bad one by its place.
+  const racks = form.elements.reserved_racks;
+  const reserved_racks = racks.value.split(/[\s,]+/).filter(Boolean);
+  racks.parentElement.parentElement.querySelector("[data-field-error]").dataset.fieldError = [
+    "reserved_racks",
+    ...reserved_racks.map((_, i) => `reserved_racks[${i}] reserved_racks.${i}`),
+  ].join(" ");
+  return { quotas, reserved_racks };
 }
 
 function shareBody(form) {

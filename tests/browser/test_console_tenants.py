@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleet.models import AuditEvent, Quota, Tenant
+from fleet.models import AuditEvent, Quota, RackReservation, Tenant
 from tests.browser.helpers import log_in_as
 
 pytestmark = pytest.mark.browser
@@ -49,11 +49,22 @@ def test_an_operator_edits_a_quota_and_a_viewer_sees_it_without_controls(
     assert list(Quota.objects.values_list("nominal_gpus", "lending_limit_gpus")) == [(48, 8)]
     assert AuditEvent.objects.filter(action="tenant.quota", actor=operator).count() == 1
 
+    # A whole rack reserved: it must fit the nominal quota, said next to the field.
+    form.locator("[data-testid=reserved_racks]").fill("r2")
+    form.locator("[data-testid=quota-save]").click()
+    page.wait_for_function("document.querySelector('article[data-tenant=llm]').dataset.failed === '3'")
+    assert "nominal quota, which is 48" in form.locator("[data-testid=error-reserved_racks]").text_content()
+    form.locator("[data-testid=nominal_gpus-4]").fill("64")
+    form.locator("[data-testid=quota-save]").click()
+    page.wait_for_function("document.querySelector('article[data-tenant=llm]').dataset.saved === '2'")
+    assert llm.locator("[data-testid=reserved-racks]").text_content().strip() == "r2"
+    assert RackReservation.objects.get().rack.name == "r2"
+
     # Weight: every tenant's fair share is redrawn.
     share = llm.locator("[data-testid=share-form]")
     share.locator("[data-testid=weight]").fill("3")
     share.locator("[data-testid=share-save]").click()
-    page.wait_for_function("document.querySelector('article[data-tenant=llm]').dataset.saved === '2'")
+    page.wait_for_function("document.querySelector('article[data-tenant=llm]').dataset.saved === '3'")
     assert llm.locator("[data-testid=fair-share]").text_content() == "0.75"
     assert page.locator("article[data-tenant=vision] [data-testid=fair-share]").text_content() == "0.25"
     assert Tenant.objects.get(name="llm").weight == 3.0
@@ -63,6 +74,7 @@ def test_an_operator_edits_a_quota_and_a_viewer_sees_it_without_controls(
     log_in_as(page, viewer)
     page.goto("/tenants/")
     llm = page.locator("article[data-tenant=llm]")
-    assert llm.locator("[data-testid=quota-row][data-shape='4'] [data-testid=nominal]").text_content() == "48"
+    assert llm.locator("[data-testid=quota-row][data-shape='4'] [data-testid=nominal]").text_content() == "64"
+    assert llm.locator("[data-testid=reserved-racks]").text_content().strip() == "r2"
     assert page.locator("[data-testid=tenant-edit]").count() == 0
     assert page.locator("main input, main button").count() == 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 from django.db.models import Count, Q
 
 from fleet.choices import JobState
-from fleet.models import Quota, Tenant
+from fleet.models import Quota, RackReservation, Tenant
 from fleet.services.tenants import usage
 
 
@@ -24,6 +24,11 @@ def tenant_figures(name: str | None = None) -> list[dict]:
         rows = rows.filter(name=name)
     total_weight = sum(Tenant.objects.values_list("weight", flat=True)) or 1.0
     configured = {(q.tenant_id, q.gpus_per_node) for q in Quota.objects.all()}
+    reserved: dict[int, list[str]] = {}
+    for tenant_id, rack in RackReservation.objects.values_list("tenant_id", "rack__name").order_by(
+        "rack__name"
+    ):
+        reserved.setdefault(tenant_id, []).append(rack)
     out = []
     for tenant in rows:
         shapes = []
@@ -59,6 +64,7 @@ def tenant_figures(name: str | None = None) -> list[dict]:
                 "pending_jobs": tenant.pending_jobs,
                 "running_jobs": tenant.running_jobs,
                 "quotas": shapes,
+                "reserved_racks": reserved.get(tenant.pk, []),
             }
         )
     return out

@@ -1,4 +1,5 @@
-"""The only writer of ``Quota`` rows and of a tenant's cohort and weight.
+"""The only writer of ``Quota`` and ``RackReservation`` rows and of a tenant's
+cohort and weight.
 
 Operators set them (console, API, admin); every change is audited
 (``tenant.quota``, ``tenant.share``) and asks for a scheduling pass, since
@@ -7,13 +8,14 @@ admission reads them (:mod:`fleet.services.decisions.admission`)."""
 from __future__ import annotations
 
 from django.db import transaction
+from django.db.models import Count
 
 from fleet import dispatch
 from fleet.choices import Role
-from fleet.models import Quota, Tenant
+from fleet.models import Quota, Rack, RackReservation, Tenant
 from fleet.permissions import has_role
 from fleet.services import audit
-from fleet.services.errors import InvalidInput, NotAllowed
+from fleet.services.errors import Conflict, InvalidInput, NotAllowed
 from fleet.services.tenants.usage import capacity_by_shape
 
 QUOTA_FIELDS = ("nominal_gpus", "borrowing_limit_gpus", "lending_limit_gpus")
@@ -36,11 +38,18 @@ def _row(quota: Quota | None) -> dict | None:
     return None if quota is None else {f: getattr(quota, f) for f in QUOTA_FIELDS}
 
 
-def set_quotas(actor, tenant_name: str, quotas: list[dict]) -> list[Quota]:
+def set_quotas(
+    actor, tenant_name: str, quotas: list[dict], reserved_racks: list[str] | None = None
+) -> list[Quota]:
     """Replace the tenant's quotas with ``quotas`` (one dict per node shape:
     ``gpus_per_node``, ``nominal_gpus``, optional ``borrowing_limit_gpus`` and
     ``lending_limit_gpus``; an empty list removes them all). Every figure is
-    bounded by the GPUs the fleet has of that shape outside spare nodes."""
+    bounded by the GPUs the fleet has of that shape outside spare nodes.
+
+    ``reserved_racks`` (rack names; None: unchanged, empty: none) replaces the
+    racks reserved for the tenant. Their GPUs outside spare nodes count towards
+    its nominal quota of their shape, so that quota must hold them; a rack
+    reserved for another tenant is a conflict."""
     _require_operator(actor)
     tenant = _tenant(tenant_name)
     capacity = capacity_by_shape()
@@ -70,9 +79,12 @@ def set_quotas(actor, tenant_name: str, quotas: list[dict]) -> list[Quota]:
                     f"{value} GPUs is more than the fleet's {capacity[shape]} GPUs on {shape}-GPU nodes "
                     "(spare nodes not counted)"
                 ]
+    racks = _reservable(tenant, quotas, reserved_racks, errors)
     if errors:
         raise InvalidInput(errors)
     with transaction.atomic():
+        if racks is not None:
+            _reserve(actor, tenant, racks)
         before = {q.gpus_per_node: _row(q) for q in Quota.objects.select_for_update().filter(tenant=tenant)}
         Quota.objects.filter(tenant=tenant).exclude(gpus_per_node__in=seen).delete()
         rows = []
@@ -95,6 +107,81 @@ def set_quotas(actor, tenant_name: str, quotas: list[dict]) -> list[Quota]:
             )
             dispatch.schedule_soon()
     return rows
+
+
+def _reservable(
+    tenant: Tenant, quotas: list[dict], names: list[str] | None, errors: dict[str, list[str]]
+) -> list[Rack] | None:
+    """The racks ``names`` asks to reserve for ``tenant``, checked (messages
+    into ``errors``); None when the reservations are left as they are, in which
+    case the quotas must still hold the racks reserved now."""
+    if names is None:
+        racks = [r.rack for r in RackReservation.objects.select_related("rack").filter(tenant=tenant)]
+        field = "quotas"
+    else:
+        found = {r.name: r for r in Rack.objects.filter(name__in=names)}
+        racks = []
+        seen: set[str] = set()
+        for i, name in enumerate(names):
+            if name not in found:
+                errors[f"reserved_racks[{i}]"] = [f"no rack {name!r}; GET /api/racks/ lists them"]
+            elif name in seen:
+                errors[f"reserved_racks[{i}]"] = [f"rack {name!r} is given twice"]
+            else:
+                racks.append(found[name])
+            seen.add(name)
+        field = "reserved_racks"
+    need: dict[int, int] = {}
+    nodes = dict(
+        Rack.objects.filter(pk__in=[r.pk for r in racks]).annotate(n=Count("nodes")).values_list("pk", "n")
+    )
+    for rack in racks:
+        usable = max(0, nodes.get(rack.pk, 0) - rack.spare_nodes) * rack.gpus_per_node
+        need[rack.gpus_per_node] = need.get(rack.gpus_per_node, 0) + usable
+    nominal = {q.get("gpus_per_node"): q.get("nominal_gpus") for q in quotas}
+    for shape, gpus in sorted(need.items()):
+        have = nominal.get(shape)
+        if not isinstance(have, int) or have < gpus:
+            errors.setdefault(field, []).append(
+                f"the reserved racks hold {gpus} GPUs on {shape}-GPU nodes (spare nodes not counted) and "
+                f"count towards the nominal quota, which is {have or 0}: give a nominal quota of at least "
+                f"{gpus} on {shape}-GPU nodes, or reserve fewer racks"
+            )
+    return None if names is None else racks
+
+
+def _reserve(actor, tenant: Tenant, racks: list[Rack]) -> None:
+    """Make ``racks`` the racks reserved for ``tenant`` (inside the caller's
+    transaction), audited as ``tenant.reserved_racks``."""
+    taken = (
+        RackReservation.objects.select_for_update()
+        .filter(rack__in=racks)
+        .exclude(tenant=tenant)
+        .select_related("rack", "tenant")
+        .first()
+    )
+    if taken is not None:
+        raise Conflict(
+            f"rack {taken.rack.name} is reserved for {taken.tenant.name}; "
+            f"remove it from {taken.tenant.name}'s reserved racks first"
+        )
+    mine = RackReservation.objects.select_for_update().filter(tenant=tenant)
+    before = sorted(mine.values_list("rack__name", flat=True))
+    after = sorted(r.name for r in racks)
+    if before == after:
+        return
+    mine.exclude(rack__in=racks).delete()
+    for rack in racks:
+        RackReservation.objects.get_or_create(rack=rack, defaults={"tenant": tenant})
+    audit.record(
+        actor,
+        "tenant.reserved_racks",
+        tenant,
+        before={"racks": before},
+        after={"racks": after},
+        message=f"{tenant.name}: racks reserved " + (", ".join(after) if after else "none"),
+    )
+    dispatch.schedule_soon()
 
 
 def set_share(actor, tenant_name: str, *, weight: float | None = None, cohort: str | None = None) -> Tenant:
