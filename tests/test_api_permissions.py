@@ -56,6 +56,12 @@ MATRIX = [
     ("get", "/api/nodes/", None, {ANON: 401, OUTSIDER: 403, VIEWER: 200, OTHER: 200, OPERATOR: 200}),
     ("get", "/api/nodes/{node}/", None, {ANON: 401, OUTSIDER: 403, VIEWER: 200, OTHER: 200, OPERATOR: 200}),
     (
+        "get",
+        "/api/nodes/{node}/signals/",
+        None,
+        {ANON: 401, OUTSIDER: 403, VIEWER: 200, OTHER: 200, OPERATOR: 200},
+    ),
+    (
         "post",
         "/api/nodes/{node}/drain/",
         {"reason": "maintenance"},

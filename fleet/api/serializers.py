@@ -353,6 +353,44 @@ class NodeDetailSerializer(NodeSerializer):
         read_only_fields = fields
 
 
+class CounterSerializer(serializers.Serializer):
+    value = serializers.IntegerField(help_text="As NVML last gave it (cumulative).")
+    resets = serializers.IntegerField(help_text="Times it went down (driver reload, reboot).")
+    per_hour = serializers.DictField(
+        child=serializers.FloatField(allow_null=True),
+        help_text="Rise per hour over the last 10m, 1h and 24h, across resets (null: too little history).",
+    )
+
+
+class GpuReadingSerializer(serializers.Serializer):
+    read_at = serializers.DateTimeField()
+    temperature_c = serializers.FloatField(allow_null=True)
+    signals = serializers.JSONField(help_text="What the agent read from NVML (README, 'The node agent').")
+    unsupported = serializers.ListField(
+        child=serializers.CharField(), help_text="Signals this GPU cannot give."
+    )
+    counters = serializers.DictField(child=CounterSerializer())
+    samples = serializers.ListField(
+        child=serializers.ListField(child=serializers.FloatField(allow_null=True)),
+        help_text="The last hour, one a minute: [epoch seconds, temperature C, power W].",
+    )
+
+
+class GpuSignalsSerializer(serializers.Serializer):
+    index = serializers.IntegerField()
+    health = serializers.CharField()
+    reading = GpuReadingSerializer(allow_null=True)
+
+
+class NodeSignalsSerializer(serializers.Serializer):
+    node_id = serializers.IntegerField()
+    imex = serializers.DictField(allow_null=True, help_text="The IMEX daemon's status and detail.")
+    fabric = serializers.DictField(
+        allow_null=True, help_text="The NVLink fabric's cluster UUID and clique id."
+    )
+    gpus = GpuSignalsSerializer(many=True)
+
+
 class RackDetailSerializer(RackSerializer):
     nodes = NodeDetailSerializer(many=True, read_only=True)
 

@@ -24,6 +24,7 @@ from fleet.services.jobs import submit as job_services
 from fleet.services.nodes import moves as node_services
 from fleet.services.read import attention as attention_services
 from fleet.services.read import read_models
+from fleet.services.read import signals as signal_services
 from fleet.services.read.summary import rack_summaries
 
 # Bodies the API accepts, in the schema (and so in /api/docs/ and for fuzzers).
@@ -225,6 +226,14 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
         )
         fresh = self.get_queryset().get(pk=node.pk)
         return Response(s.NodeDetailSerializer(fresh, context=self.get_serializer_context()).data)
+
+    @extend_schema(responses=s.NodeSignalsSerializer)
+    @action(detail=True, methods=["get"])
+    def signals(self, request, pk=None):
+        """The health signals its agent last read from NVML per GPU (and those the
+        GPU does not support), counter rates across resets, the last hour's
+        temperature and power, the IMEX status and the NVLink fabric identity."""
+        return Response(signal_services.node_signals(self.get_object().pk))
 
     @extend_schema(request=s.NodeMoveSerializer, responses={200: s.NodeDetailSerializer, 409: _MOVE_409})
     @action(detail=True, methods=["post"])

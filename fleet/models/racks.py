@@ -108,3 +108,38 @@ class GPU(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node.hostname}/gpu{self.index}"
+
+
+class GpuReading(models.Model):
+    """What a GPU's agent last read from NVML (fleet.services.intake.signals):
+    the latest ``signals``, those the GPU does not support, and for the
+    cumulative counters their running totals across resets with two rings of
+    samples (``state``: counters, minutes, hours) that rates and sparklines
+    read. Written by fleet.services.intake.health only, at most once a minute
+    unless a counter rose or a flag changed."""
+
+    gpu = models.OneToOneField(GPU, on_delete=models.CASCADE, related_name="reading")
+    read_at = models.DateTimeField()
+    temperature_c = models.FloatField(null=True, blank=True)
+    signals = models.JSONField(default=dict, blank=True)
+    unsupported = models.JSONField(default=list, blank=True)
+    state = models.JSONField(default=dict, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.gpu} read at {self.read_at:%Y-%m-%d %H:%M:%S}"
+
+
+class NodeReading(models.Model):
+    """Node-level readings from its agent: the IMEX daemon's status, and the
+    NVLink fabric (cluster UUID and clique) its GPUs report. Written by
+    fleet.services.intake.health only."""
+
+    node = models.OneToOneField(Node, on_delete=models.CASCADE, related_name="reading")
+    read_at = models.DateTimeField()
+    imex_status = models.CharField(max_length=16, blank=True, default="")
+    imex_detail = models.CharField(max_length=500, blank=True, default="")
+    fabric_cluster_uuid = models.CharField(max_length=100, blank=True, default="")
+    fabric_clique_id = models.BigIntegerField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.node} read at {self.read_at:%Y-%m-%d %H:%M:%S}"

@@ -31,10 +31,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from fleet.choices import OPEN_ACTION_STATES, ActionKind, GpuHealth, NodeState
-from fleet.models import GPU, Action, AgentToken, Node
+from fleet.models import GPU, Action, AgentToken, GpuReading, Node, NodeReading
 from fleet.services import audit
 from fleet.services.actions.propose import propose
 from fleet.services.errors import ClusterDown, InvalidInput
+from fleet.services.intake import signals
 from fleet.services.nodes import lifecycle as node_lifecycle
 from fleet.services.nodes.moves import mark_node_failed, return_node_to_service
 from fleet.services.racks import bump_versions
@@ -158,6 +159,9 @@ class GpuReport:
     xids: list[int] = field(default_factory=list)
     temperature_c: float | None = None
     error: str = ""
+    # What NVML read (fleet.services.intake.signals); None from an agent that sends none.
+    signals: dict[str, Any] | None = None
+    unsupported: list[str] = field(default_factory=list)
 
 
 def _is_int(value: Any) -> bool:
@@ -206,12 +210,16 @@ def _gpu_entry_errors(entry: Any, gpu_indices: set[int], seen: set[int], known: 
     problem = _text_error(entry.get("error", ""), MAX_ERROR_CHARS)
     if problem:
         errors[".error"] = [problem]
+    if "signals" in entry or "unsupported" in entry:
+        found = signals.signal_errors(entry.get("signals", {}), entry.get("unsupported", []))
+        errors.update({f".{key}": messages for key, messages in found.items()})
     return errors
 
 
 def validate_heartbeat(payload: Any, gpu_indices: set[int]) -> tuple[list[GpuReport], str]:
     """Check a heartbeat payload against the node's GPUs. Returns the GPU reports
-    and the agent version; raises InvalidInput naming every bad field.
+    and the agent version; raises InvalidInput naming every bad field (the
+    node-level ``imex`` included: :func:`record_heartbeat` reads it).
 
     Keys this server does not know are ignored rather than refused: a newer agent
     must not get every heartbeat rejected (and its node failed for silence)."""
@@ -222,6 +230,8 @@ def validate_heartbeat(payload: Any, gpu_indices: set[int]) -> tuple[list[GpuRep
     problem = _text_error(version, MAX_VERSION_CHARS)
     if problem:
         errors["agent_version"] = [problem]
+    if "imex" in payload:
+        errors.update(signals.imex_errors(payload["imex"]))
     gpus = payload.get("gpus")
     if not isinstance(gpus, list):
         errors["gpus"] = ['required: a list of {"index", "state", "xids", "temperature_c"} objects']
@@ -246,6 +256,8 @@ def validate_heartbeat(payload: Any, gpu_indices: set[int]) -> tuple[list[GpuRep
                     xids=list(entry.get("xids", [])),
                     temperature_c=entry.get("temperature_c"),
                     error=entry.get("error", "")[:200],
+                    signals=entry.get("signals"),
+                    unsupported=list(entry.get("unsupported", [])),
                 )
             )
     if errors:
@@ -351,6 +363,7 @@ def record_heartbeat(node_id: int, payload: Any) -> dict[str, Any]:
                     }
                 )
 
+        _store_readings(node, gpus, reports, payload.get("imex"), now)
         out_of_service = node.state in (NodeState.FAILED, NodeState.IN_REPAIR)
         if failures and not out_of_service:
             # Both lock the node again (already ours) and bump the rack version
@@ -378,6 +391,51 @@ def record_heartbeat(node_id: int, payload: Any) -> dict[str, Any]:
         "agent_version": version,
         "gpus_changed": changed,
     }
+
+
+# A reading is stored at most this often unless a counter rose or was reset, or a
+# flag or the fabric changed (heartbeats come every few seconds).
+READING_EVERY_S = 60.0
+# Signals whose change is stored at once (not counters: those rise).
+_FLAGS = ("clock_event_reasons", "remapped_rows", "retired_pages", "fabric")
+
+
+def _store_readings(
+    node: Node, gpus: dict[int, GPU], reports: list[GpuReport], imex: Any, now: datetime
+) -> None:
+    """Fold each GPU's signals into its reading (counter totals across resets,
+    the sample rings) and store what is due; the node's IMEX status and fabric
+    identity likewise. Under the node's lock (the caller's)."""
+    at = now.timestamp()
+    readings = {r.gpu_id: r for r in GpuReading.objects.filter(gpu__node=node)}
+    fabric: dict[str, Any] = {}
+    for report in reports:
+        if report.signals is None:
+            continue
+        gpu = gpus[report.index]
+        reading = readings.get(gpu.pk) or GpuReading(gpu=gpu, read_at=now)
+        changed = signals.advance(reading.state, signals.counters_of(report.signals), at)
+        changed = changed or reading.pk is None or reading.unsupported != report.unsupported
+        changed = changed or any(reading.signals.get(k) != report.signals.get(k) for k in _FLAGS)
+        if changed or at - reading.read_at.timestamp() >= READING_EVERY_S:
+            signals.sample(reading.state, at, report.temperature_c, report.signals.get("power_w"))
+            reading.read_at, reading.temperature_c = now, report.temperature_c
+            reading.signals, reading.unsupported = report.signals, report.unsupported
+            reading.save()
+        fabric = fabric or report.signals.get("fabric") or {}
+    if imex is None and not fabric:
+        return
+    imex = imex or {}
+    node_reading, _ = NodeReading.objects.get_or_create(node=node, defaults={"read_at": now})
+    after = {
+        "imex_status": imex.get("status", node_reading.imex_status),
+        "imex_detail": imex.get("detail", node_reading.imex_detail)[:500],
+        "fabric_cluster_uuid": fabric.get("cluster_uuid", node_reading.fabric_cluster_uuid),
+        "fabric_clique_id": fabric.get("clique_id", node_reading.fabric_clique_id),
+    }
+    before = {k: getattr(node_reading, k) for k in after}
+    if after != before or (now - node_reading.read_at).total_seconds() >= READING_EVERY_S:
+        NodeReading.objects.filter(pk=node_reading.pk).update(read_at=now, **after)
 
 
 def _resume_after_refused_report(node_id: int, refused: InvalidInput) -> None:

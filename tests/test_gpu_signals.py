@@ -1,0 +1,171 @@
+"""Health signals in heartbeats (issue #31): what the agent read from NVML is
+checked, stored and shown at /api/nodes/<id>/signals/, with counter rates that
+survive resets."""
+
+from __future__ import annotations
+
+import copy
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from fleet.models import GpuReading, Node
+from fleet.services.intake import health
+from tests.test_heartbeats import agent_client, post_beat
+
+pytestmark = pytest.mark.django_db
+
+# What the agent sends for an H200 (../shared/gpu/h200-nvml-probe.json): per-link
+# NVLink and retired pages are not supported there.
+H200 = {
+    "power_w": 80.7,
+    "clock_event_reasons": ["gpu_idle"],
+    "ecc": {
+        "volatile_corrected": 0,
+        "volatile_uncorrected": 0,
+        "aggregate_corrected": 0,
+        "aggregate_uncorrected": 0,
+    },
+    "remapped_rows": {"correctable": 0, "uncorrectable": 0, "pending": False, "failure": False},
+    "pcie_replay_count": 0,
+    "nvlink": {"source": "fields", "link_count": 18, "crc_flit": 0, "replay": 0, "recovery": 0},
+    "fabric": {
+        "cluster_uuid": "6f1e2a9c-0000-4000-8000-000000000001",
+        "clique_id": 7,
+        "state": "completed",
+        "status": "success",
+        "health_mask": 0,
+    },
+}
+UNSUPPORTED = ["nvlink_links", "retired_pages"]
+
+
+def signals_beat(**changes) -> dict:
+    gpus = []
+    for i in range(4):
+        sig = copy.deepcopy(H200)
+        for path, value in changes.items():
+            group, _, key = path.partition("__")
+            if key:
+                sig[group][key] = value
+            else:
+                sig[group] = value
+        gpus.append(
+            {
+                "index": i,
+                "state": "ok",
+                "xids": [],
+                "temperature_c": 40.0 + i,
+                "signals": sig,
+                "unsupported": UNSUPPORTED,
+            }
+        )
+    return {"agent_version": "test", "gpus": gpus, "imex": {"status": "ready", "detail": "READY"}}
+
+
+@pytest.fixture
+def node(fleet) -> Node:
+    return Node.objects.get(hostname="r1-n00")
+
+
+@pytest.fixture
+def client(node):
+    return agent_client(health.issue_agent_token(None, node.pk))
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """Move the server's clock: ``clock.at = minutes`` from a fixed start."""
+
+    class Clock:
+        start = timezone.now().replace(microsecond=0)
+        at = 0.0
+
+        def now(self):
+            return self.start + timedelta(minutes=self.at)
+
+    c = Clock()
+    monkeypatch.setattr(timezone, "now", c.now)
+    return c
+
+
+def test_a_heartbeat_carries_every_signal_and_the_api_shows_them(node, client, viewer_client):
+    assert post_beat(client, node, signals_beat()).status_code == 200
+    body = viewer_client.get(f"/api/nodes/{node.pk}/signals/").json()
+    assert body["imex"] == {"status": "ready", "detail": "READY"}
+    assert body["fabric"] == {"cluster_uuid": H200["fabric"]["cluster_uuid"], "clique_id": 7}
+    gpu0 = body["gpus"][0]["reading"]
+    assert gpu0["signals"] == H200 and gpu0["unsupported"] == UNSUPPORTED
+    assert gpu0["temperature_c"] == 40.0
+    assert set(gpu0["counters"]) == {
+        "ecc.volatile_corrected",
+        "ecc.volatile_uncorrected",
+        "ecc.aggregate_corrected",
+        "ecc.aggregate_uncorrected",
+        "remapped_rows.correctable",
+        "remapped_rows.uncorrectable",
+        "pcie_replay_count",
+        "nvlink.crc_flit",
+        "nvlink.replay",
+        "nvlink.recovery",
+    }
+    # A heartbeat from an agent that sends no signals leaves readings alone.
+    other = Node.objects.get(hostname="r1-n01")
+    beat = {"gpus": [{"index": i, "state": "ok", "xids": [], "temperature_c": 45.0} for i in range(4)]}
+    assert post_beat(agent_client(health.issue_agent_token(None, other.pk)), other, beat).status_code == 200
+    assert viewer_client.get(f"/api/nodes/{other.pk}/signals/").json()["gpus"][0]["reading"] is None
+
+
+def test_counter_rates_survive_a_reset_and_quiet_heartbeats_write_nothing(node, client, viewer_client, clock):
+    value = 0
+    for minute in range(0, 91):
+        clock.at = minute
+        value = 0 if minute == 45 else value + 2  # the driver reloaded at minute 45
+        assert post_beat(client, node, signals_beat(ecc__aggregate_corrected=value)).status_code == 200
+    counter = viewer_client.get(f"/api/nodes/{node.pk}/signals/").json()["gpus"][0]["reading"]["counters"][
+        "ecc.aggregate_corrected"
+    ]
+    assert counter["resets"] == 1 and counter["value"] == value
+    assert counter["per_hour"]["1h"] == pytest.approx(120, rel=0.05), "2 a minute, the reset not a fall"
+    assert counter["per_hour"]["10m"] == pytest.approx(120, rel=0.05)
+    assert counter["per_hour"]["24h"] is None, "less than half a day seen"
+
+    # Nothing rose and a minute has not gone by: the reading is not written again.
+    read_at = GpuReading.objects.get(gpu__node=node, gpu__index=0).read_at
+    clock.at = 90.5
+    post_beat(client, node, signals_beat(ecc__aggregate_corrected=value))
+    assert GpuReading.objects.get(gpu__node=node, gpu__index=0).read_at == read_at
+    # A flag that changes is written at once.
+    post_beat(client, node, signals_beat(ecc__aggregate_corrected=value, remapped_rows__pending=True))
+    reading = GpuReading.objects.get(gpu__node=node, gpu__index=0)
+    assert reading.read_at > read_at and reading.signals["remapped_rows"]["pending"] is True
+
+
+def test_bad_signals_are_a_400_naming_each_field_and_nothing_is_stored(node, client):
+    payload = signals_beat()
+    sig = payload["gpus"][1]["signals"]
+    sig["power_w"] = "hot"
+    sig["ecc"]["volatile_corrected"] = -1
+    sig["nvlink"] = {"source": "links", "links": [{"link": 99, "active": "yes"}]}
+    sig["fabric"]["state"] = "weird"
+    sig["clock_event_reasons"] = ["gpu_idle", "nap"]
+    payload["gpus"][2]["unsupported"] = "all"
+    payload["imex"] = {"status": "fine"}
+    response = post_beat(client, node, payload)
+    assert response.status_code == 400
+    errors = response.json()
+    assert set(errors) == {
+        "gpus[1].signals.power_w",
+        "gpus[1].signals.ecc.volatile_corrected",
+        "gpus[1].signals.nvlink.links[0].link",
+        "gpus[1].signals.nvlink.links[0].active",
+        "gpus[1].signals.fabric.state",
+        "gpus[1].signals.clock_event_reasons",
+        "gpus[2].unsupported",
+        "imex.status",
+    }
+    assert errors["gpus[1].signals.fabric.state"] == [
+        "unknown value 'weird'; one of completed, in_progress, not_started, not_supported"
+    ]
+    assert not GpuReading.objects.exists()
