@@ -139,3 +139,17 @@ class DeliveryState(models.TextChoices):
 
 # Deliveries in these states still have attempts to make.
 OPEN_DELIVERY_STATES = (DeliveryState.PENDING, DeliveryState.RETRYING)
+
+
+class Verdict(models.TextChoices):
+    """What a health rule makes of a GPU (fleet.gpu_verdicts), worst first."""
+
+    FAIL = "fail", "Fail now"
+    DRAIN = "drain", "Drain after its job"
+    SUSPECT = "suspect", "Suspect"
+
+
+class RuleTest(models.TextChoices):
+    RATE_ABOVE = "rate_above", "rises faster than (per hour, over the window)"
+    ABOVE = "above", "is above"
+    SET = "set", "is set"

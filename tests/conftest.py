@@ -11,9 +11,11 @@ Personas:
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from fleet import engine
@@ -160,3 +162,20 @@ def fragmented(fleet, submitter, operator):
         submitter, JobSpec(name="c", num_nodes=16, gpus_per_node=4, tenant="llm", expected_duration_s=10**6)
     )
     return a, b, c
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """The server's clock (django.utils.timezone.now), moved by the test:
+    ``clock.at = minutes`` from a fixed start."""
+
+    class Clock:
+        start = timezone.now().replace(microsecond=0)
+        at = 0.0
+
+        def now(self):
+            return self.start + timedelta(minutes=self.at)
+
+    c = Clock()
+    monkeypatch.setattr(timezone, "now", c.now)
+    return c

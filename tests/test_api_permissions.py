@@ -61,6 +61,13 @@ MATRIX = [
         None,
         {ANON: 401, OUTSIDER: 403, VIEWER: 200, OTHER: 200, OPERATOR: 200},
     ),
+    ("get", "/api/health-rules/", None, {ANON: 401, OUTSIDER: 403, VIEWER: 200, OTHER: 200, OPERATOR: 200}),
+    (
+        "post",
+        "/api/health-rules/",
+        {"name": "hot", "signal": "temperature_c", "test": "above", "threshold": 90, "verdict": "suspect"},
+        {ANON: 401, OUTSIDER: 403, VIEWER: 403, OTHER: 403, OPERATOR: 201},
+    ),
     (
         "post",
         "/api/nodes/{node}/drain/",

@@ -2,7 +2,7 @@ from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework.routers import DefaultRouter
 
-from fleet.api import actions, agent, console, errors, tenants, views, webhooks
+from fleet.api import actions, agent, console, errors, health_rules, tenants, views, webhooks
 
 router = DefaultRouter()
 router.register("jobs", views.JobViewSet, basename="job")
@@ -11,6 +11,7 @@ router.register("nodes", views.NodeViewSet, basename="node")
 router.register("audit", views.AuditEventViewSet, basename="audit")
 router.register("actions", actions.ActionViewSet, basename="action")
 router.register("tenants", tenants.TenantViewSet, basename="tenant")
+router.register("health-rules", health_rules.HealthRuleViewSet, basename="health-rule")
 router.register("webhooks", webhooks.WebhookEndpointViewSet, basename="webhook")
 router.register("webhook-deliveries", webhooks.WebhookDeliveryViewSet, basename="webhook-delivery")
 

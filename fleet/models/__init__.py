@@ -2,7 +2,7 @@ from fleet.models.actions import Action, AgentToken, ApprovalPolicy, HoldRole, N
 from fleet.models.audit import AuditEvent
 from fleet.models.jobs import Allocation, Job, Quota, RackReservation, Tenant
 from fleet.models.metrics import FleetSample
-from fleet.models.racks import GPU, GpuReading, Node, NodeReading, Rack
+from fleet.models.racks import GPU, GpuReading, HealthRule, Node, NodeReading, Rack
 from fleet.models.webhooks import WebhookDelivery, WebhookEndpoint
 
 __all__ = [
@@ -14,6 +14,7 @@ __all__ = [
     "AuditEvent",
     "FleetSample",
     "GpuReading",
+    "HealthRule",
     "HoldRole",
     "Job",
     "Node",

@@ -9,7 +9,7 @@ from django.db import models
 from django.db.models import F, Q
 from django.utils import timezone
 
-from fleet.choices import GpuHealth, NodeState, RackKind
+from fleet.choices import GpuHealth, NodeState, RackKind, RuleTest, Verdict
 
 
 class Rack(models.Model):
@@ -111,7 +111,7 @@ class GPU(models.Model):
 
 
 class GpuReading(models.Model):
-    """What a GPU's agent last read from NVML (fleet.services.intake.signals):
+    """What a GPU's agent last read from NVML (fleet.gpu_signals):
     the latest ``signals``, those the GPU does not support, and for the
     cumulative counters their running totals across resets with two rings of
     samples (``state``: counters, minutes, hours) that rates and sparklines
@@ -124,9 +124,35 @@ class GpuReading(models.Model):
     signals = models.JSONField(default=dict, blank=True)
     unsupported = models.JSONField(default=list, blank=True)
     state = models.JSONField(default=dict, blank=True)
+    # The worst verdict of the health rules on this reading, and the reading that
+    # caused it (fleet.gpu_verdicts); blank: none.
+    verdict = models.CharField(max_length=16, blank=True, default="")
+    verdict_reason = models.CharField(max_length=500, blank=True, default="")
 
     def __str__(self) -> str:
         return f"{self.gpu} read at {self.read_at:%Y-%m-%d %H:%M:%S}"
+
+
+class HealthRule(models.Model):
+    """Which signal, tested how, over which window, gives which verdict on a GPU
+    (fleet.gpu_verdicts). Operators read and change them (API,
+    console); fleet.services.health_rules is the only writer, and audits."""
+
+    name = models.SlugField(max_length=100, unique=True)
+    signal = models.CharField(max_length=100, help_text="e.g. ecc.volatile_corrected, remapped_rows.pending")
+    test = models.CharField(max_length=16, choices=RuleTest.choices)
+    threshold = models.FloatField(default=0.0)
+    window_s = models.PositiveIntegerField(default=3600, help_text="For rate_above: the window, in seconds.")
+    verdict = models.CharField(max_length=16, choices=Verdict.choices)
+    enabled = models.BooleanField(default=True)
+    description = models.CharField(max_length=500, blank=True, default="")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
 
 
 class NodeReading(models.Model):

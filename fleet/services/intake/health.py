@@ -30,14 +30,16 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from fleet.choices import OPEN_ACTION_STATES, ActionKind, GpuHealth, NodeState
+from fleet import gpu_signals as signals
+from fleet import gpu_verdicts as verdicts
+from fleet.choices import OPEN_ACTION_STATES, ActionKind, GpuHealth, NodeState, Verdict
 from fleet.models import GPU, Action, AgentToken, GpuReading, Node, NodeReading
 from fleet.services import audit
+from fleet.services import health_rules as rule_services
 from fleet.services.actions.propose import propose
 from fleet.services.errors import ClusterDown, InvalidInput
-from fleet.services.intake import signals
 from fleet.services.nodes import lifecycle as node_lifecycle
-from fleet.services.nodes.moves import mark_node_failed, return_node_to_service
+from fleet.services.nodes.moves import drain_node, mark_node_failed, return_node_to_service
 from fleet.services.racks import bump_versions
 from fleet.steps import Drain
 
@@ -159,7 +161,7 @@ class GpuReport:
     xids: list[int] = field(default_factory=list)
     temperature_c: float | None = None
     error: str = ""
-    # What NVML read (fleet.services.intake.signals); None from an agent that sends none.
+    # What NVML read (fleet.gpu_signals); None from an agent that sends none.
     signals: dict[str, Any] | None = None
     unsupported: list[str] = field(default_factory=list)
 
@@ -329,12 +331,21 @@ def record_heartbeat(node_id: int, payload: Any) -> dict[str, Any]:
         # a FOR UPDATE here would also block placements, whose allocation inserts
         # take a key-share lock on the GPU rows.
         gpus = {g.index: g for g in GPU.objects.filter(node=node)}
+        judged = _store_readings(node, gpus, reports, payload.get("imex"), now)
         changed: list[dict[str, Any]] = []
         gpus_written = False
         failures: list[str] = []
+        to_drain: list[str] = []
         for report in reports:
             gpu = gpus[report.index]
             health, xid, error = _assess(report)
+            verdict, why = judged.get(report.index, ("", ""))
+            if verdict == Verdict.FAIL:
+                health, error = GpuHealth.FAILED, why
+            elif verdict and health == GpuHealth.OK:
+                health, error = GpuHealth.DEGRADED, why
+            if verdict == Verdict.DRAIN:
+                to_drain.append(f"GPU {gpu.index}: {why}")
             if gpu.health == GpuHealth.FAILED and health != GpuHealth.FAILED:
                 # A failed GPU stays failed until an operator returns the node
                 # to service (which resets GPU health): a reboot can hide a fault.
@@ -363,7 +374,6 @@ def record_heartbeat(node_id: int, payload: Any) -> dict[str, Any]:
                     }
                 )
 
-        _store_readings(node, gpus, reports, payload.get("imex"), now)
         out_of_service = node.state in (NodeState.FAILED, NodeState.IN_REPAIR)
         if failures and not out_of_service:
             # Both lock the node again (already ours) and bump the rack version
@@ -375,8 +385,17 @@ def record_heartbeat(node_id: int, payload: Any) -> dict[str, Any]:
             g.health == GpuHealth.OK for g in GPU.objects.filter(node=node)
         ):
             node = return_node_to_service(agent, node.pk, reason="heartbeat resumed")
+        elif to_drain and node.state == NodeState.HEALTHY:
+            # A health rule's drain: no new work; drained when its jobs end.
+            node = drain_node(agent, node.pk, reason=_truncate("; ".join(to_drain), 250) + " (health rule)")
         elif gpus_written:
-            degraded = [c for c in changed if c["health"] == GpuHealth.DEGRADED]
+            # A GPU degraded by an XID or the agent (not by a rule's verdict, which
+            # decides for itself) is a warning an operator decides on.
+            degraded = [
+                c
+                for c in changed
+                if c["health"] == GpuHealth.DEGRADED and not judged.get(c["index"], ("",))[0]
+            ]
             if degraded and node.state == NodeState.HEALTHY:
                 _propose_drain(node, degraded)
             # A bare heartbeat bumps nothing: live views would re-fetch every rack
@@ -402,13 +421,17 @@ _FLAGS = ("clock_event_reasons", "remapped_rows", "retired_pages", "fabric")
 
 def _store_readings(
     node: Node, gpus: dict[int, GPU], reports: list[GpuReport], imex: Any, now: datetime
-) -> None:
+) -> dict[int, tuple[str, str]]:
     """Fold each GPU's signals into its reading (counter totals across resets,
-    the sample rings) and store what is due; the node's IMEX status and fabric
-    identity likewise. Under the node's lock (the caller's)."""
+    the sample rings) and store what is due, with the health rules' verdict
+    on it; the node's IMEX status and fabric identity likewise. Under the
+    node's lock (the caller's). Returns the verdict and its reason by GPU
+    index, for GPUs that have a reading (between stores: the stored one)."""
     at = now.timestamp()
     readings = {r.gpu_id: r for r in GpuReading.objects.filter(gpu__node=node)}
     fabric: dict[str, Any] = {}
+    rules: list[verdicts.Rule] | None = None
+    judged: dict[int, tuple[str, str]] = {}
     for report in reports:
         if report.signals is None:
             continue
@@ -421,10 +444,16 @@ def _store_readings(
             signals.sample(reading.state, at, report.temperature_c, report.signals.get("power_w"))
             reading.read_at, reading.temperature_c = now, report.temperature_c
             reading.signals, reading.unsupported = report.signals, report.unsupported
+            rules = rule_services.active_rules() if rules is None else rules
+            reading.verdict, reading.verdict_reason = verdicts.evaluate(
+                rules, reading.signals, reading.state, reading.temperature_c, at
+            )
+            reading.verdict_reason = _truncate(reading.verdict_reason, 500)
             reading.save()
+        judged[report.index] = (reading.verdict, reading.verdict_reason)
         fabric = fabric or report.signals.get("fabric") or {}
     if imex is None and not fabric:
-        return
+        return judged
     imex = imex or {}
     node_reading, _ = NodeReading.objects.get_or_create(node=node, defaults={"read_at": now})
     after = {
@@ -436,6 +465,7 @@ def _store_readings(
     before = {k: getattr(node_reading, k) for k in after}
     if after != before or (now - node_reading.read_at).total_seconds() >= READING_EVERY_S:
         NodeReading.objects.filter(pk=node_reading.pk).update(read_at=now, **after)
+    return judged
 
 
 def _resume_after_refused_report(node_id: int, refused: InvalidInput) -> None:

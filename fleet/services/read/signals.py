@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from django.utils import timezone
 
+from fleet import gpu_signals as signals
 from fleet.models import GPU, GpuReading, NodeReading
-from fleet.services.intake import signals
 
 # Windows the rates are given over (seconds), by name.
 RATE_WINDOWS = {"10m": 600.0, "1h": 3600.0, "24h": 86400.0}
