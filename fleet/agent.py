@@ -6,16 +6,42 @@ Runs on GPU hosts, so it uses only the standard library, plus ``pynvml`` (from t
     python -m fleet.agent --server https://rackwise.example.com --token 12.s3cr3t
     python -m fleet.agent --server http://127.0.0.1:8000 --token "$T" --simulate --fail-after 20
 
-GPU health comes from, in order of preference: NVML (temperatures and XID events),
-``nvidia-smi`` (temperatures, and GPUs that have disappeared; it cannot see XIDs),
-or ``--simulate``. The token is the one printed by
-``manage.py create_agent_token HOSTNAME`` (or ``POST /api/nodes/<id>/agent-token/``);
-it starts with the node id.
+GPU health comes from, in order of preference: NVML (temperatures, XID events and
+every other health signal the GPU supports), ``nvidia-smi`` (temperatures, and
+GPUs that have disappeared; it cannot see XIDs or the other signals), or
+``--simulate`` (GB200-like signals; ``--trouble GPU:KIND`` for demos). The token
+is the one printed by ``manage.py create_agent_token HOSTNAME`` (or
+``POST /api/nodes/<id>/agent-token/``); it starts with the node id.
 
 When the server cannot be reached the agent keeps going with exponential backoff
 and jitter, one log line per failure, and keeps the XIDs it saw until a heartbeat
 delivers them. A refused token (HTTP 401/403) or a refused payload (other 4xx)
 will not get better by retrying, so it exits non-zero with one line.
+
+Each GPU entry of a heartbeat holds ``index``, ``state`` (ok, degraded, failed),
+``xids``, ``temperature_c``, an optional short ``error``, and::
+
+    "signals": {"power_w": 80.7, "clock_event_reasons": ["gpu_idle"],
+                "ecc": {"volatile_corrected": 0, "volatile_uncorrected": 0,
+                        "aggregate_corrected": 0, "aggregate_uncorrected": 0},
+                "remapped_rows": {"correctable": 0, "uncorrectable": 0, "pending": false, "failure": false},
+                "retired_pages": {"single_bit": 0, "double_bit": 0, "pending": false},
+                "pcie_replay_count": 0,
+                "nvlink": {"source": "links", "links": [{"link": 0, "active": true, "replay": 0,
+                           "recovery": 0, "crc_flit": 0, "crc_data": 0}, ...]}
+                       or {"source": "fields", "link_count": 18, "crc_flit": 0, "replay": 0, "recovery": 0},
+                "fabric": {"cluster_uuid": "...", "clique_id": 3, "state": "completed",
+                           "status": "success", "health_mask": 0}},
+    "unsupported": ["retired_pages", "nvlink_links", "nvlink_fields"]
+
+A signal the GPU does not support is absent from ``signals`` and named in
+``unsupported`` (keys: ``fleet.agent_signals.SIGNALS``); one that failed otherwise
+is absent and named in ``error``, without changing ``state``. Counters are sent
+as NVML gives them (cumulative; the server computes rates and sees resets).
+Retired pages are read only where rows are not remapped (before Ampere). The
+heartbeat also carries ``"imex": {"status": "ready" | "not_ready" |
+"unavailable" | "unsupported", "detail": ...}`` from ``nvidia-imex-ctl -q``
+(2 s timeout; "unsupported" where it is not installed).
 
 Exit codes: 0 done (``--once``/``--count``) or stopped by a signal; 1 gave up after
 ``--max-attempts`` failed attempts; 2 bad arguments or no GPU source; 3 token
@@ -34,6 +60,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -41,9 +68,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from fleet.agent_signals import (
+    REPROBE_S,
+    SIGNALS,
+    SIMULATED_TROUBLE,
+    NvmlSignalReader,
+    SimulatedSignals,
+    read_imex_status,
+)
+
 VERSION = "0.1.0"
 EXIT_OK, EXIT_GAVE_UP, EXIT_USAGE, EXIT_TOKEN_REFUSED, EXIT_REFUSED = 0, 1, 2, 3, 4
 XID_FELL_OFF_THE_BUS = 79
+GPU_LOST = "NVML: GPU is lost (fell off the bus)"
 
 log = logging.getLogger("rackwise-agent")
 
@@ -70,6 +107,10 @@ class GpuReading:
     xids: list[int] = field(default_factory=list)
     temperature_c: float | None = None
     error: str = ""
+    # The other health signals (see fleet.agent_signals), and the names of those
+    # this GPU or source cannot give. None: the source does not report them at all.
+    signals: dict[str, Any] | None = None
+    unsupported: list[str] | None = None
 
     def as_payload(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -80,6 +121,10 @@ class GpuReading:
         }
         if self.error:
             out["error"] = self.error
+        if self.signals is not None:
+            out["signals"] = self.signals
+        if self.unsupported is not None:
+            out["unsupported"] = self.unsupported
         return out
 
 
@@ -92,47 +137,77 @@ class GpuSource(Protocol):
 
 
 class SimulatedGpus:
-    """``count`` GPUs with temperatures that wander between 35 and 85 C. With
-    ``fail_after`` N, GPU 0 reports XID 79 (fell off the bus) on read N + 1 and
-    stays failed, for demos and tests."""
+    """``count`` GPUs of a GB200-like tray, for demos and tests: temperatures that
+    wander between 35 and 85 C, and the signals NVML gives there (NVLink totals from
+    field values, fabric completed; no per-link counters, no retired pages), with
+    counters that rise slowly as healthy hardware's do. With ``fail_after`` N, GPU 0
+    reports XID 79 (fell off the bus) on read N + 1 and stays failed.
+
+    ``trouble`` maps a GPU index to one of ``SIMULATED_TROUBLE``: ``ecc`` (corrected
+    ECC errors climbing fast), ``remap`` (an uncorrectable error, a row remap
+    pending), ``nvlink`` (CRC and replay errors climbing), ``thermal`` (thermal
+    slowdown). It may be changed between reads."""
 
     name = "simulate"
 
-    def __init__(self, count: int, fail_after: int | None = None, seed: int | None = None) -> None:
+    def __init__(
+        self,
+        count: int,
+        fail_after: int | None = None,
+        seed: int | None = None,
+        trouble: dict[int, str] | None = None,
+    ) -> None:
         self._rng = random.Random(seed)
         self._temps = [self._rng.uniform(40.0, 60.0) for _ in range(count)]
         self._fail_after = fail_after
         self._reads = 0
+        # Its own generator, so that the temperatures a seed gives stay as they were.
+        self._signals = SimulatedSignals(count, None if seed is None else seed + 1)
+        self.trouble = self._signals.trouble
+        self.trouble.update(trouble or {})
 
     def read(self) -> list[GpuReading]:
         self._reads += 1
         readings = []
         for i, temp in enumerate(self._temps):
             self._temps[i] = min(85.0, max(35.0, temp + self._rng.uniform(-2.0, 2.0)))
-            readings.append(GpuReading(index=i, temperature_c=round(self._temps[i], 1)))
+            readings.append(
+                GpuReading(
+                    index=i,
+                    temperature_c=round(self._temps[i], 1),
+                    signals=self._signals.read(i, self._temps[i]),
+                    unsupported=list(SimulatedSignals.UNSUPPORTED),
+                )
+            )
         if self._fail_after is not None and self._reads > self._fail_after and readings:
             gpu = readings[0]
-            gpu.state, gpu.temperature_c = "failed", None
+            gpu.state, gpu.temperature_c, gpu.signals, gpu.unsupported = "failed", None, {}, []
             # XIDs are events: reported once, on the read where the fault happens.
             if self._reads == self._fail_after + 1:
                 gpu.xids = [XID_FELL_OFF_THE_BUS]
         return readings
+
+    def read_imex(self) -> dict[str, str]:
+        return {"status": "ready", "detail": "READY (simulated)"}
 
     def close(self) -> None:
         pass
 
 
 class NvmlGpus:
-    """Temperatures and XID events through NVML. Events are drained without
-    waiting (``nvmlEventSetWait`` with a 0 ms timeout) once per read."""
+    """Temperatures, XID events and every other health signal the GPU supports
+    (``fleet.agent_signals``) through NVML. Events are drained without waiting
+    (``nvmlEventSetWait`` with a 0 ms timeout) once per read. A call a GPU does not
+    support is asked again only every ``reprobe_s`` seconds (and on restart)."""
 
     name = "nvml"
 
-    def __init__(self) -> None:
+    def __init__(self, reprobe_s: float = REPROBE_S, clock: Callable[[], float] = time.monotonic) -> None:
         import pynvml  # optional dependency: nvidia-ml-py
 
         self._nvml = pynvml
         pynvml.nvmlInit()
+        self._signals = NvmlSignalReader(pynvml, reprobe_s=reprobe_s, clock=clock)
         self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
         self._indices = [pynvml.nvmlDeviceGetIndex(h) for h in self._handles]
         self._events = pynvml.nvmlEventSetCreate()
@@ -145,7 +220,7 @@ class NvmlGpus:
                 log.warning("GPU %s: XID events unavailable (%s); reporting temperatures only", index, exc)
 
     def _drain_xids(self) -> dict[int, list[int]]:
-        nvml, xids = self._nvml, {}
+        nvml, xids = self._nvml, dict[int, list[int]]()
         while True:
             try:
                 event = nvml.nvmlEventSetWait(self._events, 0)
@@ -170,13 +245,31 @@ class NvmlGpus:
                     nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)
                 )
             except nvml.NVMLError_GpuIsLost:
-                reading.state, reading.error = "failed", "NVML: GPU is lost (fell off the bus)"
+                reading.state, reading.error = "failed", GPU_LOST
             except nvml.NVMLError as exc:
                 reading.state, reading.error = "degraded", f"NVML: {exc}"
+            self._read_signals(reading, handle)
             if reading.xids and reading.state == "ok":
                 reading.state = "degraded"  # the server escalates fatal XIDs to failed
             readings.append(reading)
         return readings
+
+    def _read_signals(self, reading: GpuReading, handle: Any) -> None:
+        """The other signals. A signal that fails for another reason than "not
+        supported" is named in the error text but does not change the GPU's state:
+        the server judges the counters, and a refused ECC query (a container
+        without the capability, say) is not a sick GPU."""
+        if reading.state == "failed":
+            reading.signals, reading.unsupported = {}, []
+            return
+        found = self._signals.read(reading.index, handle)
+        reading.signals, reading.unsupported = found.signals, found.unsupported
+        if found.lost:
+            reading.state, reading.temperature_c = "failed", None
+        problems = [GPU_LOST] if found.lost else []
+        if found.errors:
+            problems.append(f"NVML: {found.error}")
+        reading.error = "; ".join(p for p in (reading.error, *problems) if p)
 
     def close(self) -> None:
         try:
@@ -239,6 +332,9 @@ class NvidiaSmiGpus:
                 GpuReading(index=index, state="failed", error=f"missing from nvidia-smi {problem}".strip())
             )
         self._seen |= present
+        for reading in readings:
+            # Temperature only: say so, so that no one reads silence as "no errors".
+            reading.signals, reading.unsupported = {}, list(SIGNALS)
         return sorted(readings, key=lambda r: r.index)
 
     def close(self) -> None:
@@ -248,7 +344,7 @@ class NvidiaSmiGpus:
 def open_source(args: argparse.Namespace) -> GpuSource:
     """The best GPU source available, or Fatal(EXIT_USAGE) when there is none."""
     if args.simulate:
-        return SimulatedGpus(args.gpus, args.fail_after, args.seed)
+        return SimulatedGpus(args.gpus, args.fail_after, args.seed, trouble=args.trouble)
     problems = []
     try:
         return NvmlGpus()
@@ -346,13 +442,15 @@ class Agent:
     # XIDs seen but not yet delivered, by GPU index: a heartbeat that fails must
     # not lose the event that explains a failure.
     pending_xids: dict[int, list[int]] = field(default_factory=dict)
+    # The node's IMEX daemon status ({"status", "detail"}), read once per heartbeat.
+    imex: Callable[[], dict[str, str]] = read_imex_status
 
     def payload(self) -> dict[str, Any]:
         readings = self.source.read()
         for reading in readings:
             self.pending_xids.setdefault(reading.index, []).extend(reading.xids)
             reading.xids = list(self.pending_xids[reading.index])
-        return {"agent_version": VERSION, "gpus": [r.as_payload() for r in readings]}
+        return {"agent_version": VERSION, "gpus": [r.as_payload() for r in readings], "imex": self.imex()}
 
     def beat(self) -> float:
         """Send one heartbeat; return how long to wait before the next one.
@@ -451,6 +549,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--fail-after", type=int, metavar="N", help="simulated GPU 0 reports XID 79 after N heartbeats"
     )
     parser.add_argument("--seed", type=int, help="seed for simulated temperatures")
+    parser.add_argument(
+        "--trouble",
+        action="append",
+        default=[],
+        metavar="GPU:KIND",
+        help=f"simulated GPU shows trouble, KIND one of {', '.join(SIMULATED_TROUBLE)} (repeatable)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log every heartbeat")
     return parser
 
@@ -470,6 +575,15 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, int]:
         parser.error(f"--server must be an http(s) URL, not {args.server!r}")
     if args.fail_after is not None and (not args.simulate or args.fail_after < 0):
         parser.error("--fail-after needs --simulate and a count of 0 or more")
+    trouble = {}
+    for item in args.trouble:
+        gpu, _, kind = item.partition(":")
+        if not args.simulate or not gpu.isdigit() or kind not in SIMULATED_TROUBLE:
+            parser.error(
+                f"--trouble needs --simulate and GPU:KIND, KIND one of {', '.join(SIMULATED_TROUBLE)}"
+            )
+        trouble[int(gpu)] = kind
+    args.trouble = trouble
     if args.once and args.count not in (None, 1):
         parser.error("--once and --count disagree; use one of them")
     return args, int(node_part)
@@ -496,6 +610,7 @@ def main(argv: list[str] | None = None) -> int:
         backoff_cap=args.backoff_cap,
         max_attempts=max_attempts,
         count=count,
+        imex=source.read_imex if isinstance(source, SimulatedGpus) else read_imex_status,
     )
     # SIGTERM (systemd stop, kill) ends the loop between heartbeats.
     signal.signal(signal.SIGTERM, lambda *_: agent.stop.set())
