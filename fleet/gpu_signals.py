@@ -101,12 +101,15 @@ def _nvlink_errors(obj: Any) -> dict[str, list[str]]:
 
 
 def _fabric_errors(obj: Any) -> dict[str, list[str]]:
+    """The fabric's fields; null where NVML gives none (a cluster UUID of zeros,
+    no health mask from the older call)."""
     if not isinstance(obj, dict):
         return {"fabric": ["must be an object"]}
-    errors = _counts("fabric", obj, ("clique_id", "health_mask"))
+    given = {k: v for k, v in obj.items() if v is not None}
+    errors = _counts("fabric", given, ("clique_id", "health_mask"))
     for key, allowed in (("cluster_uuid", None), ("state", FABRIC_STATES), ("status", None)):
-        if key in obj and (problem := _text(obj[key], allowed)):
-            errors[f"fabric.{key}"] = [problem]
+        if key in given and (problem := _text(given[key], allowed)):
+            errors[f"fabric.{key}"] = [problem + " or null"]
     return errors
 
 

@@ -10,6 +10,7 @@ Personas:
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -179,3 +180,12 @@ def clock(monkeypatch):
     c = Clock()
     monkeypatch.setattr(timezone, "now", c.now)
     return c
+
+
+@pytest.fixture
+def default_health_rules(db):
+    """The health rules migration 0015 adds (a transactional test elsewhere may
+    have flushed them)."""
+    from django.apps import apps
+
+    importlib.import_module("fleet.migrations.0015_default_health_rules").add(apps, None)

@@ -4,11 +4,16 @@ survive resets."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
-from fleet.models import GpuReading, Node
+from fleet.agent import NvmlGpus, SimulatedGpus
+from fleet.models import GPU, GpuReading, Node
 from fleet.services.intake import health
+from tests.fake_nvml import FakeNvml
 from tests.signals_support import H200, UNSUPPORTED, signals_beat
+from tests.test_agent_signals import heartbeat
 from tests.test_heartbeats import agent_client, post_beat
 
 pytestmark = pytest.mark.django_db
@@ -100,6 +105,43 @@ def test_bad_signals_are_a_400_naming_each_field_and_nothing_is_stored(node, cli
         "imex.status",
     }
     assert errors["gpus[1].signals.fabric.state"] == [
-        "unknown value 'weird'; one of completed, in_progress, not_started, not_supported"
+        "unknown value 'weird'; one of completed, in_progress, not_started, not_supported or null"
     ]
     assert not GpuReading.objects.exists()
+
+
+@pytest.mark.parametrize("profile", ["h200", "blackwell", "older"])
+def test_what_the_agent_sends_is_taken_as_it_is(node, client, viewer_client, monkeypatch, profile):
+    """The agent's own heartbeat (NvmlGpus on tests/fake_nvml.py) through the API."""
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(profile, 4))
+    payload = heartbeat(NvmlGpus())
+    response = post_beat(client, node, payload)
+    assert response.status_code == 200, response.content
+    body = viewer_client.get(f"/api/nodes/{node.pk}/signals/").json()
+    for sent, shown in zip(payload["gpus"], body["gpus"], strict=True):
+        assert shown["reading"]["signals"] == sent["signals"]
+        assert shown["reading"]["unsupported"] == sent["unsupported"]
+    assert body["imex"] == payload["imex"]
+
+
+@pytest.mark.parametrize(
+    ("trouble", "rule"),
+    [
+        ("ecc", "corrected-ecc-rising"),
+        ("remap", "remap-pending"),
+        ("nvlink", "nvlink-crc-rising"),
+        ("thermal", "hw-thermal-slowdown"),
+    ],
+)
+def test_the_simulated_agents_trouble_is_judged_by_the_rules(
+    node, client, clock, default_health_rules, trouble, rule
+):
+    """``--simulate --trouble 1:<kind>``: each of the demo's troubles trips a rule on
+    GPU 1 (the rates once half an hour of heartbeats, a minute apart, is seen)."""
+    source = SimulatedGpus(4, seed=1)
+    source.trouble[1] = trouble
+    for minute in range(35):
+        clock.at = minute
+        assert post_beat(client, node, heartbeat(source)).status_code == 200
+    assert f"(rule {rule}" in GPU.objects.get(node=node, index=1).last_error
+    assert GPU.objects.exclude(node=node, index=1).filter(last_error__contains="rule").count() == 0

@@ -4,10 +4,7 @@ a node a rule drains takes no new work and is drained when its job ends."""
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
-from django.apps import apps
 
 from fleet.choices import ActionKind, GpuHealth, NodeState
 from fleet.models import GPU, Action, AuditEvent, HealthRule, Node
@@ -19,14 +16,11 @@ from tests.signals_support import signals_beat
 from tests.test_heartbeats import agent_client, post_beat
 
 pytestmark = pytest.mark.django_db
-DEFAULTS = importlib.import_module("fleet.migrations.0015_default_health_rules")
 
 
 @pytest.fixture(autouse=True)
-def default_rules(db):
-    """The rules the migration adds (a transactional test elsewhere may have
-    flushed them)."""
-    DEFAULTS.add(apps, None)
+def rules(default_health_rules):
+    pass
 
 
 @pytest.fixture

@@ -459,8 +459,10 @@ def _store_readings(
     after = {
         "imex_status": imex.get("status", node_reading.imex_status),
         "imex_detail": imex.get("detail", node_reading.imex_detail)[:500],
-        "fabric_cluster_uuid": fabric.get("cluster_uuid", node_reading.fabric_cluster_uuid),
-        "fabric_clique_id": fabric.get("clique_id", node_reading.fabric_clique_id),
+        "fabric_cluster_uuid": fabric.get("cluster_uuid") or ""
+        if fabric
+        else node_reading.fabric_cluster_uuid,
+        "fabric_clique_id": fabric.get("clique_id") if fabric else node_reading.fabric_clique_id,
     }
     before = {k: getattr(node_reading, k) for k in after}
     if after != before or (now - node_reading.read_at).total_seconds() >= READING_EVERY_S:
