@@ -141,28 +141,6 @@ def test_without_tenants_nothing_is_preempted() -> None:
     assert res.metrics["p95_wait_s"] == 900.0  # b waits for a to finish
 
 
-# -- the starvation bound (rackwise) -------------------------------------------------------
-
-
-def _starving_borrower(overdue_slowdown: float | None) -> float:
-    """a2's wait. 16 GPUs; a (weight 0.1, nominal 0), b (0.4, nominal 4), c (0.5,
-    nominal 8, idle: it lends its quota). a has just used the whole fleet (a1), so by
-    fair share its gang a2 (8 GPUs, borrowed) comes after b's jobs. b submits a 4-GPU
-    job every 250 s for 1000 s each: four keep the fleet full, one ends every 250 s,
-    and b is above its nominal quota (owed nothing) whenever one ends."""
-    setup = TenantSetup(entitlements=(("a", 0.1), ("b", 0.4), ("c", 0.5)), overdue_slowdown=overdue_slowdown)
-    trace = [job("a1", "a", 16, 0, 5000), job("a2", "a", 8, 5000, 2000)]
-    trace += [job(f"b{i}", "b", 4, 5000 + 250 * i, 1000) for i in range(120)]
-    return _first_starts(trace, "rackwise", small_fleet(setup, nodes=4))["a2"] - 5000
-
-
-def test_a_borrowers_gang_is_not_starved_by_a_lower_share_stream() -> None:
-    # Overdue once it has waited as long as it runs and at least the hour's floor
-    # (slowdown 2 over max(2000, 3600) s: 5200 s); then it holds a reservation that b's
-    # jobs may only backfill around, so it starts when the running ones end.
-    assert _starving_borrower(2.0) <= 5200 + 1000 + 250
-
-
 # -- baselines follow their cited rules ----------------------------------------------------
 
 THREE = TenantSetup(entitlements=(("a", 0.5), ("b", 0.25), ("c", 0.25)))
