@@ -4,12 +4,15 @@ A mixin of ``placement.sim.simulation.Simulation`` (state in
 :class:`placement.sim.tenancy.Tenancy`). Each policy follows its own system's rules;
 the baselines' rules are cited where they are applied.
 
-* **rackwise**: its backfill cycle (:meth:`QueuePasses._pass_backfill`), jobs taken
-  by fair share (decayed usage / weight, then priority, then its expansion-factor
+* **rackwise**: its backfill cycle (:meth:`QueuePasses._pass_backfill`), jobs owed
+  by quota first, then overdue jobs (the starvation bound,
+  :meth:`Tenancy.overdue`: oldest first, and they hold the reservation), then by
+  fair share (decayed usage / weight, then priority, then its expansion-factor
   order), admitted by the cohort ledger (:mod:`placement.quota`); a job within its
   tenant's nominal quota that cannot be placed reclaims with
   :func:`placement.reclaim.reclaim`: the cheapest victims, in one rack when one
-  holds the job, only from tenants above nominal and never below it.
+  holds the job, only from tenants above nominal and never below it, and never on
+  the nodes the cycle's reservation holds.
 * **kueue-tas**: one ClusterQueue per tenant in one cohort (nominalQuota, borrowing
   with no borrowingLimit unless set), ``fairSharing`` enabled with the weights, and
   ``preemption: {reclaimWithinCohort: Any, withinClusterQueue: LowerPriority}``
@@ -100,20 +103,36 @@ class TenantPasses(QueuePasses):
         ten = self.tenancy
         assert ten is not None
         if self.policy == "rackwise":
-            # Jobs owed by quota (within their tenant's nominal quota) first, then by
-            # fair share.
+            # 1. Jobs owed by quota (within their tenant's nominal quota) first: a
+            #    guarantee outranks anyone's borrowing.
+            # 2. Then overdue jobs (the starvation bound, Tenancy.overdue), oldest
+            #    first, whatever their tenant's share: without it a borrower's job can
+            #    stay behind lower-share tenants for as long as they submit.
+            # 3. Then by fair share, then rackwise's own order.
             share = {t: ten.fair_share(t) for t in ten.names}
             room = {t: ten.nominal(t) - ten.used(t) for t in ten.names}
-            return sorted(
-                jobs,
-                key=lambda st: (
-                    st.job.total_gpus > room.get(st.job.tenant, 0),
-                    share.get(st.job.tenant, math.inf),
-                    *lxf_key(st),
-                ),
-            )
+
+            def key(st: JobState) -> tuple[Any, ...]:
+                owed = st.job.total_gpus <= room.get(st.job.tenant, 0)
+                if not owed and self._overdue(st, now):
+                    return (1, 0, st.submit, st.order)
+                return (0 if owed else 1, 1, share.get(st.job.tenant, math.inf), *lxf_key(st))
+
+            return sorted(jobs, key=key)
         fs = self.fs_factors
         return sorted(jobs, key=lambda st: (-fs.get(st.job.tenant, 0.0), st.order))
+
+    def _overdue(self, st: JobState, now: float) -> bool:
+        """rackwise with tenants: a job not started yet past the starvation bound
+        (:meth:`Tenancy.overdue`). Requeued jobs keep their place by fair share: a
+        reclaim's victim must not jump back ahead of the job it made room for."""
+        ten = self.tenancy
+        return (
+            self.policy == "rackwise"
+            and ten is not None
+            and st.first_start is None
+            and ten.overdue(now - st.submit, self._expected_run(st))
+        )
 
     def _pass_kueue_tenants(self, now: float) -> None:
         """Kueue's scheduling cycles at one instant: heads of the ClusterQueues, lowest
@@ -162,7 +181,7 @@ class TenantPasses(QueuePasses):
         found: tuple[list[str], PlacementPlan] | None = None
         if self.policy == "rackwise":
             if verdict.guaranteed:
-                found = self._victims_rackwise(now, job, verdict)
+                found = self._victims_rackwise(now, st, verdict)
         elif self.policy == "kueue-tas":
             found = self._victims_kueue(now, job)
         elif verdict.guaranteed:
@@ -188,28 +207,44 @@ class TenantPasses(QueuePasses):
         return True
 
     def _victims_rackwise(
-        self, now: float, job: JobRequest, verdict: Verdict
+        self, now: float, st: JobState, verdict: Verdict
     ) -> tuple[list[str], PlacementPlan] | None:
+        """A reclaim for ``st`` that keeps clear of the cycle's reservations: their
+        idle nodes are held back, and jobs on their nodes are no victims (stopping
+        them would free nodes promised to the reservation). A reclaim that took a
+        reserved gang's room would undo the starvation bound (Tenancy.overdue)."""
         ten = self.tenancy
         assert ten is not None
+        job = st.job
+        fleet = self.fleet
         usage = ten.ledger.usage
         budgets = {t: b for t, b in ten.ledger.reclaim_budgets().items() if t != job.tenant}
         if not budgets:
             return None
-        plan = reclaim_for_quota(
-            self.fleet,
-            job,
-            lambda v: v.tenant in budgets,
-            budgets,
-            usage,
-            ten.nominal,
-            need_gpus=verdict.overdraw,
-            policy="rackwise",
-            now=now,
-            restart_minutes=self.cfg.restart_minutes,
-        )
-        if not plan.placed or plan.placement is None:
-            return None
+        held = self.bf.held_nodes(now, now + self._expected_run(st)) if self.bf is not None else set()
+        on_held = {j for nid in held for j in fleet.nodes[nid].jobs}
+        slots: dict[str, list[int]] = {}
+        for nid in held:
+            node = fleet.nodes[nid]
+            slots.setdefault(node.rack, []).append(node.index)
+        taken = fleet.hold_back(slots)
+        try:
+            plan = reclaim_for_quota(
+                fleet,
+                job,
+                lambda v: v.tenant in budgets and v.id not in on_held,
+                budgets,
+                usage,
+                ten.nominal,
+                need_gpus=verdict.overdraw,
+                policy="rackwise",
+                now=now,
+                restart_minutes=self.cfg.restart_minutes,
+            )
+        finally:
+            fleet.give_back(taken)
+        if not plan.placed or plan.placement is None or held & set(plan.placement.nodes):
+            return None  # (a single-node job may sit on a held node's free GPUs)
         return plan.victims, plan.placement
 
     def _healthy(self, alloc: Allocation) -> bool:

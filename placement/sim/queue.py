@@ -57,6 +57,9 @@ class QueuePasses:
     def _preempt_for(self, now: float, st: JobState, verdict: Verdict) -> bool:
         raise NotImplementedError  # TenantPasses'
 
+    def _overdue(self, st: JobState, now: float) -> bool:
+        raise NotImplementedError  # TenantPasses'
+
     def _enqueue(self, st: JobState) -> None:
         group = self.groups.setdefault(shape_key(st.job), [])
         # Keep the group sorted by order; requeued jobs go back to their place.
@@ -208,10 +211,15 @@ class QueuePasses:
             self.bf_last = st.order if self.bf_last is None else max(self.bf_last, st.order)
             job = st.job
             verdict = None
+            overdue = ten is not None and self._overdue(st, now)
             if ten is not None:
                 verdict = ten.admit(job)
                 if not verdict.admitted:
-                    continue  # held by its quota: no start, no reservation
+                    if overdue:
+                        # Past the starvation bound it still reserves: the cohort's
+                        # GPUs come back as its nodes do, and nobody else may take them.
+                        bf.reserve_later(job, self._expected_run(st), st.submit, shape_key(job))
+                    continue  # held by its quota: no start
             key = shape_key(job)
             run = self._expected_run(st)
             if run < cannot.get(key, math.inf):
@@ -241,9 +249,11 @@ class QueuePasses:
             if verdict is not None and self._preempt_for(now, st, verdict):
                 self.again = True  # the fleet changed under this cycle: plan a new one
                 return
-            if self.policy != "rackwise" or not job.is_small(gpn):
+            if self.policy != "rackwise" or not job.is_small(gpn) or overdue:
                 # rackwise reserves for gangs only: a single-node job fits on any
-                # node, and its rising expansion factor moves it up the queue.
+                # node, and its rising expansion factor moves it up the queue; with
+                # tenants, fair share comes before that factor, so an overdue one
+                # reserves too.
                 bf.reserve_later(job, run, st.submit, key)
 
     def _room(self, job: JobRequest, racks: list[Any]) -> Callable[[dict[str, int]], bool]:

@@ -170,6 +170,18 @@ class Tenancy:
         w = self.setup.weight(t)
         return self.decayed.get(t, 0.0) / w if w > 0 else math.inf
 
+    def overdue(self, waited: float, run: float) -> bool:
+        """rackwise's starvation bound: has a job that has not started yet waited so
+        long that fair share may no longer hold it back? Yes once its bounded
+        slowdown so far, ``(waited + run) / max(run, overdue_floor_s)``, reaches
+        ``overdue_slowdown`` (2: it has waited as long as it will run, and at least
+        the floor). An overdue job goes ahead of every tenant's other jobs, oldest
+        first, and holds the backfill reservation, which reclaims respect
+        (:mod:`placement.sim.preempt`); so its wait is bounded by this age plus the
+        time until its reserved nodes come free, whatever the tenants' shares."""
+        xf = self.setup.overdue_slowdown
+        return xf is not None and waited + run >= xf * max(run, self.setup.overdue_floor_s)
+
     def fair_tree_factors(self) -> dict[str, float]:
         """Slurm's Fair Tree fairshare factor (slurm.schedmd.com/fair_tree.html) for
         one level of accounts, one user each: Level FS = S / U (S: the account's

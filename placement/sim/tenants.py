@@ -38,12 +38,17 @@ class TenantSetup:
     declared fraction of the fleet (its nominal quota, and its fair-share weight);
     ``borrowing_limit``: GPUs each may hold beyond it (None: no limit);
     ``half_life_s``: rackwise's fair-share decay of past usage; ``slurm_half_life_s``:
-    Slurm's PriorityDecayHalfLife (slurm.conf(5), default 7-0 = 7 days)."""
+    Slurm's PriorityDecayHalfLife (slurm.conf(5), default 7-0 = 7 days).
+    ``overdue_slowdown``, ``overdue_floor_s``: rackwise's starvation bound (see
+    :meth:`placement.sim.tenancy.Tenancy.overdue`); ``overdue_slowdown=None`` turns
+    it off."""
 
     entitlements: tuple[tuple[str, float], ...] = DEFAULT_SHARES
     borrowing_limit: int | None = None
     half_life_s: float = 4 * 3600.0
     slurm_half_life_s: float = 7 * 86400.0
+    overdue_slowdown: float | None = 2.0
+    overdue_floor_s: float = 3600.0
 
     @property
     def names(self) -> list[str]:
