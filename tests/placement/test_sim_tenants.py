@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 
@@ -239,3 +240,23 @@ def test_reclaim_never_preempts_a_tenant_at_or_under_nominal(
     assert ten["victims_at_or_under_nominal"] == 0
     assert res.metrics["completed"] + res.metrics["rejected"] == len(trace)
     assert 0.0 <= ten["share_error"] <= 1.0 + 1e-9
+
+
+@pytest.mark.parametrize(("bound", "first"), [(2.0, "a1"), (None, "b1")], ids=["bound", "no-bound"])
+def test_an_overdue_job_goes_ahead_of_a_lower_share_tenants_job(bound, first) -> None:
+    """The starvation bound (Tenancy.overdue): a borrowing job that has waited as long
+    as it will run (4 h for a 2 h job, past the 1 h floor) goes ahead of another
+    tenant's newer job, though fair share alone would put that one first."""
+    from placement.sim.simulation import Simulation
+    from placement.sim.state import JobState
+
+    trace = [job("a1", "a", 16, 0, 2 * 3600), job("b1", "b", 16, 3 * 3600, 2 * 3600)]
+    setup = dataclasses.replace(TWO, overdue_slowdown=bound)
+    sim = Simulation(trace, "rackwise", small_fleet(setup, nodes=4))
+    assert sim.tenancy is not None
+    sim.tenancy.decayed["a"] = 1e6  # a used far more lately: b's share is the better
+    pending = [JobState(t.job, t.submit, t.duration, (t.submit, 0, i)) for i, t in enumerate(trace)]
+    order = sim._tenant_order(pending, 4 * 3600, lambda st: (st.order,))
+    assert order[0].job.id == first
+    if bound is not None:
+        assert not sim.tenancy.overdue(waited=3599, run=3600), "not before it waited as long as it runs"
