@@ -114,11 +114,14 @@ def load_snapshot() -> Snapshot:
             pm.Node(nid, str(rack_id), slot, gpus, engine_health(state, held_for), name=hostname)
         )
     reservations: dict[str, str] = {}
-    for rack_id, name, spare_nodes, reserved_for in Rack.objects.order_by(*RACK_ORDER).values_list(
-        "id", "name", "spare_nodes", "reservation__tenant__name"
-    ):
+    degraded: set[str] = set()
+    for rack_id, name, spare_nodes, reserved_for, fabric_degraded in Rack.objects.order_by(
+        *RACK_ORDER
+    ).values_list("id", "name", "spare_nodes", "reservation__tenant__name", "fabric_degraded"):
         if reserved_for:
             reservations[str(rack_id)] = reserved_for
+        if fabric_degraded:
+            degraded.add(str(rack_id))
         nodes = nodes_by_rack.get(rack_id)
         if not nodes:
             continue
@@ -126,6 +129,7 @@ def load_snapshot() -> Snapshot:
         racks.append(pm.Rack(str(rack_id), nodes, spare_nodes=_spares(spare_nodes, len(nodes)), name=name))
     fleet = pm.Fleet(racks)
     fleet.reservations = {r: t for r, t in reservations.items() if r in fleet.rack_by_id}
+    fleet.degraded = frozenset(degraded & set(fleet.rack_by_id))
     jobs = _restore(fleet, Allocation.objects.filter(released_at__isnull=True))
     return Snapshot(fleet, jobs, hostnames, rack_names, held)
 
@@ -225,18 +229,18 @@ class LiveFleet:
         # A reservation changes no rack's version: read with the racks each time.
         rows = list(
             Rack.objects.order_by(*RACK_ORDER).values_list(
-                "id", "version", "spare_nodes", "name", "reservation__tenant__name"
+                "id", "version", "spare_nodes", "name", "reservation__tenant__name", "fabric_degraded"
             )
         )
-        layout = [(rid, spares) for rid, _, spares, _, _ in rows]
-        versions = {rid: v for rid, v, _, _, _ in rows}
+        layout = [(rid, spares) for rid, _, spares, *_ in rows]
+        versions = {rid: v for rid, v, *_ in rows}
         if self.snap is None or layout != self.layout:
             return self._rebuild(layout, versions)
         snap = self.snap
-        snap.fleet.reservations = {
-            str(rid): t for rid, _, _, _, t in rows if t and str(rid) in snap.fleet.rack_by_id
-        }
-        for rid, _, _, name, _ in rows:
+        known = snap.fleet.rack_by_id
+        snap.fleet.reservations = {str(rid): t for rid, _, _, _, t, _ in rows if t and str(rid) in known}
+        snap.fleet.degraded = frozenset(str(rid) for rid, *_, bad in rows if bad and str(rid) in known)
+        for rid, _, _, name, *_ in rows:
             if str(rid) in snap.rack_names:
                 snap.rack_names[str(rid)] = name
         changed = [rid for rid, v in versions.items() if self.versions.get(rid) != v]

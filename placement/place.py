@@ -13,7 +13,7 @@ from placement.policies import POLICIES, Context
 from placement.policies.common import fewest_racks, min_racks, segment_of
 from placement.policies.rackwise import may_borrow, rack_room
 from placement.policies.slurm_block import block_room
-from placement.queues import Backfill, by_tier, expansion_factor
+from placement.queues import Backfill, by_tier, degraded_for, degraded_note, expansion_factor
 
 DEFAULT_POLICY = "rackwise"
 # A blocked gang gets a reservation once it has waited this long (Slurm has the same
@@ -50,7 +50,8 @@ def place(
 
     Racks reserved for tenants (``fleet.reservations``) are tried in tiers
     (:func:`placement.queues.by_tier`): the job's tenant's own first, another
-    tenant's only when nothing else holds the job.
+    tenant's only when nothing else holds the job. A multi-node gang never goes to
+    a rack whose NVLink fabric is degraded (``fleet.degraded``).
     """
     run = functools.partial(
         _place,
@@ -64,9 +65,16 @@ def place(
         now=now,
     )
     skip = frozenset(exclude)
+    avoid = degraded_for(fleet, job)
+    if avoid:
+        skip |= avoid
     if not fleet.reservations:
-        return run(exclude=skip)
-    return by_tier(fleet, job, lambda out: run(exclude=skip | out if skip else out))
+        plan = run(exclude=skip)
+    else:
+        plan = by_tier(fleet, job, lambda out: run(exclude=skip | out if skip else out))
+    if avoid and not plan.placed:
+        plan.reason += degraded_note(fleet, avoid)
+    return plan
 
 
 def _place(

@@ -118,11 +118,38 @@ def least_racks(fleet: Fleet, job: JobRequest) -> int:
     return min((c for c in counts if c), default=1)
 
 
+def degraded_for(fleet: Fleet, job: JobRequest) -> frozenset[str]:
+    """The racks ``job`` must keep off: those with a degraded NVLink fabric, for a
+    multi-node gang (one-node work may still go there)."""
+    if fleet.degraded and not any(job.is_small(g) for g in fleet.groups):
+        return fleet.degraded
+    return frozenset()
+
+
+def degraded_note(fleet: Fleet, racks: frozenset[str]) -> str:
+    names = ", ".join(sorted(fleet.rack_by_id[r].label for r in racks))
+    return f"; gangs are kept off {names} (NVLink fabric degraded)"
+
+
 def decide(
     fleet: Fleet, job: JobRequest, fn: PolicyFn, racks_by_gpn: dict[int, list[Any]], ctx: Context, name: str
 ) -> PlacementPlan:
     """``fn`` over each rack shape (as :func:`placement.place.place` does); the plan
-    that needs the fewest racks wins. Reserved racks: :func:`by_tier`."""
+    that needs the fewest racks wins. Reserved racks: :func:`by_tier`; degraded
+    racks: :func:`degraded_for`."""
+    avoid = degraded_for(fleet, job)
+    if avoid:
+        racks_by_gpn = {g: [r for r in rs if r.id not in avoid] for g, rs in racks_by_gpn.items()}
+        plan = _decide_reserved(fleet, job, fn, racks_by_gpn, ctx, name)
+        if not plan.placed:
+            plan.reason += degraded_note(fleet, avoid)
+        return plan
+    return _decide_reserved(fleet, job, fn, racks_by_gpn, ctx, name)
+
+
+def _decide_reserved(
+    fleet: Fleet, job: JobRequest, fn: PolicyFn, racks_by_gpn: dict[int, list[Any]], ctx: Context, name: str
+) -> PlacementPlan:
     if not fleet.reservations:
         return _decide(fleet, job, fn, racks_by_gpn, ctx, name)
 

@@ -244,6 +244,11 @@ RACKWISE_SIM_TIME_SCALE = env_float("RACKWISE_SIM_TIME_SCALE", 1.0, minimum=0.0)
 # Heartbeats: a node silent this long becomes suspect, then failed.
 RACKWISE_HEARTBEAT_SUSPECT_S = env_int("RACKWISE_HEARTBEAT_SUSPECT_S", 60, minimum=1)
 RACKWISE_HEARTBEAT_FAILED_S = env_int("RACKWISE_HEARTBEAT_FAILED_S", 180, minimum=1)
+# A rack's NVLink fabric is degraded (no new multi-node gangs there) once this many of
+# its nodes report fabric trouble (IMEX down, a fabric health mask, NVLink errors
+# rising); one node alone is that node's trouble (and IMEX is known to raise false
+# alarms on idle nodes). Healthy again when none does.
+RACKWISE_RACK_FABRIC_NODES = env_int("RACKWISE_RACK_FABRIC_NODES", 2, minimum=1)
 # XID codes that fail a node (NVIDIA's XID catalog: uncorrectable ECC, fell off the
 # bus, NVLink and GSP faults...).
 RACKWISE_FATAL_XIDS = [

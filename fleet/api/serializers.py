@@ -284,6 +284,7 @@ class RackSerializer(serializers.ModelSerializer):
             "row",
             "position",
             "version",
+            "fabric_degraded",
             "summary",
         ]
         read_only_fields = fields
@@ -478,7 +479,8 @@ class AttentionSerializer(serializers.Serializer):
     nodes = serializers.DictField(
         child=serializers.IntegerField(), help_text="Suspect, failed and in-repair nodes."
     )
-    items = AttentionItemSerializer(many=True)
+    racks_degraded = serializers.IntegerField(help_text="Racks whose NVLink fabric is degraded.")
+    items = AttentionItemSerializer(many=True, help_text="What needs a person, most urgent first.")
 
 
 class RackFragmentationSerializer(serializers.Serializer):

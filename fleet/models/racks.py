@@ -42,6 +42,10 @@ class Rack(models.Model):
     # version: the console's ``?since=`` cursor compares
     # against it (fleet.services.racks.bump_versions says why not the version).
     changed_xid = models.PositiveBigIntegerField(default=0, db_index=True)
+    # Non-empty: the rack's NVLink fabric is degraded (several nodes report fabric
+    # trouble), and why; no new multi-node gangs go there. Set and cleared by
+    # fleet.services.racks.set_fabric_state from the agents' readings.
+    fabric_degraded = models.CharField(max_length=500, blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -166,6 +170,10 @@ class NodeReading(models.Model):
     imex_detail = models.CharField(max_length=500, blank=True, default="")
     fabric_cluster_uuid = models.CharField(max_length=100, blank=True, default="")
     fabric_clique_id = models.BigIntegerField(null=True, blank=True)
+    # Non-empty: this node reports trouble with its NVLink fabric (IMEX down, a
+    # fabric health mask, NVLink errors rising), and what; the rack is degraded
+    # when several of its nodes do.
+    fabric_trouble = models.CharField(max_length=300, blank=True, default="")
 
     def __str__(self) -> str:
         return f"{self.node} read at {self.read_at:%Y-%m-%d %H:%M:%S}"

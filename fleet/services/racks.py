@@ -1,16 +1,18 @@
-"""Rack version bookkeeping shared by every service that changes a rack."""
+"""Rack version bookkeeping shared by every service that changes a rack, and the
+rack's fabric state (the one writer of ``Rack.fabric_degraded``)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import F
 from django.db.models.expressions import RawSQL
 
 from fleet import dispatch, events
 from fleet.choices import ActionState
 from fleet.models import Action, Allocation, Rack
+from fleet.services import audit
 
 
 def bump_versions(rack_ids: Iterable[int]) -> None:
@@ -76,3 +78,27 @@ def _proposals_waiting_in(rack_ids: list[int]) -> bool:
         jobs__allocations__released_at__isnull=True,
         jobs__allocations__gpu__node__rack_id__in=rack_ids,
     ).exists()
+
+
+def set_fabric_state(actor, rack_id: int, degraded: str) -> bool:
+    """Mark the rack's NVLink fabric degraded (``degraded``: why) or healthy
+    (''), audited as ``rack.fabric`` and seen by the next scheduling pass (no
+    new multi-node gangs go to a degraded rack). Returns whether it changed."""
+    with transaction.atomic():
+        rack = Rack.objects.select_for_update().get(pk=rack_id)
+        if rack.fabric_degraded == degraded:
+            return False
+        before = {"fabric_degraded": rack.fabric_degraded}
+        rack.fabric_degraded = degraded[:500]
+        rack.save(update_fields=["fabric_degraded"])
+        audit.record(
+            actor,
+            "rack.fabric",
+            rack,
+            before=before,
+            after={"fabric_degraded": rack.fabric_degraded},
+            message=degraded or f"rack {rack.name}: NVLink fabric healthy again",
+        )
+        bump_versions([rack.pk])
+        dispatch.schedule_soon()
+    return True

@@ -39,6 +39,9 @@ class Fleet:
         # Racks reserved for a tenant (rack id -> tenant): its work goes there first,
         # others' only while nothing else holds it (placement.place.place).
         self.reservations = {}
+        # Racks whose NVLink fabric is degraded: no new multi-node gang goes there
+        # (placement.place.place and the queue pass leave them out for gangs).
+        self.degraded: frozenset[str] = frozenset()
         for pos, rack in enumerate(self.racks):
             if rack.id in self.rack_by_id:
                 raise ValueError(f"duplicate rack id {rack.id!r}")
@@ -169,6 +172,7 @@ class Fleet:
         ]
         out = Fleet(racks)  # builds the fixed indexes (shapes, slots, positions)
         out.reservations = dict(self.reservations)
+        out.degraded = self.degraded
         for rack, src in zip(out.racks, self.racks, strict=True):
             for node, was in zip(rack.nodes, src.nodes, strict=True):
                 node.used, node.jobs = was.used, dict(was.jobs)  # __init__ clears them

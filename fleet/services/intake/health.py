@@ -33,14 +33,14 @@ from django.utils import timezone
 from fleet import gpu_signals as signals
 from fleet import gpu_verdicts as verdicts
 from fleet.choices import OPEN_ACTION_STATES, ActionKind, GpuHealth, NodeState, Verdict
-from fleet.models import GPU, Action, AgentToken, GpuReading, Node, NodeReading
+from fleet.models import GPU, Action, AgentToken, GpuReading, Node, NodeReading, Rack
 from fleet.services import audit
 from fleet.services import health_rules as rule_services
 from fleet.services.actions.propose import propose
 from fleet.services.errors import ClusterDown, InvalidInput
 from fleet.services.nodes import lifecycle as node_lifecycle
 from fleet.services.nodes.moves import drain_node, mark_node_failed, return_node_to_service
-from fleet.services.racks import bump_versions
+from fleet.services.racks import bump_versions, set_fabric_state
 from fleet.steps import Drain
 
 # What the common XIDs mean (NVIDIA's XID catalog), for GPU ``last_error`` and
@@ -456,7 +456,9 @@ def _store_readings(
         return judged
     imex = imex or {}
     node_reading, _ = NodeReading.objects.get_or_create(node=node, defaults={"read_at": now})
+    trouble = _fabric_trouble(reports, imex, judged)
     after = {
+        "fabric_trouble": trouble,
         "imex_status": imex.get("status", node_reading.imex_status),
         "imex_detail": imex.get("detail", node_reading.imex_detail)[:500],
         "fabric_cluster_uuid": fabric.get("cluster_uuid") or ""
@@ -467,7 +469,52 @@ def _store_readings(
     before = {k: getattr(node_reading, k) for k in after}
     if after != before or (now - node_reading.read_at).total_seconds() >= READING_EVERY_S:
         NodeReading.objects.filter(pk=node_reading.pk).update(read_at=now, **after)
+    if bool(trouble) != bool(before["fabric_trouble"]):
+        # Judged once the node's transaction commits (the rack's count reads it).
+        transaction.on_commit(lambda: judge_rack_fabric(node.rack_id), robust=True)
     return judged
+
+
+def _fabric_trouble(
+    reports: list[GpuReport], imex: dict[str, Any], judged: dict[int, tuple[str, str]]
+) -> str:
+    """What this node reports wrong with its NVLink fabric ('' if nothing): IMEX
+    down, a GPU's fabric health mask, a rule's verdict on NVLink or fabric signals."""
+    found = []
+    if imex.get("status") in ("not_ready", "unavailable"):
+        found.append(f"IMEX {imex['status']}" + (f" ({imex['detail']})" if imex.get("detail") else ""))
+    for report in reports:
+        mask = ((report.signals or {}).get("fabric") or {}).get("health_mask")
+        if mask:
+            found.append(f"GPU {report.index} fabric health mask {mask:#x}")
+        verdict, why = judged.get(report.index, ("", ""))
+        if verdict and why.startswith(("nvlink.", "fabric.")) and not mask:
+            found.append(f"GPU {report.index}: {why}")
+    return _truncate("; ".join(found), 300)
+
+
+def judge_rack_fabric(rack_id: int) -> bool:
+    """Degrade a rack whose nodes report fabric trouble (at least
+    ``RACKWISE_RACK_FABRIC_NODES`` of them), or clear it when none does any more.
+    Counted under the rack's lock, so two nodes' heartbeats judge in turn."""
+    with transaction.atomic():
+        rack = Rack.objects.select_for_update().get(pk=rack_id)
+        troubled = list(
+            NodeReading.objects.filter(node__rack_id=rack_id)
+            .exclude(fabric_trouble="")
+            .order_by("node__slot")
+            .values_list("node__hostname", "fabric_trouble")
+        )
+        if len(troubled) >= settings.RACKWISE_RACK_FABRIC_NODES:
+            total = Node.objects.filter(rack_id=rack_id).count()
+            detail = "; ".join(f"{host}: {why}" for host, why in troubled[:3])
+            more = f"; and {len(troubled) - 3} more" if len(troubled) > 3 else ""
+            reason = f"NVLink fabric degraded on {len(troubled)} of {total} nodes ({detail}{more})"
+        elif not troubled:
+            reason = ""
+        else:
+            reason = rack.fabric_degraded  # one node left in trouble: as it was
+        return set_fabric_state(None, rack_id, reason)
 
 
 def _resume_after_refused_report(node_id: int, refused: InvalidInput) -> None:

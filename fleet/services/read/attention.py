@@ -12,7 +12,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from fleet.choices import ActionState, JobState, NodeState
-from fleet.models import Action, Job, Node
+from fleet.models import Action, Job, Node, Rack
 from fleet.permissions import visible_actions, visible_jobs
 
 NODE_STATES = (NodeState.SUSPECT, NodeState.FAILED, NodeState.IN_REPAIR)
@@ -51,6 +51,7 @@ def awaiting_approval(user, now: datetime | None = None) -> dict:
 def attention(user, now: datetime | None = None) -> dict:
     """Everything that needs a person, as counts with a link each.
 
+    * racks with a degraded NVLink fabric (first: they fail a rack's gangs at once);
     * actions awaiting approval (the oldest's age);
     * jobs recovering from a failure;
     * pending jobs that waited longer than ``RACKWISE_WAIT_WARN_S``;
@@ -71,6 +72,19 @@ def attention(user, now: datetime | None = None) -> dict:
 
     actions_url, jobs_url = reverse("actions"), reverse("jobs")
     items = []
+    # First: a rack whose NVLink fabric is degraded fails a whole rack's gangs at once.
+    degraded = list(Rack.objects.exclude(fabric_degraded="").order_by("name").values_list("id", "name"))
+    if degraded:
+        names = ", ".join(name for _, name in degraded[:5]) + (" and more" if len(degraded) > 5 else "")
+        items.append(
+            {
+                "key": "racks_degraded",
+                "count": len(degraded),
+                "text": f"{len(degraded)} rack{'s' if len(degraded) != 1 else ''} with a degraded NVLink "
+                f"fabric ({names}): no new gangs there",
+                "url": reverse("rack", args=[degraded[0][0]]),
+            }
+        )
     if approval["count"]:
         items.append(
             {
@@ -117,5 +131,6 @@ def attention(user, now: datetime | None = None) -> dict:
         "jobs_waiting_long": long_waits["n"],
         "wait_warn_s": warn_s,
         "nodes": nodes,
+        "racks_degraded": len(degraded),
         "items": items,
     }
