@@ -246,7 +246,7 @@ class DrainPasses:
         plan = recover(
             self.fleet,
             st.job.id,
-            [nid],
+            self._off_nodes(st.job.id, nid),
             policy="rackwise",
             restart_minutes=self.cfg.restart_minutes,
             now=t,
@@ -260,6 +260,13 @@ class DrainPasses:
         self.pre["precaution_swaps" if plan.action == "swap" else "precaution_moves"] += 1
         self._begin_run(t, st, alloc)
         return True
+
+    def _off_nodes(self, jid: str, nid: str) -> list[str]:
+        """``nid`` and every other flagged node of the job: a restarted job leaves them
+        all (the fleet takes no new allocation on a draining node)."""
+        alloc = self.fleet.allocations[jid]
+        nodes = self.fleet.nodes
+        return [nid, *(n for n in alloc.nodes if n != nid and nodes[n].health == DRAINING)]
 
     def _flag_failed(self, nid: str) -> None:
         """``nid`` failed: its flag (if any) has served its purpose."""

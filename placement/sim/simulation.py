@@ -198,7 +198,10 @@ class Simulation(TenantPasses, DrainPasses):
                 elif kind == COMPLETE:
                     self._complete(t, key)
                 elif kind == FAIL:
-                    self._fail(t, key)
+                    if key:  # drawn ahead, with its node
+                        self._fail(t, key)
+                    else:
+                        self._fail(t)
                     if self.unfinished > 0:
                         if self.draws is not None:
                             self._draw_failures(t)
@@ -469,17 +472,19 @@ class Simulation(TenantPasses, DrainPasses):
 
     def _recover(self, t: float, st: JobState, nid: str) -> None:
         jid = st.job.id
+        # With drain-before-failure, a job may also hold flagged nodes: it leaves them.
+        hit = self._off_nodes(jid, nid) if self.draining else [nid]
         if self.policy in REQUEUE_ON_FAILURE:
             self._requeue(t, st)  # Slurm --requeue: the whole job goes back to the queue
             return
         if self.policy == "kueue-tas":
-            plan = recover(self.fleet, jid, [nid], policy="kueue-tas", now=t)
+            plan = recover(self.fleet, jid, hit, policy="kueue-tas", now=t)
             if plan.action != "swap":
                 self._requeue(t, st)
                 return
         else:
             plan = recover(
-                self.fleet, jid, [nid], policy="rackwise", restart_minutes=self.cfg.restart_minutes, now=t
+                self.fleet, jid, hit, policy="rackwise", restart_minutes=self.cfg.restart_minutes, now=t
             )
         if plan.action == "requeue":
             self._requeue(t, st)
