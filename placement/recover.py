@@ -39,6 +39,7 @@ def recover(
     policy: str = "rackwise",
     restart_minutes: float = DEFAULT_RESTART_MINUTES,
     now: float | None = None,
+    preempt: bool = True,
 ) -> RecoveryPlan:
     """Plan the recovery of ``job_id`` after ``failed_node_ids`` failed.
 
@@ -51,7 +52,10 @@ def recover(
     4. Else requeue it.
     The fleet is left as it was; apply the plan with :func:`apply_recovery`. With
     ``now`` (and ``Allocation.started_at``) victims are costed by the work they would
-    really lose, so one that has just checkpointed is preferred.
+    really lose, so one that has just checkpointed is preferred. ``preempt=False``
+    skips step 2: a precaution (a node flagged before it fails, drain-before-failure
+    in ``placement/sim/precursors.py``) does not stop other jobs for a failure that
+    may not come.
     """
     alloc = fleet.allocations.get(job_id)
     failed_ids = list(dict.fromkeys(failed_node_ids))
@@ -66,7 +70,7 @@ def recover(
         if saved[n] != FAILED:
             fleet.set_health(n, FAILED)
     try:
-        return _plan(fleet, alloc, hit, policy, restart_minutes, now)
+        return _plan(fleet, alloc, hit, policy, restart_minutes, now, preempt)
     finally:
         for n, h in saved.items():
             if fleet.nodes[n].health != h:
@@ -74,7 +78,13 @@ def recover(
 
 
 def _plan(
-    fleet: Fleet, alloc: Allocation, hit: list[str], policy: str, restart_minutes: float, now: float | None
+    fleet: Fleet,
+    alloc: Allocation,
+    hit: list[str],
+    policy: str,
+    restart_minutes: float,
+    now: float | None,
+    preempt: bool = True,
 ) -> RecoveryPlan:
     job = alloc.job
     gpn = fleet.nodes[hit[0]].gpus
@@ -91,7 +101,7 @@ def _plan(
         return RecoveryPlan(job.id, "swap", why, swaps, steps=steps)
     steps.append(f"no idle node in rack(s) {sorted(short)} to replace the failed node(s)")
     # 2. Preempt cheaper jobs in the racks that are short.
-    victims = _victims(fleet, alloc, hit, short, small, restart_minutes, now)
+    victims = _victims(fleet, alloc, hit, short, small, restart_minutes, now) if preempt else None
     if victims is not None:
         released = [fleet.release(v) for v in victims]
         try:
@@ -108,8 +118,10 @@ def _plan(
             steps += [f"replace {a} with {b} (same rack)" for a, b in swaps.items()]
             return RecoveryPlan(job.id, "preempt_swap", why, swaps, victims, steps=steps)
         steps.append("preempting eligible jobs would not free enough nodes")
-    else:
+    elif preempt:
         steps.append("no preemptible lower-priority job frees a node there")
+    else:
+        steps.append("preempting is not allowed here")
     # 3. Move the whole job, to the fewest racks (never a new cross-rack span).
     fleet.release(job.id)
     try:

@@ -3,7 +3,9 @@
 Events: arrivals, completions, node failures, node repairs. After every batch of
 events at one instant, a queue pass starts what may start. Failures follow one
 seeded sequence (exponential gaps, MTBF per node, node picked uniformly), the same
-for every policy, so policies face identical faults while the run lasts.
+for every policy, so policies face identical faults while the run lasts. Failures
+may be announced ahead, and rackwise may drain a flagged node before it fails
+(``placement/sim/precursors.py``); the failures stay the same.
 """
 
 from __future__ import annotations
@@ -21,9 +23,17 @@ from placement.model import FAILED, HEALTHY, Allocation, Fleet
 from placement.place import can_ever_fit
 from placement.policies.common import min_racks
 from placement.recover import apply_recovery, recover
+from placement.sim.precursors import DrainPasses
 from placement.sim.preempt import TENANT_POLICIES, TenantPasses
 from placement.sim.state import (
+    ARRIVE,
+    COMPLETE,
+    DRAW,
+    FAIL,
+    FLAG,
     LOSS_CAUSES,
+    RELAUNCH,
+    REPAIR,
     SIZE_CLASSES,
     JobState,
     SimConfig,
@@ -55,16 +65,11 @@ __all__ = [
 POLICY_NAMES = ("rackwise", "first-fit", "random", "slurm-block", "slurm-block-greedy", "kueue-tas")
 # Policies whose failed jobs are requeued whole (Slurm --requeue, and the blind ones).
 REQUEUE_ON_FAILURE = ("first-fit", "random", "slurm-block", "slurm-block-greedy")
-# Event kinds, in the order they are handled at one instant: free first, then harm,
-# then new work.
-COMPLETE, REPAIR, FAIL, ARRIVE = 0, 1, 2, 3
-# A requeued job back in the queue after its relaunch delay (handled like an arrival).
-RELAUNCH = 4
 
 Progress = Callable[[str, float, int, int], None]
 
 
-class Simulation(TenantPasses):
+class Simulation(TenantPasses, DrainPasses):
     """One policy over one trace. Call :meth:`run`."""
 
     def __init__(
@@ -101,9 +106,12 @@ class Simulation(TenantPasses):
         self.useful_gpu_s = 0.0
         self.counts = {"failures": 0, "in_place_recoveries": 0, "requeues": 0, "migrations": 0, "rejected": 0}
         self.migration_gpu_s = 0.0
-        # Preemption (a shared fleet's reclaims) is counted apart: metrics() reports
-        # LOSS_CAUSES, the tenants' figures the rest.
-        self.lost_gpu_s = dict.fromkeys((*LOSS_CAUSES, "preemption"), 0.0)
+        # Preemption (a shared fleet's reclaims) and drain-before-failure's restarts
+        # are counted apart: metrics() reports LOSS_CAUSES, the tenants' and the
+        # precursors' figures the rest.
+        self.lost_gpu_s = dict.fromkeys((*LOSS_CAUSES, "preemption", "precautions"), 0.0)
+        self.failure_log: list[tuple[float, str]] = []  # (when, node) of each failure
+        self._init_precursors()
         self.relaunches_pending = 0
         self.series: list[tuple[float, float, int, float]] = []
         self.held_now = 0
@@ -158,7 +166,10 @@ class Simulation(TenantPasses):
             if cfg.node_mtbf_hours > 0 and self.node_ids
             else 0.0
         )
-        if fail_gap and self.trace:
+        if self.precursors_on and self.trace:
+            # Failures drawn ahead (the same ones), with their signals.
+            self._start_precursors(first_submit, fail_gap)
+        elif fail_gap and self.trace:
             self.push(first_submit + self.fail_rng.expovariate(1 / fail_gap), FAIL, "")
         last_t = first_submit
         span = max((t.submit for t in self.trace), default=0.0) - first_submit
@@ -171,8 +182,15 @@ class Simulation(TenantPasses):
             t = self.heap[0][0]
             if ten is not None:
                 ten.advance(t)
+            if self.draining:
+                self._drain_tick(t)
+            bookkeeping = True  # only failures drawn ahead at this instant
             while self.heap and self.heap[0][0] == t:
                 _, kind, _, key = heapq.heappop(self.heap)
+                if kind == DRAW:
+                    self._precursor_event(t, kind, key)
+                    continue
+                bookkeeping = False
                 if kind == ARRIVE:
                     self._arrive(t, key)
                     g = self.jobs[key].job.total_gpus
@@ -180,9 +198,15 @@ class Simulation(TenantPasses):
                 elif kind == COMPLETE:
                     self._complete(t, key)
                 elif kind == FAIL:
-                    self._fail(t)
+                    if key:  # drawn ahead, with its node
+                        self._fail(t, key)
+                    else:
+                        self._fail(t)
                     if self.unfinished > 0:
-                        self.push(t + self.fail_rng.expovariate(1 / fail_gap), FAIL, "")
+                        if self.draws is not None:
+                            self._draw_failures(t)
+                        else:
+                            self.push(t + self.fail_rng.expovariate(1 / fail_gap), FAIL, "")
                 elif kind == RELAUNCH:
                     self.relaunches_pending -= 1
                     self._enqueue(self.jobs[key])
@@ -190,6 +214,12 @@ class Simulation(TenantPasses):
                     self.fleet.set_health(key, HEALTHY)
                     self.repairs_pending -= 1
                     self._freed()
+                elif kind >= FLAG:
+                    self._precursor_event(t, kind, key)
+            if bookkeeping:
+                continue  # nothing changed: no queue pass, so decisions stay the same
+            if self.flags:
+                self._retry_precautions(t)
             self._pass(t)
             if ten is not None:
                 ten.observe(t)
@@ -204,6 +234,7 @@ class Simulation(TenantPasses):
                 and not self.arrivals_left
                 and not self.repairs_pending
                 and not self.relaunches_pending
+                and not self.flags
             ):
                 self._reject_stuck()
             if t >= next_sample:
@@ -218,6 +249,8 @@ class Simulation(TenantPasses):
         figures = metrics(self, first_submit, time.perf_counter() - wall0)
         if ten is not None:
             figures["tenants"] = ten.report(self.lost_gpu_s["preemption"])
+        if self.precursors_on:
+            figures["precursors"] = self.precursor_report()
         return SimResult(
             self.policy,
             figures,
@@ -384,14 +417,15 @@ class Simulation(TenantPasses):
         lost[cause] += g * (productive - kept)
         lost["span_slowdown"] += g * kept * (1.0 - st.speed)
 
-    def _interrupt(self, t: float, st: JobState, cause: str = "failures") -> float:
-        """Stop the current run: bank the work up to the last checkpoint.
+    def _interrupt(self, t: float, st: JobState, cause: str = "failures", keep_all: bool = False) -> float:
+        """Stop the current run: bank the work up to the last checkpoint (``keep_all``:
+        all of it, a checkpoint taken now, as before a precautionary move).
 
         Returns the GPU-seconds lost (work since the checkpoint plus restart time)."""
         ckpt = self.cfg.checkpoint_minutes * 60
         elapsed = t - st.run_start
         productive = max(0.0, elapsed - st.penalty)
-        saved = math.floor(productive / ckpt) * ckpt if ckpt > 0 else productive
+        saved = math.floor(productive / ckpt) * ckpt if ckpt > 0 and not keep_all else productive
         st.remaining = max(0.0, st.remaining - saved * st.speed)
         self._charge(st, elapsed, saved, cause)
         st.restart_cause = cause
@@ -417,11 +451,14 @@ class Simulation(TenantPasses):
             self._enqueue(st)
         self._freed()
 
-    def _fail(self, t: float) -> None:
-        nid = self.node_ids[self.fail_rng.randrange(len(self.node_ids))]
+    def _fail(self, t: float, nid: str = "") -> None:
+        # Drawn now, or ahead with the precursors (then the event carries the node).
+        nid = nid or self.node_ids[self.fail_rng.randrange(len(self.node_ids))]
         node = self.fleet.nodes[nid]
         if node.health == FAILED:
             return
+        self.failure_log.append((t, nid))
+        self._flag_failed(nid)
         self.counts["failures"] += 1
         hit = list(node.jobs)
         self.fleet.set_health(nid, FAILED)
@@ -435,17 +472,19 @@ class Simulation(TenantPasses):
 
     def _recover(self, t: float, st: JobState, nid: str) -> None:
         jid = st.job.id
+        # With drain-before-failure, a job may also hold flagged nodes: it leaves them.
+        hit = self._off_nodes(jid, nid) if self.draining else [nid]
         if self.policy in REQUEUE_ON_FAILURE:
             self._requeue(t, st)  # Slurm --requeue: the whole job goes back to the queue
             return
         if self.policy == "kueue-tas":
-            plan = recover(self.fleet, jid, [nid], policy="kueue-tas", now=t)
+            plan = recover(self.fleet, jid, hit, policy="kueue-tas", now=t)
             if plan.action != "swap":
                 self._requeue(t, st)
                 return
         else:
             plan = recover(
-                self.fleet, jid, [nid], policy="rackwise", restart_minutes=self.cfg.restart_minutes, now=t
+                self.fleet, jid, hit, policy="rackwise", restart_minutes=self.cfg.restart_minutes, now=t
             )
         if plan.action == "requeue":
             self._requeue(t, st)

@@ -25,7 +25,14 @@ BF_MAX_JOB_TEST = 500
 BSLD_TAU_S = 600.0
 # Size classes of the per-size wait figures, in order (see size_class()).
 SIZE_CLASSES = ("1gpu", "1node", "2-8nodes", "9-18nodes", "multirack")
-# Causes of lost GPU-hours (gpu_hours_lost).
+# Event kinds, in the order they are handled at one instant: free first, then harm,
+# then new work; a requeued job back in the queue after its relaunch delay (handled
+# like an arrival); then the precursor model's (placement/sim/precursors.py): a
+# signal, a flag cleared, failures drawn ahead, a false alarm.
+COMPLETE, REPAIR, FAIL, ARRIVE, RELAUNCH = 0, 1, 2, 3, 4
+FLAG, UNFLAG, DRAW, ALARM = 5, 6, 7, 8
+# Causes of lost GPU-hours (gpu_hours_lost). Restarts of drain-before-failure's
+# precautionary moves ("precautions") are reported apart, under "precursors".
 LOSS_CAUSES = ("span_slowdown", "failures", "migrations")
 
 
@@ -92,6 +99,23 @@ class SimConfig:
     # share and reclaim, per policy (placement/sim/preempt.py). Jobs carry their
     # tenant (placement/sim/tenants.py assigns them on traces without one).
     tenants: TenantSetup | None = None
+    # Failure precursors (issue #31; off by default: share 0, no false alarms).
+    # ``precursor_share`` of node failures are announced by a signal on their node
+    # about ``precursor_lead_s`` before (each lead drawn uniformly within +-50% of
+    # it); false alarms flag nodes that do not fail, ``false_alarm_per_node_day`` per
+    # node and day (a Poisson stream). A flag lasts until its node fails or
+    # ``precursor_clear_s`` has passed (None: the longest lead, 1.5 x
+    # ``precursor_lead_s``). Signals and alarms have their own random streams, so the
+    # failures are the same with or without them (placement/sim/precursors.py).
+    precursor_share: float = 0.0
+    precursor_lead_s: float = 3600.0
+    false_alarm_per_node_day: float = 0.0
+    precursor_clear_s: float | None = None
+    # rackwise's reaction to a flag (False: reactive recovery only, the baseline): the
+    # node takes no new work and is drained as its jobs end; a job on it that would
+    # not end before the expected failure (flag + precursor_lead_s) is checkpointed
+    # and moved off it at once (a same-rack swap, else a move; never a preemption).
+    drain_before_failure: bool = True
 
 
 def config_overrides(items: Iterable[str]) -> dict[str, Any]:
