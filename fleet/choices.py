@@ -124,6 +124,8 @@ class WebhookEvent(models.TextChoices):
     ACTION_FINISHED = "action.finished", "A decision ended: succeeded, failed, cancelled, expired or rejected"
     RECLAIM_PROPOSED = "reclaim.proposed", "A job is to start by preempting others (borrowed GPUs taken back)"
     RECLAIM_FINISHED = "reclaim.finished", "A reclaim ended: succeeded, failed, cancelled, expired, rejected"
+    GPU_VERDICT = "gpu.verdict", "A health rule gave a GPU a verdict (fail, drain, suspect), with the reading"
+    RACK_FABRIC = "rack.fabric", "A rack's NVLink fabric became degraded, or healthy again"
 
 
 # Sent by the "test" button only; not subscribable.

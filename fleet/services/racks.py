@@ -12,7 +12,7 @@ from django.db.models.expressions import RawSQL
 from fleet import dispatch, events
 from fleet.choices import ActionState
 from fleet.models import Action, Allocation, Rack
-from fleet.services import audit
+from fleet.services import audit, webhooks
 
 
 def bump_versions(rack_ids: Iterable[int]) -> None:
@@ -99,6 +99,7 @@ def set_fabric_state(actor, rack_id: int, degraded: str) -> bool:
             after={"fabric_degraded": rack.fabric_degraded},
             message=degraded or f"rack {rack.name}: NVLink fabric healthy again",
         )
+        webhooks.emit("rack.fabric", webhooks.rack_fabric(rack))
         bump_versions([rack.pk])
         dispatch.schedule_soon()
     return True

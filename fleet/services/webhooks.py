@@ -36,7 +36,7 @@ from django.utils import timezone
 
 from fleet import dispatch, signing
 from fleet.choices import OPEN_DELIVERY_STATES, WEBHOOK_PING, DeliveryState, Role, WebhookEvent
-from fleet.models import Action, Job, Node, Tenant, WebhookDelivery, WebhookEndpoint
+from fleet.models import GPU, Action, GpuReading, Job, Node, Rack, Tenant, WebhookDelivery, WebhookEndpoint
 from fleet.permissions import has_role
 from fleet.services import audit, webhook_targets
 from fleet.services.errors import Conflict, InvalidInput, NotAllowed
@@ -316,6 +316,22 @@ def node_failed(node: Node, job_ids: Iterable[int]) -> Callable[[], dict]:
         },
         "jobs_interrupted": sorted(set(job_ids)),
     }
+
+
+def gpu_verdict(gpu: GPU, node: Node, reading: GpuReading) -> Callable[[], dict]:
+    """``gpu.verdict`` data: the GPU, its node, the verdict and the reading that caused it."""
+    return lambda: {
+        "gpu": {"index": gpu.index, "uuid": str(gpu.uuid)},
+        "node": {"id": node.pk, "hostname": node.hostname, "rack": node.rack.name, "state": node.state},
+        "verdict": reading.verdict,
+        "reason": reading.verdict_reason,
+        "read_at": _iso(reading.read_at),
+    }
+
+
+def rack_fabric(rack: Rack) -> dict:
+    """``rack.fabric`` data: the rack and why its fabric is degraded ('' when healthy again)."""
+    return {"rack": {"id": rack.pk, "name": rack.name}, "fabric_degraded": rack.fabric_degraded}
 
 
 def action_data(action: Action, jobs: Iterable[int] | None = None) -> dict:

@@ -34,7 +34,7 @@ from fleet import gpu_signals as signals
 from fleet import gpu_verdicts as verdicts
 from fleet.choices import OPEN_ACTION_STATES, ActionKind, GpuHealth, NodeState, Verdict
 from fleet.models import GPU, Action, AgentToken, GpuReading, Node, NodeReading, Rack
-from fleet.services import audit
+from fleet.services import audit, webhooks
 from fleet.services import health_rules as rule_services
 from fleet.services.actions.propose import propose
 from fleet.services.errors import ClusterDown, InvalidInput
@@ -445,11 +445,14 @@ def _store_readings(
             reading.read_at, reading.temperature_c = now, report.temperature_c
             reading.signals, reading.unsupported = report.signals, report.unsupported
             rules = rule_services.active_rules() if rules is None else rules
+            verdict_before = reading.verdict
             reading.verdict, reading.verdict_reason = verdicts.evaluate(
                 rules, reading.signals, reading.state, reading.temperature_c, at
             )
             reading.verdict_reason = _truncate(reading.verdict_reason, 500)
             reading.save()
+            if reading.verdict and reading.verdict != verdict_before:
+                webhooks.emit("gpu.verdict", webhooks.gpu_verdict(gpu, node, reading))
         judged[report.index] = (reading.verdict, reading.verdict_reason)
         fabric = fabric or report.signals.get("fabric") or {}
     if imex is None and not fabric:
