@@ -18,36 +18,17 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from fleet import agent_signals
+
 MAX_COUNT = 2**63 - 1  # NVML counters are unsigned 64-bit; PostgreSQL's JSON keeps them exact
 MAX_LINKS = 64
 MAX_TEXT = 100
-CLOCK_EVENT_REASONS = frozenset(
-    {
-        "gpu_idle",
-        "applications_clocks_setting",
-        "sw_power_cap",
-        "hw_slowdown",
-        "sync_boost",
-        "sw_thermal_slowdown",
-        "hw_thermal_slowdown",
-        "hw_power_brake_slowdown",
-        "display_clock_setting",
-    }
-)
-SIGNAL_KEYS = (
-    "power_w",
-    "clock_event_reasons",
-    "ecc",
-    "remapped_rows",
-    "retired_pages",
-    "pcie_replay_count",
-    "nvlink_links",
-    "nvlink_fields",
-    "fabric",
-)
-FABRIC_STATES = frozenset({"not_supported", "not_started", "in_progress", "completed"})
+# The vocabulary is the agent's (fleet.agent_signals): one definition for sender and receiver.
+CLOCK_EVENT_REASONS = frozenset(name for _, name in agent_signals.CLOCK_EVENT_REASONS)
+SIGNAL_KEYS = agent_signals.SIGNALS
+FABRIC_STATES = frozenset(agent_signals.FABRIC_STATES.values())
 IMEX_STATES = frozenset({"ready", "not_ready", "unavailable", "unsupported"})
-NVLINK_COUNTERS = ("replay", "recovery", "crc_flit", "crc_data")
+NVLINK_COUNTERS = tuple(name for name, _ in agent_signals.NVLINK_COUNTERS)
 
 # Ring sizes: a sample a minute for an hour, one an hour for two days.
 MINUTE, HOUR = 60.0, 3600.0
