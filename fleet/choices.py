@@ -78,6 +78,7 @@ class ActionKind(models.TextChoices):
     DEFRAG = "defrag", "Defragmentation plan"
     RECLAIM = "reclaim", "Preemption to start a job (quota reclaim, or a higher priority)"
     DRAIN = "drain", "Drain a node"
+    EVACUATION = "evacuation", "Move a gang off a rack whose NVLink fabric is degraded"
 
 
 class ActionState(models.TextChoices):
@@ -111,6 +112,7 @@ DEFAULT_APPROVAL: dict[str, str] = {
     # Above RACKWISE_RECLAIM_APPROVAL_GPU_HOURS a reclaim waits for an operator.
     ActionKind.RECLAIM: ApprovalMode.AUTO,
     ActionKind.DRAIN: ApprovalMode.MANUAL,
+    ActionKind.EVACUATION: ApprovalMode.MANUAL,
 }
 
 

@@ -24,9 +24,9 @@ from fleet.services import audit
 from fleet.services.actions import lifecycle as action_lifecycle
 from fleet.services.actions import propose as action_services
 from fleet.services.decisions import defrag as defrag_services
+from fleet.services.decisions import evacuation, scheduling
 from fleet.services.decisions import recheck as proposals
 from fleet.services.decisions import recovery as recovery_services
-from fleet.services.decisions import scheduling
 from fleet.services.errors import Conflict
 from fleet.services.execution import cluster_sync
 from fleet.services.execution import execute as execution
@@ -122,6 +122,15 @@ def plan_defrag(**goal) -> str:
     with locks.decisions():
         outcome = defrag_services.plan_defrag(None, defrag_services.DefragGoal(**goal))
     return f"action #{outcome.action.pk}" if outcome.action else outcome.reason
+
+
+@shared_task(name="fleet.tasks.plan_evacuations", **TASK_OPTIONS)
+def plan_evacuations() -> str:
+    """A rack's NVLink fabric changed: propose moving long gangs off the degraded
+    racks, and drop the proposals for racks healthy again."""
+    with locks.decisions():
+        actions = evacuation.propose_evacuations()
+    return f"proposed {[a.pk for a in actions]}"
 
 
 @shared_task(name="fleet.tasks.defrag_watch", **TASK_OPTIONS)
@@ -319,6 +328,7 @@ __all__ = [
     "detect_failures",
     "execute_action",
     "plan_defrag",
+    "plan_evacuations",
     "recheck_proposals",
     "reconcile",
     "recover_job",

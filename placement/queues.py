@@ -121,9 +121,16 @@ def least_racks(fleet: Fleet, job: JobRequest) -> int:
 def degraded_for(fleet: Fleet, job: JobRequest) -> frozenset[str]:
     """The racks ``job`` must keep off: those with a degraded NVLink fabric, for a
     multi-node gang (one-node work may still go there)."""
-    if fleet.degraded and not any(job.is_small(g) for g in fleet.groups):
+    if fleet.degraded and not one_node(fleet, job):
         return fleet.degraded
     return frozenset()
+
+
+def one_node(fleet: Fleet, job: JobRequest) -> bool:
+    """Does ``job`` fit on one node of some shape of the fleet (a job sharing a
+    node, or a whole-node job of one node)? Such work rides out a degraded NVLink
+    fabric: it needs no NVLink between nodes."""
+    return any(job.is_small(g) or job.nodes_needed(g) == 1 for g in fleet.groups)
 
 
 def degraded_note(fleet: Fleet, racks: frozenset[str]) -> str:

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from placement.model import FAILED, HEALTHY, REQUIRED, Allocation, Fleet, JobRequest
 from placement.place import place
 from placement.plans import RecoveryPlan
+from placement.queues import degraded_for
 
 DEFAULT_RESTART_MINUTES = 10.0
 
@@ -44,7 +45,8 @@ def recover(
     """Plan the recovery of ``job_id`` after ``failed_node_ids`` failed.
 
     1. Swap each failed node for an idle healthy node in the same rack (a spare or any
-       free node), keeping every other node where it is.
+       free node), keeping every other node where it is; never for a gang in a rack
+       whose NVLink fabric is degraded (``fleet.degraded``): it goes to step 3.
     2. Else free nodes in that rack by preempting preemptible jobs of lower priority
        (a non-preemptible gang also takes back spares lent to preemptible jobs of
        any priority), cheapest first.
@@ -90,6 +92,12 @@ def _plan(
     gpn = fleet.nodes[hit[0]].gpus
     small = job.is_small(gpn)
     steps: list[str] = []
+    # A gang never swaps into a rack whose NVLink fabric is degraded: it moves.
+    bad = sorted({fleet.nodes[n].rack for n in hit} & degraded_for(fleet, job))
+    if bad:
+        names = ", ".join(fleet.rack_by_id[r].label for r in bad)
+        steps.append(f"no swap into {names}: NVLink fabric degraded")
+        return _move_or_requeue(fleet, alloc, policy, steps)
     # 1. Same-rack swaps.
     swaps, short = _swaps(fleet, alloc, hit, small, frozenset())
     if not short:
@@ -122,6 +130,11 @@ def _plan(
         steps.append("no preemptible lower-priority job frees a node there")
     else:
         steps.append("preempting is not allowed here")
+    return _move_or_requeue(fleet, alloc, policy, steps)
+
+
+def _move_or_requeue(fleet: Fleet, alloc: Allocation, policy: str, steps: list[str]) -> RecoveryPlan:
+    job = alloc.job
     # 3. Move the whole job, to the fewest racks (never a new cross-rack span).
     fleet.release(job.id)
     try:

@@ -249,6 +249,9 @@ RACKWISE_HEARTBEAT_FAILED_S = env_int("RACKWISE_HEARTBEAT_FAILED_S", 180, minimu
 # rising); one node alone is that node's trouble (and IMEX is known to raise false
 # alarms on idle nodes). Healthy again when none does.
 RACKWISE_RACK_FABRIC_NODES = env_int("RACKWISE_RACK_FABRIC_NODES", 2, minimum=1)
+# A gang on a degraded rack with less than this left (by its expected duration)
+# runs its course there; longer ones (or unknown) are proposed a move.
+RACKWISE_EVACUATE_MIN_REMAINING_S = env_int("RACKWISE_EVACUATE_MIN_REMAINING_S", 3600, minimum=0)
 # XID codes that fail a node (NVIDIA's XID catalog: uncorrectable ECC, fell off the
 # bus, NVLink and GSP faults...).
 RACKWISE_FATAL_XIDS = [

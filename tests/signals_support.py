@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import copy
 
+from fleet.models import Node
+from fleet.services.intake import health
+
 # What the agent sends for an H200 (../shared/gpu/h200-nvml-probe.json): per-link
 # NVLink and retired pages are not supported there.
 H200 = {
@@ -50,3 +53,16 @@ def signals_beat(**changes) -> dict:
             }
         )
     return {"agent_version": "test", "gpus": gpus, "imex": {"status": "ready", "detail": "READY"}}
+
+
+def send_beat(hostname: str, imex: str = "ready", **changes) -> None:
+    """That node's agent reports through the API: IMEX status ``imex`` and the
+    H200's signals with ``changes`` (``signals_beat``'s)."""
+    from tests.test_heartbeats import agent_client, post_beat
+
+    node = Node.objects.get(hostname=hostname)
+    payload = signals_beat(**changes)
+    payload["imex"] = {"status": imex, "detail": "" if imex == "ready" else "no quorum"}
+    client = agent_client(health.issue_agent_token(None, node.pk))
+    response = post_beat(client, node, payload)
+    assert response.status_code == 200, response.content

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from fleet.models import AuditEvent, Job, Node, Rack
+from fleet.models import AuditEvent, Job, Rack
 from fleet.services.decisions.scheduling import schedule_pass
-from fleet.services.intake import health
 from fleet.services.jobs.submit import JobSpec, submit_job
-from tests.signals_support import signals_beat
-from tests.test_heartbeats import agent_client, post_beat
+from tests.signals_support import send_beat
 
 pytestmark = pytest.mark.django_db
 
@@ -21,12 +19,8 @@ def beat(fleet, django_capture_on_commit_callbacks):
     """beat(hostname, **imex or signal changes): that node's agent reports."""
 
     def send(hostname: str, imex: str = "ready", **changes) -> None:
-        node = Node.objects.get(hostname=hostname)
-        payload = signals_beat(**changes)
-        payload["imex"] = {"status": imex, "detail": "" if imex == "ready" else "no quorum"}
-        client = agent_client(health.issue_agent_token(None, node.pk))
         with django_capture_on_commit_callbacks(execute=True):
-            assert post_beat(client, node, payload).status_code == 200
+            send_beat(hostname, imex, **changes)
 
     return send
 

@@ -83,7 +83,9 @@ def _proposals_waiting_in(rack_ids: list[int]) -> bool:
 def set_fabric_state(actor, rack_id: int, degraded: str) -> bool:
     """Mark the rack's NVLink fabric degraded (``degraded``: why) or healthy
     (''), audited as ``rack.fabric`` and seen by the next scheduling pass (no
-    new multi-node gangs go to a degraded rack). Returns whether it changed."""
+    new multi-node gangs go to a degraded rack); the long gangs on a degraded
+    rack are proposed a move elsewhere (fleet.services.decisions.evacuation).
+    Returns whether it changed."""
     with transaction.atomic():
         rack = Rack.objects.select_for_update().get(pk=rack_id)
         if rack.fabric_degraded == degraded:
@@ -102,4 +104,5 @@ def set_fabric_state(actor, rack_id: int, degraded: str) -> bool:
         webhooks.emit("rack.fabric", webhooks.rack_fabric(rack))
         bump_versions([rack.pk])
         dispatch.schedule_soon()
+        dispatch.after_commit("fleet.tasks.plan_evacuations")
     return True

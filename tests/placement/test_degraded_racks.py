@@ -8,6 +8,7 @@ import pytest
 
 from placement.model import Fleet, JobRequest
 from placement.place import place, schedule
+from placement.recover import recover
 from placement.testing import gang, occupy
 
 
@@ -41,3 +42,23 @@ def test_the_queue_pass_keeps_gangs_off_degraded_racks(now):
     assert [p.job_id for p in out.placements] == ["g2"]
     assert {r for p in out.placements for r in p.racks} == {fleet.racks[0].id}
     assert "NVLink fabric degraded" in out.waiting["g1"], "rack 1's 10 idle nodes are not for gangs"
+
+
+def test_recovery_moves_a_gang_off_a_degraded_rack_instead_of_swapping_into_it():
+    fleet = Fleet.uniform(2, 18, 4, spare_nodes=0)
+    occupy(fleet, "g", 1, list(range(8)))
+    fleet.degraded = frozenset({fleet.racks[1].id})
+    failed = fleet.node_at(fleet.racks[1].id, 0).id
+    plan = recover(fleet, "g", [failed])
+    assert plan.action == "move", plan.steps
+    assert {fleet.nodes[n].rack for n in plan.new_nodes} == {fleet.racks[0].id}
+    assert plan.steps[0] == f"no swap into {fleet.racks[1].label}: NVLink fabric degraded"
+    # The same failure on a healthy rack is swapped in place.
+    fleet.degraded = frozenset()
+    assert recover(fleet, "g", [failed]).action == "swap"
+
+
+def test_a_whole_node_job_of_one_node_may_still_go_to_a_degraded_rack():
+    fleet = _fleet()
+    plan = place(fleet, JobRequest("one", num_nodes=1, gpus_per_node=4))
+    assert plan.placed and set(plan.racks) == {fleet.racks[1].id}, "packed into the busy rack"

@@ -101,6 +101,7 @@ RECOVERY_KINDS = (ActionKind.RECOVERY, ActionKind.PREEMPTION, ActionKind.MIGRATI
 # docstring). A preemption holds the node its victim frees until its swap.
 HOLD_KINDS = (
     ActionKind.DEFRAG,
+    ActionKind.EVACUATION,
     ActionKind.MIGRATION,
     ActionKind.PREEMPTION,
     ActionKind.RECOVERY,

@@ -209,7 +209,13 @@ def _hostname(node_id: int) -> str:
 # the plan runs has made its room, and its remaining steps are skipped (the
 # soak saw a defrag plan fail, after moving one job, on the stop of a job that
 # had just completed).
-MOOT_WHEN_ENDED = (ActionKind.DEFRAG, ActionKind.MIGRATION, ActionKind.PREEMPTION, ActionKind.RECLAIM)
+MOOT_WHEN_ENDED = (
+    ActionKind.DEFRAG,
+    ActionKind.EVACUATION,
+    ActionKind.MIGRATION,
+    ActionKind.PREEMPTION,
+    ActionKind.RECLAIM,
+)
 
 
 def _ended_meanwhile(action: Action, step: Step) -> str | None:
