@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count
+from django.db.models import Count, Q
 
-from fleet.choices import HOLDING_JOB_STATES, NodeState
+from fleet.choices import HOLDING_JOB_STATES, GpuHealth, NodeState
 from fleet.models import Allocation, Job, Node, Rack
 from fleet.steps import Allocate
 from placement import model as pm
@@ -105,8 +105,11 @@ def load_snapshot() -> Snapshot:
     rack_names: dict[str, str] = {}
     held: dict[str, tuple[int, str]] = {}
     nodes_by_rack: dict[int, list[pm.Node]] = defaultdict(list)
-    for node_id, rack_id, slot, hostname, state, gpus, held_for in _node_rows(Node.objects.all()):
+    at_risk: dict[int, set[int]] = defaultdict(set)
+    for node_id, rack_id, slot, hostname, state, gpus, held_for, suspect in _node_rows(Node.objects.all()):
         nid = str(node_id)
+        if suspect:
+            at_risk[rack_id].add(slot)
         hostnames[nid] = hostname
         if held_for is not None:
             held[nid] = (held_for, ENGINE_HEALTH[state])
@@ -126,7 +129,15 @@ def load_snapshot() -> Snapshot:
         if not nodes:
             continue
         rack_names[str(rack_id)] = name
-        racks.append(pm.Rack(str(rack_id), nodes, spare_nodes=_spares(spare_nodes, len(nodes)), name=name))
+        racks.append(
+            pm.Rack(
+                str(rack_id),
+                nodes,
+                spare_nodes=_spares(spare_nodes, len(nodes)),
+                name=name,
+                at_risk=frozenset(at_risk.get(rack_id, ())),
+            )
+        )
     fleet = pm.Fleet(racks)
     fleet.reservations = {r: t for r, t in reservations.items() if r in fleet.rack_by_id}
     fleet.degraded = frozenset(degraded & set(fleet.rack_by_id))
@@ -139,11 +150,16 @@ RACK_ORDER = ("site", "row", "position", "name")
 
 
 def _node_rows(nodes):
-    """(id, rack id, slot, hostname, state, GPU count, the action holding it or None)."""
+    """(id, rack id, slot, hostname, state, GPU count, the action holding it or
+    None, GPUs with a suspect verdict)."""
     return (
-        nodes.annotate(gpu_count=Count("gpus"))
+        nodes.annotate(
+            gpu_count=Count("gpus"), suspect_gpus=Count("gpus", filter=Q(gpus__health=GpuHealth.DEGRADED))
+        )
         .order_by("rack_id", "slot")
-        .values_list("id", "rack_id", "slot", "hostname", "state", "gpu_count", "hold__action_id")
+        .values_list(
+            "id", "rack_id", "slot", "hostname", "state", "gpu_count", "hold__action_id", "suspect_gpus"
+        )
     )
 
 
@@ -266,9 +282,12 @@ class LiveFleet:
     def _apply(self, snap: Snapshot, changed: list[int]) -> None:
         fleet = snap.fleet
         rows: dict[str, list] = defaultdict(list)
-        for node_id, rack_id, slot, hostname, state, gpus, held_for in _node_rows(
+        at_risk: dict[str, set[int]] = defaultdict(set)
+        for node_id, rack_id, slot, hostname, state, gpus, held_for, suspect in _node_rows(
             Node.objects.filter(rack_id__in=changed)
         ):
+            if suspect:
+                at_risk[str(rack_id)].add(slot)
             hold = (held_for, ENGINE_HEALTH[state]) if held_for is not None else None
             rows[str(rack_id)].append(
                 (str(node_id), slot, hostname, engine_health(state, held_for), gpus, hold)
@@ -283,6 +302,7 @@ class LiveFleet:
                 continue
             if [(n.id, n.index, n.gpus) for n in rack.nodes] != layout:
                 raise _Gap(rid)  # nodes added or removed, GPUs counted differently
+            rack.at_risk = frozenset(at_risk.get(rid, ()))
             affected.update(j for n in rack.nodes for j in n.jobs)
         now_held = Allocation.objects.filter(released_at__isnull=True, gpu__node__rack_id__in=changed)
         affected.update(str(j) for j in now_held.order_by().values_list("job_id", flat=True).distinct())

@@ -180,7 +180,7 @@ def _swaps(
             if cands:
                 pick = min(cands, key=lambda n: (n.free_gpus, n.index))
         else:
-            for i in sorted(rack.free):
+            for i in rack.idle_slots():
                 cand = fleet.node_at(rack.id, i)
                 if cand.id not in taken and cand.id not in avoid and cand.gpus == node.gpus:
                     pick = cand

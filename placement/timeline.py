@@ -73,7 +73,7 @@ class _RackView:
     """What a view of a rack shares with the rack: its id, label and shape, its spares
     policy and how many nodes it lends (read when the view is made)."""
 
-    __slots__ = ("gpus_per_node", "id", "label", "lent_nodes", "size", "spare_nodes")
+    __slots__ = ("at_risk", "gpus_per_node", "id", "label", "lent_nodes", "size", "spare_nodes")
 
     def __init__(self, rack: Rack) -> None:
         self.id = rack.id
@@ -82,9 +82,11 @@ class _RackView:
         self.spare_nodes = rack.spare_nodes
         self.lent_nodes = rack.lent_nodes
         self.gpus_per_node = rack.gpus_per_node
+        self.at_risk = rack.at_risk
 
     unlent_spares = Rack.unlent_spares
     slice_offer = Rack.slice_offer
+    idle_slots = Rack.idle_slots
 
 
 class HeldView(_RackView):

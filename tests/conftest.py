@@ -184,8 +184,9 @@ def clock(monkeypatch):
 
 @pytest.fixture
 def default_health_rules(db):
-    """The health rules migration 0015 adds (a transactional test elsewhere may
-    have flushed them)."""
+    """The health rules migrations 0015 and 0018 add (a transactional test
+    elsewhere may have flushed them)."""
     from django.apps import apps
 
-    importlib.import_module("fleet.migrations.0015_default_health_rules").add(apps, None)
+    for migration in ("0015_default_health_rules", "0018_climbing_rate_rules"):
+        importlib.import_module(f"fleet.migrations.{migration}").add(apps, None)

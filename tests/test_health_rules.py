@@ -56,6 +56,9 @@ RISING = [
     ("pcie-replays-rising", "pcie_replay_count", 5),
     ("nvlink-crc-rising", "nvlink__crc_flit", 50),  # 3,000/h
     ("nvlink-recovery-rising", "nvlink__recovery", 1),  # 60/h
+    ("corrected-ecc-climbing", "ecc__volatile_corrected", 1),  # 60/h: suspect, not drain
+    ("pcie-replays-climbing", "pcie_replay_count", 1),
+    ("nvlink-crc-climbing", "nvlink__crc_flit", 5),  # 300/h
 ]
 
 

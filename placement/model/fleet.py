@@ -167,6 +167,7 @@ class Fleet:
                 [Node(n.id, n.rack, n.index, n.gpus, n.health, name=n.name) for n in r.nodes],
                 spare_nodes=r.spare_nodes,
                 name=r.name,
+                at_risk=r.at_risk,
             )
             for r in self.racks
         ]
@@ -489,6 +490,7 @@ class Fleet:
                 ],
                 spare_nodes=r.get("spare_nodes", 2),
                 name=r.get("name", ""),
+                at_risk=frozenset(r.get("at_risk", ())),
             )
             for r in data["racks"]
         ]
@@ -507,6 +509,7 @@ class Fleet:
                     "nodes": [
                         {"id": n.id, "index": n.index, "gpus": n.gpus, "health": n.health} for n in r.nodes
                     ],
+                    **({"at_risk": sorted(r.at_risk)} if r.at_risk else {}),
                 }
                 for r in self.racks
             ],

@@ -78,6 +78,10 @@ class Rack:
     lent_nodes: int = 0
     # How people name it; messages use ``label``.
     name: str = ""
+    # Slots of nodes at risk: a GPU there has a suspect verdict (a hardware
+    # slowdown, an error rate rising below the drain threshold). Gangs and
+    # recovery's swaps take other idle nodes first (``idle_slots``).
+    at_risk: frozenset[int] = frozenset()
 
     @property
     def label(self) -> str:
@@ -109,6 +113,14 @@ class Rack:
 
     def free_gpus(self) -> int:
         return sum(n.free_gpus for n in self.nodes)
+
+    def idle_slots(self) -> list[int]:
+        """Idle slots in slot order, nodes at risk last: a synchronous gang runs at
+        the pace of its slowest GPU, and a node whose errors rise may fail under it."""
+        ordered = sorted(self.free)
+        if self.at_risk:
+            ordered.sort(key=self.at_risk.__contains__)
+        return ordered
 
 
 @dataclass(frozen=True)

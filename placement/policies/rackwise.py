@@ -170,7 +170,7 @@ def _one_rack(
         f"best fit: {rack.label} offers {best[0]} idle nodes (keeping "
         f"{rack.free_count - best[0]} spare), the fewest that hold {n}"
     )
-    slots = sorted(rack.free)[:n]
+    slots = rack.idle_slots()[:n]
     picks = [(rack, slots[i : i + seg]) for i in range(0, n, seg)] if seg else [(rack, slots)]
     if seg:
         why += f" in segments of {seg}"
@@ -409,7 +409,7 @@ def _best_fit(
                 return None
             o, p, rack = offers[i]
             rid = rack.id
-            used[rid], left[rid], slots[rid] = (p, rack), o, sorted(rack.free)
+            used[rid], left[rid], slots[rid] = (p, rack), o, rack.idle_slots()
         picks.append((used[rid][1], slots[rid][:size]))
         slots[rid] = slots[rid][size:]
         left[rid] -= size
@@ -420,7 +420,7 @@ def _fill(offers: list[tuple[int, int, Rack]], sizes: list[int]) -> list[tuple[R
     """Segments, largest first, each onto the first of ``offers`` (largest first) with
     room left for it."""
     left = [o for o, _, _ in offers]
-    slots = [sorted(r.free) for _, _, r in offers]
+    slots = [r.idle_slots() for _, _, r in offers]
     picks: list[tuple[Rack, list[int]]] = []
     for size in sorted(sizes, reverse=True):
         i = next((i for i, o in enumerate(left) if o >= size), None)
@@ -444,7 +444,7 @@ def _unequal(offers: list[tuple[int, int, Rack]], n: int, k: int) -> list[tuple[
         left -= take[i]
     if left > 0:
         return None
-    return [(r, sorted(r.free)[:t]) for (_, _, r), t in zip(offers, take, strict=True) if t]
+    return [(r, r.idle_slots()[:t]) for (_, _, r), t in zip(offers, take, strict=True) if t]
 
 
 def _small(fleet: Fleet, job: JobRequest, racks: list[Rack], ctx: Context) -> PlacementPlan:
