@@ -78,7 +78,7 @@ class ActionKind(models.TextChoices):
     DEFRAG = "defrag", "Defragmentation plan"
     RECLAIM = "reclaim", "Preemption to start a job (quota reclaim, or a higher priority)"
     DRAIN = "drain", "Drain a node"
-    EVACUATION = "evacuation", "Move a gang off a rack whose NVLink fabric is degraded"
+    EVACUATION = "evacuation", "Move a job off a degraded rack or a node about to fail"
 
 
 class ActionState(models.TextChoices):

@@ -126,8 +126,8 @@ def plan_defrag(**goal) -> str:
 
 @shared_task(name="fleet.tasks.plan_evacuations", **TASK_OPTIONS)
 def plan_evacuations() -> str:
-    """A rack's NVLink fabric changed: propose moving long gangs off the degraded
-    racks, and drop the proposals for racks healthy again."""
+    """A rack's NVLink fabric changed, or a health rule drained a node: propose
+    moving long jobs off them, and drop the proposals whose risk has gone."""
     with locks.decisions():
         actions = evacuation.propose_evacuations()
     return f"proposed {[a.pk for a in actions]}"

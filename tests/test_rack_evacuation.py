@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import pytest
 
-from fleet.choices import ActionKind, ActionState, JobState
+from fleet.choices import ActionKind, ActionState, JobState, NodeState
 from fleet.models import Action, Job, Node
+from fleet.services.actions.propose import approve
 from fleet.services.decisions.evacuation import propose_evacuations
 from fleet.services.jobs.allocations import apply_placement, start_job
 from fleet.services.jobs.submit import JobSpec, submit_job
+from fleet.services.nodes.moves import drain_node
 from tests.signals_support import send_beat
 from tests.support import carry_out, nodes_of
 
@@ -99,3 +101,26 @@ def test_one_node_work_on_a_degraded_rack_is_not_moved(fleet, submitter, django_
         send_beat("r1-n01", imex="unavailable")
     assert propose_evacuations() == []
     assert not Action.objects.filter(kind=ActionKind.EVACUATION).exists()
+
+
+def test_a_long_job_on_a_node_a_rule_drains_is_proposed_a_swap_and_an_operators_drain_is_not(
+    fleet, submitter, operator, default_health_rules, django_capture_on_commit_callbacks
+):
+    r1, _ = fleet
+    long = _run(submitter, r1, "long", range(0, 4), 10**6)
+    drain_node(operator, Node.objects.get(hostname="r1-n03").pk, reason="maintenance")
+    assert propose_evacuations() == [], "an operator's drain lets jobs finish"
+    with django_capture_on_commit_callbacks(execute=True):
+        send_beat("r1-n00", remapped_rows__pending=True)
+    [action] = propose_evacuations()
+    assert action.title == f"move job #{long.pk} long off r1-n00 (drained by a health rule) to r1"
+    approve(operator, action.pk)
+    with django_capture_on_commit_callbacks(execute=True):
+        carry_out(action.pk)
+    long.refresh_from_db()
+    hosts = set(Node.objects.filter(pk__in=nodes_of(long.pk)).values_list("hostname", flat=True))
+    assert long.state == JobState.RUNNING and len(hosts) == 4
+    assert not hosts & {"r1-n00", "r1-n03"}, "a restart leaves every node that takes no new work"
+    assert set(Node.objects.filter(hostname__in=["r1-n00", "r1-n03"]).values_list("state", flat=True)) == {
+        NodeState.DRAINED
+    }, "left idle, both drains settle"

@@ -13,11 +13,11 @@ class Migration(migrations.Migration):
         migrations.AlterField(
             model_name='action',
             name='kind',
-            field=models.CharField(choices=[('placement', 'Placement that keeps locality'), ('placement_spill', 'Placement that spans racks (preferred job)'), ('recovery', 'In-place recovery (swap failed nodes for spares)'), ('preemption', 'Recovery that preempts lower-priority jobs'), ('migration', 'Recovery that moves the whole job'), ('requeue', 'Recovery that requeues the job'), ('defrag', 'Defragmentation plan'), ('reclaim', 'Preemption to start a job (quota reclaim, or a higher priority)'), ('drain', 'Drain a node'), ('evacuation', 'Move a gang off a rack whose NVLink fabric is degraded')], max_length=20),
+            field=models.CharField(choices=[('placement', 'Placement that keeps locality'), ('placement_spill', 'Placement that spans racks (preferred job)'), ('recovery', 'In-place recovery (swap failed nodes for spares)'), ('preemption', 'Recovery that preempts lower-priority jobs'), ('migration', 'Recovery that moves the whole job'), ('requeue', 'Recovery that requeues the job'), ('defrag', 'Defragmentation plan'), ('reclaim', 'Preemption to start a job (quota reclaim, or a higher priority)'), ('drain', 'Drain a node'), ('evacuation', 'Move a job off a degraded rack or a node about to fail')], max_length=20),
         ),
         migrations.AlterField(
             model_name='approvalpolicy',
             name='kind',
-            field=models.CharField(choices=[('placement', 'Placement that keeps locality'), ('placement_spill', 'Placement that spans racks (preferred job)'), ('recovery', 'In-place recovery (swap failed nodes for spares)'), ('preemption', 'Recovery that preempts lower-priority jobs'), ('migration', 'Recovery that moves the whole job'), ('requeue', 'Recovery that requeues the job'), ('defrag', 'Defragmentation plan'), ('reclaim', 'Preemption to start a job (quota reclaim, or a higher priority)'), ('drain', 'Drain a node'), ('evacuation', 'Move a gang off a rack whose NVLink fabric is degraded')], max_length=20, unique=True),
+            field=models.CharField(choices=[('placement', 'Placement that keeps locality'), ('placement_spill', 'Placement that spans racks (preferred job)'), ('recovery', 'In-place recovery (swap failed nodes for spares)'), ('preemption', 'Recovery that preempts lower-priority jobs'), ('migration', 'Recovery that moves the whole job'), ('requeue', 'Recovery that requeues the job'), ('defrag', 'Defragmentation plan'), ('reclaim', 'Preemption to start a job (quota reclaim, or a higher priority)'), ('drain', 'Drain a node'), ('evacuation', 'Move a job off a degraded rack or a node about to fail')], max_length=20, unique=True),
         ),
     ]

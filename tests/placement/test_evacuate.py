@@ -111,3 +111,24 @@ def test_moves_never_overlap_never_touch_the_degraded_rack_and_take_only_free_no
             len(set(r.free) - {fleet.nodes[c].index for c in claimed if fleet.nodes[c].rack == r.id}) < need
             for r in fleet.racks[1:]
         )
+
+
+def test_a_job_on_a_flagged_node_has_it_swapped_in_its_rack_and_others_are_left_alone():
+    fleet = Fleet.uniform(2, 18, 4, spare_nodes=2)
+    occupy(fleet, "g", 0, list(range(8)))
+    occupy(fleet, "other", 0, list(range(8, 12)))
+    flagged = fleet.node_at(fleet.racks[0].id, 2).id
+    out = evacuate(fleet, flagged=frozenset({flagged}), now=0.0)
+    [move] = out.moves
+    assert move.job_id == "g" and flagged not in move.to_nodes
+    assert {fleet.nodes[n].rack for n in move.to_nodes} == {fleet.racks[0].id}, "swapped in place"
+    assert set(move.from_nodes) - set(move.to_nodes) == {flagged}
+    assert out.stays == {}
+
+
+def test_a_small_job_on_a_flagged_node_moves_to_another_node():
+    fleet = Fleet.uniform(1, 18, 4, spare_nodes=2)
+    node = fleet.node_at(fleet.racks[0].id, 0)
+    fleet.allocate(Allocation(JobRequest("s", num_gpus=2), {node.id: (0, 1)}))
+    [move] = evacuate(fleet, flagged=frozenset({node.id}), now=0.0).moves
+    assert node.id not in move.to_nodes and sum(len(g) for g in move.to_nodes.values()) == 2

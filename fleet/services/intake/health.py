@@ -30,6 +30,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from fleet import dispatch
 from fleet import gpu_signals as signals
 from fleet import gpu_verdicts as verdicts
 from fleet.choices import OPEN_ACTION_STATES, ActionKind, GpuHealth, NodeState, Verdict
@@ -386,8 +387,10 @@ def record_heartbeat(node_id: int, payload: Any) -> dict[str, Any]:
         ):
             node = return_node_to_service(agent, node.pk, reason="heartbeat resumed")
         elif to_drain and node.state == NodeState.HEALTHY:
-            # A health rule's drain: no new work; drained when its jobs end.
+            # A health rule's drain: no new work; drained when its jobs end, and
+            # the long ones are proposed a move off it (decisions.evacuation).
             node = drain_node(agent, node.pk, reason=_truncate("; ".join(to_drain), 250) + " (health rule)")
+            dispatch.after_commit("fleet.tasks.plan_evacuations")
         elif gpus_written:
             # A GPU degraded by an XID or the agent (not by a rule's verdict, which
             # decides for itself) is a warning an operator decides on.
