@@ -134,3 +134,12 @@ class Ledger:
         reclaim: what it holds beyond its nominal quota. Tenants within their
         nominal quota are absent: a reclaim never takes from them."""
         return {t: over for t in self.usage if (over := self.borrowed(t)) > 0}
+
+
+def overdue(waited: float, run: float, *, slowdown: float | None, floor_s: float) -> bool:
+    """The starvation bound: has a job that has not started yet waited so long
+    that fair share may no longer hold it back? Yes once its bounded slowdown so
+    far, ``(waited + run) / max(run, floor_s)``, reaches ``slowdown`` (2: it has
+    waited as long as it will run, and at least the floor). ``run``: its expected
+    duration (the floor when unknown); ``slowdown`` None: no bound."""
+    return slowdown is not None and waited + run >= slowdown * max(run, floor_s)

@@ -274,6 +274,11 @@ RACKWISE_DEFRAG_MAX_MOVES = env_int("RACKWISE_DEFRAG_MAX_MOVES", 8, minimum=1)
 # operator up to this many GPU-hours lost, and waits for approval above it.
 RACKWISE_FAIR_SHARE_HALF_LIFE_H = env_float("RACKWISE_FAIR_SHARE_HALF_LIFE_H", 168.0, minimum=0.01)
 RACKWISE_RECLAIM_APPROVAL_GPU_HOURS = env_float("RACKWISE_RECLAIM_APPROVAL_GPU_HOURS", 50.0, minimum=0.0)
+# The starvation bound (placement.quota.overdue): a pending job whose
+# (waited + expected run) / max(expected run, FLOOR) reaches SLOWDOWN is admitted
+# ahead of fair share, oldest first. 0 turns it off.
+RACKWISE_OVERDUE_SLOWDOWN = env_float("RACKWISE_OVERDUE_SLOWDOWN", 2.0, minimum=0.0)
+RACKWISE_OVERDUE_FLOOR_S = env_int("RACKWISE_OVERDUE_FLOOR_S", 3600, minimum=1)
 # The scheduler keeps the fleet in memory between passes and reads only the racks
 # that changed (fleet.engine.LiveFleet). VERIFY compares it with a fresh load on
 # every pass and raises on a difference: the test suite's setting, too slow for

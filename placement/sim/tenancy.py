@@ -38,6 +38,7 @@ from typing import Any
 
 from placement.model import JobRequest
 from placement.quota import Admission, Ledger
+from placement.quota import overdue as quota_overdue
 from placement.sim.tenants import TenantSetup, quotas
 
 SLURM_POLICIES = ("slurm-block", "slurm-block-greedy")
@@ -179,8 +180,9 @@ class Tenancy:
         first, and holds the backfill reservation, which reclaims respect
         (:mod:`placement.sim.preempt`); so its wait is bounded by this age plus the
         time until its reserved nodes come free, whatever the tenants' shares."""
-        xf = self.setup.overdue_slowdown
-        return xf is not None and waited + run >= xf * max(run, self.setup.overdue_floor_s)
+        return quota_overdue(
+            waited, run, slowdown=self.setup.overdue_slowdown, floor_s=self.setup.overdue_floor_s
+        )
 
     def fair_tree_factors(self) -> dict[str, float]:
         """Slurm's Fair Tree fairshare factor (slurm.schedmd.com/fair_tree.html) for

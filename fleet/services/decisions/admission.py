@@ -5,9 +5,11 @@ engine as it always did, and only a higher priority preempts (step 2). With quot
 
 1. Admission (:func:`admit`): pending jobs are taken in fair-share order
    (tenants with the least decayed usage per weight first, then priority, then
-   submission), and each is admitted if its tenant's quota and what its cohort
-   can lend cover it (:mod:`placement.quota`). The others wait with a reason that
-   names the numbers. Only admitted jobs reach the engine.
+   submission), overdue jobs ahead of all (the starvation bound,
+   :func:`placement.quota.overdue`, oldest first), and each is admitted if its
+   tenant's quota and what its cohort can lend cover it
+   (:mod:`placement.quota`). The others wait with a reason that names the
+   numbers. Only admitted jobs reach the engine.
 2. Preemption to start a job (:func:`propose_reclaims`): an admitted job the
    engine could not place gets victims chosen by :func:`placement.reclaim.reclaim`:
    a job within its tenant's nominal quota takes back what other tenants
@@ -38,7 +40,7 @@ from fleet.models import Action, Job, Tenant
 from fleet.services.actions import propose as action_services
 from fleet.services.tenants import usage
 from fleet.steps import Checkpoint, Preempt, Start, Step
-from placement.quota import Admission, Ledger
+from placement.quota import Admission, Ledger, overdue
 from placement.reclaim import reclaim_for_quota
 
 # After an operator rejects a reclaim, the job waits this long before another is proposed.
@@ -73,10 +75,17 @@ def admit(pending: list[Job], busy: set[int]) -> Admitted:
     out = Admitted(ledgers=usage.ledgers(extra), cohort_of={name: cohort for name, cohort, _ in tenants})
     decayed = usage.decayed_usage()
     weight = {name: w for name, _, w in tenants}
+    now = timezone.now()
+    floor = settings.RACKWISE_OVERDUE_FLOOR_S
 
     def order(job: Job) -> tuple:
         tenant = job.tenant.name
+        waited = (now - job.submitted_at).total_seconds()
+        run = job.expected_duration_s or floor
+        if overdue(waited, run, slowdown=settings.RACKWISE_OVERDUE_SLOWDOWN or None, floor_s=floor):
+            return (0, 0.0, 0, job.submitted_at, job.pk)  # the starvation bound: oldest first
         return (
+            1,
             decayed.get(tenant, 0.0) / max(weight.get(tenant, 1.0), 0.01),
             -job.priority,
             job.submitted_at,
