@@ -1,5 +1,6 @@
-"""What a submitter may read of an action, in one place for the API, the pages
-and the live feed.
+"""What a reader may see: of an action (a submitter, other tenants' jobs), in
+one place for the API, the pages and the live feed; and of a job's log
+(secrets, :func:`log_line`).
 
 The rule follows jobs and racks (see ``fleet.permissions`` and
 ``fleet.events.visible_to``):
@@ -20,6 +21,7 @@ The rule follows jobs and racks (see ``fleet.permissions`` and
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -101,3 +103,55 @@ def _redacted_log_entry(entry: dict, steps: list[dict], foreign: set[int]) -> di
     if step.get("job") not in foreign:
         return entry
     return {**entry, "message": f"{step['op']} job #{step['job']}"}
+
+
+# --- job logs --------------------------------------------------------------------
+
+REDACTED = "[redacted]"
+# A job's environment value shorter than this is not hunted in its log: "1" or
+# "gpu" would blank half the lines.
+MIN_SECRET_CHARS = 6
+# Names that say their value is a secret (token, but not tokens/tokenizer: LLM
+# logs are full of those).
+_SECRET_NAME = (
+    r"[A-Za-z0-9_.-]*?"
+    r"(?:secret|token(?![si])|passw(?:or)?d|passwd|api[_-]?key|access[_-]?key|private[_-]?key|credentials?)"
+    r"[A-Za-z0-9_.-]*"
+)
+_LOG_SECRETS = [
+    # NAME=value, NAME: value, "name": "value" (env dumps, configs, JSON)
+    re.compile(rf"""(?i)(\b{_SECRET_NAME}["']?\s*[=:]\s*["']?)([^\s"',;]+)"""),
+    # --token value, --password=value
+    re.compile(rf"(?i)(--?{_SECRET_NAME}(?:=|\s+))([^\s\-][^\s]*)"),
+    # Authorization headers
+    re.compile(r"(?i)(\b(?:bearer|token|basic)\s+)([A-Za-z0-9._~+/=-]{8,})"),
+    # credentials in a URL
+    re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://[^\s/:@]+:)([^\s/@]+)(?=@)"),
+]
+# Tokens recognisable by their shape alone.
+_TOKEN_SHAPES = re.compile(
+    r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,}|hf_[A-Za-z0-9]{30,}|sk-[A-Za-z0-9_-]{20,}"
+    r"|AKIA[0-9A-Z]{16}|xox[abprs]-[A-Za-z0-9-]{10,}|glpat-[A-Za-z0-9_-]{20,})\b"
+    r"|-----BEGIN [A-Z ]*PRIVATE KEY-----"
+)
+
+
+def log_line(line: str, secrets: Iterable[str] = ()) -> str:
+    """A log line with what looks like a secret replaced by ``[redacted]``: the
+    given values (a job's environment, whose values the API never shows), the
+    value of a secret-sounding name (``HF_TOKEN=..``, ``--password ..``), an
+    ``Authorization`` header's credentials, a password in a URL and tokens of
+    well-known shapes. Line by line: a secret split across lines is not found."""
+    for value in secrets:
+        if len(value) >= MIN_SECRET_CHARS and value in line:
+            line = line.replace(value, REDACTED)
+    for pattern in _LOG_SECRETS:
+        line = pattern.sub(lambda m: m.group(1) + (m.group(2) if m.group(2) == REDACTED else REDACTED), line)
+    return _TOKEN_SHAPES.sub(REDACTED, line)
+
+
+def job_secrets(job: Any) -> list[str]:
+    """The values a job's log must not show: its environment's (``slurm.env``),
+    longest first so that one containing another is replaced whole."""
+    env = ((job.cluster_spec or {}).get("slurm") or {}).get("env") or {}
+    return sorted((str(v) for v in env.values()), key=len, reverse=True)

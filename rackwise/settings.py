@@ -342,6 +342,12 @@ RACKWISE_SLURM_TIMEOUT_S = env_float("RACKWISE_SLURM_TIMEOUT_S", 20.0, minimum=1
 # requeuehold, running after a release) before it reports "not yet".
 RACKWISE_SLURM_WAIT_S = env_float("RACKWISE_SLURM_WAIT_S", 10.0, minimum=0.5)
 
+# --- Job logs (issue #32): GET /api/jobs/<id>/logs/ and the job page ----------------
+# The most bytes of a job's log one request reads (a follower asks again for more).
+RACKWISE_JOB_LOG_MAX_BYTES = env_int("RACKWISE_JOB_LOG_MAX_BYTES", 65536, minimum=1024)
+# How long a follower of a running job's log is told to wait between two reads.
+RACKWISE_JOB_LOG_POLL_S = env_float("RACKWISE_JOB_LOG_POLL_S", 2.0, minimum=0.1)
+
 # --- Decisions: proposal recheck and the decision lock (issue #10, items 2-3) --------
 # A proposal waiting for an operator is re-checked against the fleet when a node of
 # its racks changes, and at least this often: if the fleet made it obsolete (its

@@ -51,6 +51,12 @@ MATRIX = [
         None,
         {ANON: 401, OUTSIDER: 403, VIEWER: 403, OTHER: 404, OPERATOR: 200},
     ),
+    (
+        "get",
+        "/api/jobs/{job}/logs/",
+        None,
+        {ANON: 401, OUTSIDER: 403, VIEWER: 200, OTHER: 404, OPERATOR: 200},
+    ),
     ("get", "/api/racks/", None, {ANON: 401, OUTSIDER: 403, VIEWER: 200, OTHER: 200, OPERATOR: 200}),
     ("get", "/api/racks/{rack}/", None, {ANON: 401, OUTSIDER: 403, VIEWER: 200, OTHER: 200, OPERATOR: 200}),
     ("get", "/api/nodes/", None, {ANON: 401, OUTSIDER: 403, VIEWER: 200, OTHER: 200, OPERATOR: 200}),

@@ -94,6 +94,19 @@ def test_a_bearer_token_is_taken_like_a_token(db):
     assert client.get("/api/me/").status_code == 200
 
 
+@pytest.mark.parametrize("scheme", ["Bearer", "Token"])
+def test_a_wrong_key_is_told_the_scheme_is_token(db, scheme):
+    """#32: ``Bearer <wrong key>`` got a bare "Invalid token." that did not say
+    the scheme is ``Token``."""
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"{scheme} not-a-key-of-ours")
+    response = client.get("/api/me/")
+    assert response.status_code == 401
+    assert "The scheme is 'Token'" in response.json()["detail"]
+    assert "send 'Authorization: Token <key>'" in response.json()["detail"]
+    assert response["WWW-Authenticate"] == "Token"
+
+
 def test_an_unknown_scheme_is_told_the_one_to_use(db):
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION="Basic dXNlcjpwYXNz")

@@ -21,6 +21,13 @@ log = logging.getLogger(__name__)
 # The schemes a token may come under: ``Token`` (DRF's and knox's) and ``Bearer``
 # (what OAuth-minded clients send).
 SCHEMES = (b"token", b"bearer")
+# A wrong key's 401 names the scheme too (#32): a client sending ``Bearer`` with
+# a key from elsewhere learnt only "Invalid token." and kept guessing the scheme.
+INVALID_TOKEN = (
+    "Invalid token: no API token has this key, or it has expired. The scheme is 'Token': "
+    "send 'Authorization: Token <key>' ('Bearer <key>' is taken too) with a key that "
+    "create_api_user printed."
+)
 
 
 class TokenAuthentication(KnoxTokenAuthentication):
@@ -40,7 +47,7 @@ class TokenAuthentication(KnoxTokenAuthentication):
         try:
             return self.authenticate_credentials(auth[1])
         except (AuthenticationFailed, UnicodeDecodeError):  # knox decodes the key as UTF-8
-            self._failed(request, "Invalid token.")
+            self._failed(request, INVALID_TOKEN)
 
     def _failed(self, request, message: str):
         """A wrong token: counted for this client, which gets 429 once over the

@@ -12,6 +12,7 @@ from fleet.models import GPU, AuditEvent, Job, Node, Rack
 from fleet.permissions import sees_all_tenants
 from fleet.services.jobs import allocations as job_allocations
 from fleet.services.nodes.moves import MOVES, moves_for
+from fleet.services.read.job_logs import MAX_OFFSET, MAX_TAIL_LINES
 
 MAX_INT32 = 2**31 - 1  # the range of the integer columns sizes and counts land in
 
@@ -254,6 +255,57 @@ class JobSerializer(serializers.ModelSerializer):
             )
             entry["gpus"].append(alloc.gpu.index)
         return AllocatedNodeSerializer(list(nodes.values()), many=True).data
+
+
+class JobLogQuerySerializer(serializers.Serializer):
+    """``GET /api/jobs/<id>/logs/``'s query: ``offset`` or ``tail``, not both."""
+
+    offset = serializers.IntegerField(
+        required=False,
+        min_value=0,
+        max_value=MAX_OFFSET,
+        help_text="Read from this byte of the log (the last answer's next_offset); default 0.",
+    )
+    tail = serializers.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=MAX_TAIL_LINES,
+        help_text="Read the last N lines instead (as many as the byte limit of one read holds).",
+    )
+
+    def validate(self, attrs: dict) -> dict:
+        if "offset" in attrs and "tail" in attrs:
+            raise serializers.ValidationError({"tail": ["give offset or tail, not both"]})
+        return attrs
+
+
+class JobLogSerializer(serializers.Serializer):
+    """A piece of a job's log and where to go on (``fleet.services.read.job_logs``)."""
+
+    job = serializers.IntegerField()
+    state = serializers.CharField(help_text="The job's state.")
+    source = serializers.CharField(
+        help_text="The cluster adapter the log comes from (slurm, simulated, webhook)."
+    )
+    available = serializers.BooleanField(help_text="False when there is no log to read; reason says why.")
+    reason = serializers.CharField(
+        allow_blank=True, help_text="Why there is no log (empty when there is one)."
+    )
+    offset = serializers.IntegerField(help_text="Byte offset of the first line given.")
+    next_offset = serializers.IntegerField(help_text="Pass as offset to read on.")
+    size = serializers.IntegerField(help_text="Bytes in the log now.")
+    lines = serializers.ListField(
+        child=serializers.CharField(allow_blank=True), help_text="Whole lines, redacted."
+    )
+    truncated = serializers.BooleanField(help_text="tail: earlier lines were left out.")
+    more = serializers.BooleanField(help_text="More is written past next_offset already: read again at once.")
+    restarted = serializers.BooleanField(help_text="offset was past the end of the log: read from 0 instead.")
+    finished = serializers.BooleanField(help_text="The job has ended: its log will not grow.")
+    eof = serializers.BooleanField(help_text="finished, and next_offset is the end: a follower stops.")
+    redacted_lines = serializers.IntegerField(help_text="Lines in which a secret was replaced by [redacted].")
+    poll_after_s = serializers.FloatField(
+        help_text="Seconds a follower waits before reading on (0: at once)."
+    )
 
 
 class RackSummarySerializer(serializers.Serializer):

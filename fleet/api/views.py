@@ -23,7 +23,7 @@ from fleet.services.jobs import allocations as job_allocations
 from fleet.services.jobs import submit as job_services
 from fleet.services.nodes import moves as node_services
 from fleet.services.read import attention as attention_services
-from fleet.services.read import read_models
+from fleet.services.read import job_logs, read_models
 from fleet.services.read import signals as signal_services
 from fleet.services.read.summary import rack_summaries
 
@@ -132,6 +132,19 @@ class JobViewSet(
         lines. 409 unless the job is placed or running."""
         job = self.get_object()  # 404 for jobs the user cannot see
         return Response(export_job(job, queue=request.query_params.get("queue") or None))
+
+    @extend_schema(parameters=[s.JobLogQuerySerializer], responses={200: s.JobLogSerializer})
+    @action(detail=True, methods=["get"])
+    def logs(self, request, pk=None):
+        """The job's log (Slurm: its output file; the simulated cluster: its own
+        lines), redacted, for whoever may see the job. Follow it by asking again
+        with ``offset=next_offset`` until ``eof``; no log to read is a 200 with
+        ``available: false`` and the reason."""
+        job = self.get_object()  # 404 for jobs the user cannot see
+        query = s.JobLogQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        answer = job_logs.read_job_log(job, **query.validated_data)
+        return Response(s.JobLogSerializer(answer).data)
 
 
 def _job_form(request, context: dict | None = None) -> s.JobSubmitSerializer:

@@ -84,6 +84,26 @@ class JobReport:
     extra: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class LogChunk:
+    """Bytes of a job's log, as :meth:`ClusterAdapter.read_log` read them.
+
+    ``data`` starts at byte ``offset`` of the log, which is ``size`` bytes long
+    now. ``reason`` is set (and ``data`` empty) when the cluster has no log to
+    give: the job never ran there, its output is gone, or this cluster kind
+    keeps none. The read service (``fleet.services.read.job_logs``) cuts it
+    into lines, redacts them and tells the client where to go on."""
+
+    data: bytes = b""
+    offset: int = 0
+    size: int = 0
+    reason: str = ""
+
+    @property
+    def available(self) -> bool:
+        return not self.reason
+
+
 # An adapter's report of how far into a step it is (0 to 1).
 Progress = Callable[[float], None]
 
@@ -121,3 +141,9 @@ class ClusterAdapter(Protocol):
     def job_states(self, jobs: list[Job]) -> dict[int, JobReport]:
         """What the cluster says of these Rackwise jobs, by Rackwise job id
         (a job the cluster does not know is absent)."""
+
+    def read_log(self, job: Job, offset: int, limit: int, *, from_end: bool = False) -> LogChunk:
+        """At most ``limit`` bytes of the job's output from byte ``offset``
+        (``from_end``: the last ``limit`` bytes, ``offset`` ignored); an
+        offset past the end reads nothing. ``LogChunk(reason=...)`` when there
+        is no log to read. Raise ClusterUnavailable if the cluster does not answer."""

@@ -11,6 +11,11 @@ So that demo jobs end on time without a fast beat, the start of a job asks for
 a sync at the moment it is due to end (:func:`fleet.dispatch.sync_cluster_in`,
 a task sent by name: this module never imports ``fleet.tasks``). The periodic
 sync (``RACKWISE_CLUSTER_SYNC_S``) catches an end whose message was lost.
+
+Its jobs write logs too (:meth:`SimulatedAdapter.read_log`): lines drawn from
+the job's timeline (start, progress, checkpoints, end), the same for every
+reader at a given moment and only ever appended to as time passes, so a
+reader's byte offsets stay valid.
 """
 
 from __future__ import annotations
@@ -18,19 +23,20 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Collection
-from datetime import timedelta
+from datetime import UTC, timedelta
 
 from django.conf import settings
 from django.utils import timezone
 
 from fleet import dispatch
-from fleet.choices import JobState
+from fleet.choices import FINISHED_JOB_STATES, JobState
 from fleet.cluster.base import (
     DONE,
     JOB_COMPLETED,
     JOB_PENDING,
     JOB_RUNNING,
     JobReport,
+    LogChunk,
     NodeReport,
     Outcome,
     Progress,
@@ -52,6 +58,15 @@ SIM_DURATIONS = {
     "drain": 0.2,
     "undrain": 0.2,
 }
+
+
+# A simulated log stops growing at this many progress and checkpoint lines
+# (a job without an expected duration checkpointing every few scaled seconds).
+SIM_LOG_MAX_LINES = 2000
+
+
+def _stamp(at) -> str:
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 class SimulatedAdapter:
@@ -144,3 +159,59 @@ class SimulatedAdapter:
             elif job.state in (JobState.PLACED, JobState.RECOVERING):
                 reports[job.pk] = JobReport(external, JOB_PENDING)
         return reports
+
+    def read_log(self, job: Job, offset: int, limit: int, *, from_end: bool = False) -> LogChunk:
+        if job.started_at is None:
+            return LogChunk(reason="the job has not started: nothing has run, so there is no log yet")
+        data = "".join(line + "\n" for line in self.log_lines(job, timezone.now())).encode()
+        size = len(data)
+        start = max(0, size - limit) if from_end else min(max(0, offset), size)
+        return LogChunk(data=data[start : start + limit], offset=start, size=size)
+
+    def log_lines(self, job: Job, now) -> list[str]:
+        """The job's log as it stands at ``now``: its start, its progress each
+        tenth of its (scaled) expected duration, a checkpoint every (scaled)
+        ``checkpoint_interval_s``, and its end once it has finished. A job with
+        a command prints it first, as a script run with ``set -x`` does (the
+        read service redacts what looks secret), and its environment's names
+        (never their values, which the API withholds)."""
+        start = job.started_at
+        if start is None:
+            return []
+        end = job.finished_at if job.state in FINISHED_JOB_STATES and job.finished_at else None
+        until = min(end or now, now)
+        spec = (job.cluster_spec or {}).get("slurm") or {}
+        shape = (
+            f"{job.num_nodes} node(s) x {job.gpus_per_node} GPU(s)"
+            if job.num_nodes
+            else f"{job.num_gpus} GPU(s)"
+        )
+        lines = [f"{_stamp(start)} [sim] job #{job.pk} {job.name}: started, {shape}"]
+        if spec.get("command"):
+            lines.append(f"{_stamp(start)} [sim] + {spec['command']}")
+        if spec.get("env"):
+            lines.append(f"{_stamp(start)} [sim] environment: {', '.join(sorted(spec['env']))}")
+        events: list[tuple[float, int, str]] = []
+        expected = (job.expected_duration_s or 0) * self.time_scale
+        if expected > 0:
+            events += [
+                (
+                    expected * i / 10,
+                    0,
+                    f"step {i * 100}: {i * 10}% of the expected run, loss {2.5 * 0.85**i:.3f}",
+                )
+                for i in range(1, 10)
+            ]
+        interval = job.checkpoint_interval_s * self.time_scale
+        if interval > 0:
+            limit = min(SIM_LOG_MAX_LINES, int(expected / interval) if expected > 0 else SIM_LOG_MAX_LINES)
+            events += [(interval * n, 1, f"checkpoint {n} saved") for n in range(1, limit + 1)]
+        elapsed = (until - start).total_seconds()
+        for at, _order, text in sorted(events)[:SIM_LOG_MAX_LINES]:
+            if at > elapsed:
+                break
+            lines.append(f"{_stamp(start + timedelta(seconds=at))} [sim] {text}")
+        if end is not None and end <= now:
+            why = f": {job.state_reason}" if job.state_reason else ""
+            lines.append(f"{_stamp(end)} [sim] job #{job.pk} {job.state}{why}")
+        return lines

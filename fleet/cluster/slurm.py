@@ -23,6 +23,14 @@ drain,      ``scontrol update NodeName=.. State=DRAIN|RESUME Reason=..``,
 undrain     only if the node is not already so.
 =========== ==============================================================
 
+A job's log is its output file: Rackwise submits with
+``--output=<jobs dir>/rackwise-<pk>-%j.out --open-mode=append`` (a requeued
+job's runs follow one another in one file), and :meth:`SlurmAdapter.read_log`
+reads it from ``RACKWISE_SLURM_JOBS_DIR`` (the same directory as this process
+sees it). An adopted job's output is wherever its ``sbatch`` put it
+(``StdOut`` of ``scontrol show job``): readable when that lies in the jobs
+directory too.
+
 The intended nodes of a job are its active allocation rows (the truth for
 which GPUs it holds), read from the database; an adapter reads rows but never
 writes them, and never imports ``fleet.services`` or ``fleet.tasks``.
@@ -48,6 +56,7 @@ from fleet.cluster.base import (
     WAITING,
     ClusterUnavailable,
     JobReport,
+    LogChunk,
     NodeReport,
     Outcome,
     Progress,
@@ -200,6 +209,48 @@ class SlurmAdapter:
                 out[pk] = job_report(item)
         return out
 
+    def read_log(self, job: Job, offset: int, limit: int, *, from_end: bool = False) -> LogChunk:
+        """The job's output file, read where this process sees the jobs
+        directory. Slurm is asked only when the file is not where Rackwise's
+        own ``--output`` puts it (an adopted job, or one not yet started)."""
+        if not job.external_id:
+            return LogChunk(reason="the job has no Slurm job yet: nothing has run, so there is no output")
+        if not self.jobs_dir:
+            return LogChunk(reason="RACKWISE_SLURM_JOBS_DIR is not set: Rackwise cannot read job output")
+        path = os.path.join(self.jobs_dir, f"rackwise-{job.pk}-{job.external_id}.out")
+        if not os.path.isfile(path):
+            self.cli.ping()
+            item = self.cli.job(job.external_id)
+            if item is None:
+                return LogChunk(
+                    reason=f"Slurm job {job.external_id} wrote no output here, and Slurm no longer knows it"
+                )
+            found = SlurmJob.parse(item)
+            if found.state == "PENDING" and not number(item.get("restart_cnt")):
+                return LogChunk(reason=f"Slurm job {job.external_id} has not started yet: no output so far")
+            path = self._host_path(str(item.get("standard_output") or ""))
+            if not path:
+                return LogChunk(
+                    reason=f"Slurm job {job.external_id} writes its output outside RACKWISE_SLURM_JOBS_DIR "
+                    "(or to no file): Rackwise cannot read it"
+                )
+            if not os.path.isfile(path):
+                return LogChunk(reason=f"Slurm job {job.external_id} has written no output yet")
+        if not _inside(path, self.jobs_dir):
+            return LogChunk(reason="the job's output file leads outside RACKWISE_SLURM_JOBS_DIR: not read")
+        return read_file(path, offset, limit, from_end=from_end)
+
+    def _host_path(self, in_cluster: str) -> str:
+        """A path as Slurm's nodes see it, as this process sees it; "" when it
+        is not in the jobs directory."""
+        inside = (self.jobs_dir_in_cluster or self.jobs_dir).rstrip("/")
+        if not in_cluster or not inside:
+            return ""
+        rest = os.path.normpath(in_cluster)
+        if not rest.startswith(inside + "/"):
+            return ""
+        return os.path.join(self.jobs_dir, rest[len(inside) + 1 :])
+
     # --- beyond the protocol: adoption and topology -----------------------------
 
     def adoptable_jobs(self) -> list[JobReport]:
@@ -328,6 +379,9 @@ class SlurmAdapter:
             "--requeue",
             f"--chdir={inside}",
             f"--output={inside}/rackwise-{job.pk}-%j.out",
+            # A requeued job (a swap, a migration) runs again: its runs' output
+            # follows one another, so a log reader's offsets stay valid.
+            "--open-mode=append",
         ]
         if job.num_nodes is not None:
             args += ["--exclusive", f"--gpus-per-node={job.gpus_per_node}"]
@@ -526,6 +580,29 @@ def _after_revocation(job: SlurmJob) -> None:
         time.sleep(ended + 1 - now + 0.02)
     elif number(job.raw.get("restart_cnt")):
         time.sleep(int(now) + 1 - now + 0.02)
+
+
+def read_file(path: str, offset: int, limit: int, *, from_end: bool = False) -> LogChunk:
+    """At most ``limit`` bytes of the file from ``offset`` (or its last
+    ``limit`` bytes), and its size when read."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            start = max(0, size - limit) if from_end else min(max(0, offset), size)
+            f.seek(start)
+            # Up to the size read above: bytes written since wait for the next call.
+            data = f.read(max(0, min(limit, size - start)))
+    except OSError as exc:
+        return LogChunk(reason=f"the job's output cannot be read: {exc.strerror or exc}")
+    return LogChunk(data=data, offset=start, size=size)
+
+
+def _inside(path: str, directory: str) -> bool:
+    """Whether ``path``, links resolved, lies in ``directory`` (a job's
+    ``--output`` or a link in the jobs directory must not lead Rackwise to
+    read another file of this machine)."""
+    real, base = os.path.realpath(path), os.path.realpath(directory)
+    return real.startswith(base.rstrip("/") + "/")
 
 
 def _job(pk: int | None) -> Job:

@@ -18,7 +18,8 @@ the normal case.
 Node changes, job cancels and state reports are not part of the webhook
 protocol: ``set_node_state`` and ``cancel`` do nothing, ``node_states`` reports
 nothing (heartbeats are the source) and ``job_states`` knows no job, so jobs
-end in Rackwise only when someone finishes or cancels them there.
+end in Rackwise only when someone finishes or cancels them there. Nor are
+logs: ``read_log`` says that this cluster keeps none Rackwise can read.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from fleet.cluster.base import (
     WAITING,
     ClusterUnavailable,
     JobReport,
+    LogChunk,
     NodeReport,
     Outcome,
     Progress,
@@ -109,3 +111,8 @@ class WebhookAdapter:
 
     def job_states(self, jobs: list[Job]) -> dict[int, JobReport]:
         return {}
+
+    def read_log(self, job: Job, offset: int, limit: int, *, from_end: bool = False) -> LogChunk:
+        return LogChunk(
+            reason="the webhook cluster's protocol carries no job logs: read them in that cluster"
+        )
