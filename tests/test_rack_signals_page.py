@@ -77,9 +77,9 @@ def test_the_api_gives_each_nodes_latest_signals_rates_and_verdicts(rising_ecc, 
     assert ecc["gpus"] == [0, 1, 2, 3] and ecc["per_hour"] == pytest.approx(4 * 100 * 60 / 31, rel=0.01)
     assert n00["fabric"] == {"imex_status": "ready", "imex_detail": "", "clique_id": 7, "trouble": ""}
     # The rule's verdict on each GPU, with its reason; the node drains because of it.
-    assert {v["gpu"] for v in n00["verdicts"]} == {0, 1, 2, 3}
-    assert all(v["verdict"] == "drain" for v in n00["verdicts"])
-    assert "rule corrected-ecc-rising" in n00["verdicts"][0]["reason"]
+    [drain] = n00["verdicts"]
+    assert drain["verdict"] == "drain" and drain["gpus"] == [0, 1, 2, 3], "one reason, one line"
+    assert "rule corrected-ecc-rising" in drain["reason"]
     assert n00["state"] == NodeState.DRAINED and n00["drained_by_rule"] is True, "no jobs: drained at once"
     assert n00["gpus_unwell"] == [], "GPUs a verdict made unwell are listed once, with the verdict"
     # The last hour, a point a minute: the hottest GPU and the node's power.
@@ -89,7 +89,13 @@ def test_the_api_gives_each_nodes_latest_signals_rates_and_verdicts(rising_ecc, 
     n01 = _node(body, "r1-n01")
     assert n01["clock_events"] == [{"reason": "hw_thermal_slowdown", "gpus": [0, 1, 2, 3], "quiet": False}]
     assert n01["rising"] == [] and n01["state"] == NodeState.HEALTHY
-    assert [v["verdict"] for v in n01["verdicts"]] == ["suspect"] * 4
+    assert n01["verdicts"] == [
+        {
+            "verdict": "suspect",
+            "reason": "clock_event_reasons.hw_thermal_slowdown is set (rule hw-thermal-slowdown)",
+            "gpus": [0, 1, 2, 3],
+        }
+    ]
 
     silent = _node(body, "r1-n02")
     assert silent["read_at"] is None and silent["hottest"] is None and silent["samples"] == []
@@ -136,11 +142,11 @@ def test_the_rack_page_shows_each_nodes_health_with_a_sparkline_and_the_verdicts
     assert n00.count('data-testid="sparkline"') == 2 and 'data-points="32"' in n00
     assert "hottest GPU, last hour: 43 to 43 °C" in n00
     assert "ECC corrected +" in n00 and "/h" in n00
-    assert "GPU 0: drain" in n00 and "rule corrected-ecc-rising" in n00
-    assert "(health rule)" in n00, "the node's drain, with the rule's reason"
+    assert "GPUs 0, 1, 2, 3: drain" in n00 and "rule corrected-ecc-rising" in n00
+    assert "drained</span> by a health rule" in n00 and "(health rule)" in n00, "the reason in its title"
 
     n01 = _row(html, Node.objects.get(hostname="r1-n01"))
-    assert "hw thermal slowdown" in n01 and "GPU 2: suspect" in n01
+    assert "hw thermal slowdown" in n01 and "GPUs 0, 1, 2, 3: suspect" in n01
 
     silent = _row(html, Node.objects.get(hostname="r1-n05"))
     assert "no agent readings" in silent and "sparkline" not in silent

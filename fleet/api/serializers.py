@@ -420,8 +420,7 @@ class NodeFabricSerializer(serializers.Serializer):
     trouble = serializers.CharField(help_text="What this node reports wrong with its fabric ('' if nothing).")
 
 
-class GpuVerdictSerializer(serializers.Serializer):
-    gpu = serializers.IntegerField()
+class GpuVerdictSerializer(GpusNamedSerializer):
     verdict = serializers.CharField()
     reason = serializers.CharField(help_text="The reading that gave it, and the rule.")
 
@@ -454,7 +453,9 @@ class NodeAtAGlanceSerializer(serializers.Serializer):
     flags = FlagSetSerializer(many=True)
     rising = RisingCounterSerializer(many=True, help_text="Error counters that rose (non-zero rates only).")
     fabric = NodeFabricSerializer(allow_null=True)
-    verdicts = GpuVerdictSerializer(many=True)
+    verdicts = GpuVerdictSerializer(
+        many=True, help_text="Worst first; GPUs with the same verdict for the same reason together."
+    )
     gpus_unwell = GpuUnwellSerializer(
         many=True, help_text="GPUs not ok without a verdict (an XID, the agent's word), and why."
     )

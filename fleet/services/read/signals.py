@@ -11,6 +11,7 @@ from typing import Any
 from django.utils import timezone
 
 from fleet import gpu_signals as signals
+from fleet import gpu_verdicts as verdict_rules
 from fleet.choices import GpuHealth, NodeState
 from fleet.models import GPU, GpuReading, Node, NodeReading, Rack
 
@@ -135,6 +136,17 @@ def _node_samples(gpus: list[dict]) -> list[list]:
     return [minutes[k] for k in sorted(minutes)]
 
 
+def _verdicts(gpus: list[dict]) -> list[dict]:
+    """The verdicts on a node's GPUs, worst first; GPUs with the same verdict
+    for the same reason together."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for g in gpus:
+        if g["verdict"]:
+            groups.setdefault((g["verdict"], g["verdict_reason"]), []).append(g["index"])
+    ordered = sorted(groups.items(), key=lambda kv: (-verdict_rules.SEVERITY.get(kv[0][0], 0), kv[1][0]))
+    return [{"verdict": v, "reason": why, "gpus": indices} for (v, why), indices in ordered]
+
+
 def _node_summary(
     node: Mapping[str, Any], gpus: list[dict], reading: Mapping[str, Any] | None, now: float
 ) -> dict:
@@ -177,11 +189,7 @@ def _node_summary(
         "flags": _by_gpu(flags, "flag"),
         "rising": _rising(read, now),
         "fabric": fabric,
-        "verdicts": [
-            {"gpu": g["index"], "verdict": g["verdict"], "reason": g["verdict_reason"]}
-            for g in read
-            if g["verdict"]
-        ],
+        "verdicts": _verdicts(read),
         "gpus_unwell": [
             {"gpu": g["index"], "health": g["health"], "error": g["last_error"]}
             for g in gpus
@@ -230,9 +238,9 @@ def rack_signals(rack_id: int) -> dict:
     }
     summaries = [_node_summary(n, gpus[n["id"]], readings.get(n["id"]), now) for n in nodes]
     verdicts: dict[str, int] = {}
-    for s in summaries:
-        for v in s["verdicts"]:
-            verdicts[v["verdict"]] = verdicts.get(v["verdict"], 0) + 1
+    for summary in summaries:
+        for v in summary["verdicts"]:
+            verdicts[v["verdict"]] = verdicts.get(v["verdict"], 0) + len(v["gpus"])
     return {
         "rack_id": rack["id"],
         "name": rack["name"],
