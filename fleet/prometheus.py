@@ -192,8 +192,9 @@ class FleetCollector(Collector):
 
     def _gpu_health(self) -> Iterator:
         """Each GPU's latest reading from its agent (one series per GPU and
-        kind, so as many series as GPUs that report: no history is kept here),
-        and each rack's fabric state. Two queries."""
+        kind, so as many series as GPUs that report: no history is kept here;
+        ``RACKWISE_METRICS_GPU_SERIES`` off leaves them out), the health rules'
+        verdicts in force, and each rack's fabric state. Two queries."""
         gpu = ["rack", "node", "gpu"]
         latest = " (the latest reading of each GPU that reports)"
         temperature = GaugeMetricFamily(
@@ -233,8 +234,13 @@ class FleetCollector(Collector):
             "GPUs without one are left out.",
             labels=[*gpu, "verdict"],
         )
+        per_gpu = settings.RACKWISE_METRICS_GPU_SERIES
         for r in latest_gpu_readings():
             key = [r["rack"], r["node"], str(r["gpu"])]
+            if r["verdict"]:
+                verdict.add_metric([*key, r["verdict"]], 1)
+            if not per_gpu:
+                continue
             sig, counters = r["signals"], r["counters"]
             if r["temperature_c"] is not None:
                 temperature.add_metric(key, r["temperature_c"])
@@ -253,9 +259,9 @@ class FleetCollector(Collector):
                     nvlink.add_metric([*key, name.removeprefix("nvlink.")], value)
             for reason in sorted(set(sig.get("clock_event_reasons") or [])):
                 clock.add_metric([*key, reason], 1)
-            if r["verdict"]:
-                verdict.add_metric([*key, r["verdict"]], 1)
-        yield from (temperature, power, ecc, remapped, pcie, nvlink, clock, verdict)
+        if per_gpu:
+            yield from (temperature, power, ecc, remapped, pcie, nvlink, clock)
+        yield verdict
         fabric = GaugeMetricFamily(
             "rackwise_rack_fabric_degraded",
             "1 if the rack's NVLink fabric is degraded (several of its nodes report fabric trouble; no new "

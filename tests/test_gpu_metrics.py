@@ -108,3 +108,14 @@ def test_the_gpu_series_cost_two_queries_however_many_gpus_report(fleet):
     for n in range(1, 18):
         beat(f"r2-n{n:02d}")
     assert few == queries() == 2
+
+
+def test_a_large_fleet_may_leave_the_per_gpu_series_out_and_keep_the_verdicts(
+    fleet, settings, default_health_rules
+):
+    settings.RACKWISE_METRICS_GPU_SERIES = False
+    beat("r1-n03", ecc__volatile_uncorrected=1)
+    samples = scrape()
+    assert not any(name.startswith("rackwise_gpu_") and name != "rackwise_gpu_verdict" for name in samples)
+    assert one(samples, "rackwise_gpu_verdict", rack="r1", node="r1-n03", gpu="0", verdict="drain") == 1
+    assert one(samples, "rackwise_rack_fabric_degraded", rack="r1") == 0

@@ -177,12 +177,16 @@ def test_fleet_cards_count_failed_draining_and_spares_live_and_problems_only_fin
     assert badge.text_content() == "fabric degraded" and badge.get_attribute("title").startswith(why)
 
     # The rack page: the reporting node's temperature and power, a line of three minutes each.
-    page.goto(f"/racks/{r1.pk}/")
+    open_live(page, f"/racks/{r1.pk}/")
     row = page.locator(f"[data-testid=node-health-row][data-node-id='{reporting.pk}']")
     lines = row.locator("svg[data-testid=sparkline]")
     assert lines.count() == 2 and lines.first.is_visible()
     assert lines.first.get_attribute("data-points") == "3"
     assert lines.first.locator("path").get_attribute("d").count("L") == 2
     assert "43 °C" in row.text_content()
+    # Its fabric degrades: the table is fetched again at the rack event.
+    in_thread(set_fabric_state, None, r1.pk, why.replace("r2-", "r1-"))
+    page.locator("[data-testid=rack-fabric-degraded]").wait_for(state="visible")
+    assert page.locator("[data-testid=node-health-row]").count() == 18
     assert page.js_errors == []
     assert page.js_errors == []
