@@ -13,8 +13,12 @@ Message shapes (``type`` is the event kind):
 
 * ``rack``: ``{"rack": id, "name", "version", "nodes": [[node_id, slot, hostname, state,
   [[health, job_id|null], ...]], ...], "jobs": {job_id: {"name", "tenant", "state", "color"}}}``
-  (``color``: the job's palette slot in this rack, see ``fleet.palette``), and
-  ``"held": {node_id: action_id}``, the nodes held for a plan from its approval to its end
+  (``color``: the job's palette slot in this rack, see ``fleet.palette``),
+  ``"held": {node_id: action_id}``, the nodes held for a plan from its approval to its end,
+  ``"fabric_degraded"``: why the rack's NVLink fabric is degraded ('' when it is not),
+  ``"fabric_nodes"``: the host names of its nodes that report fabric trouble (degraded racks
+  only), and ``"verdicts": {verdict: GPUs}``, how many of its GPUs a health rule gives each
+  verdict
 * ``job``: ``{"job": {"id", "name", "tenant", "state", "state_reason", "num_gpus"}}``
 * ``action``: ``{"action": {"id", "kind", "state", "title", "progress", "step_index", "steps", "error",
   "job_tenants": {job_id: tenant_id}}}`` (a submitter gets other tenants' jobs withheld, see
@@ -31,9 +35,10 @@ from collections.abc import Iterable
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
+from django.db.models import Count
 
 from fleet import palette, read_cache, redact
-from fleet.models import GPU, Action, Allocation, Job, Node, NodeHold, Rack
+from fleet.models import GPU, Action, Allocation, GpuReading, Job, Node, NodeHold, NodeReading, Rack
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +117,16 @@ def rack_state(rack_ids: Iterable[int]) -> list[dict]:
         "node_id", "node__rack_id", "action_id"
     ):
         held[rack_id][str(node_id)] = action_id
+    # A verdict changes its GPU's health in the same heartbeat, and so the rack's version.
+    verdicts: dict[int, dict[str, int]] = defaultdict(dict)
+    for rack_id, verdict, n in (
+        GpuReading.objects.filter(gpu__node__rack_id__in=ids)
+        .exclude(verdict="")
+        .values_list("gpu__node__rack_id", "verdict")
+        .annotate(n=Count("id"))
+        .order_by()
+    ):
+        verdicts[rack_id][verdict] = n
     nodes: dict[int, list] = defaultdict(list)
     for node_id, rack_id, slot, hostname, state in (
         Node.objects.filter(rack_id__in=ids)
@@ -119,8 +134,20 @@ def rack_state(rack_ids: Iterable[int]) -> list[dict]:
         .values_list("id", "rack_id", "slot", "hostname", "state")
     ):
         nodes[rack_id].append([node_id, slot, hostname, state, gpus[node_id]])
+    racks = list(
+        Rack.objects.filter(pk__in=ids).values("id", "name", "version", "spare_nodes", "fabric_degraded")
+    )
+    fabric_nodes: dict[int, list[str]] = defaultdict(list)
+    if degraded := [r["id"] for r in racks if r["fabric_degraded"]]:
+        for rack_id, hostname in (
+            NodeReading.objects.filter(node__rack_id__in=degraded)
+            .exclude(fabric_trouble="")
+            .order_by("node__slot")
+            .values_list("node__rack_id", "node__hostname")
+        ):
+            fabric_nodes[rack_id].append(hostname)
     out = []
-    for rack in Rack.objects.filter(pk__in=ids).values("id", "name", "version", "spare_nodes"):
+    for rack in racks:
         # Colours are chosen per rack from this rack's cells alone, so a rack's
         # event and the snapshot always agree (fleet.palette).
         colors = palette.job_colors([[cell[1] for cell in node[4]] for node in nodes[rack["id"]]])
@@ -134,6 +161,9 @@ def rack_state(rack_ids: Iterable[int]) -> list[dict]:
                 "nodes": nodes[rack["id"]],
                 "jobs": {str(k): jobs[k] | {"color": colors[k]} for k in sorted(colors)},
                 "held": held.get(rack["id"], {}),
+                "fabric_degraded": rack["fabric_degraded"],
+                "fabric_nodes": fabric_nodes.get(rack["id"], []),
+                "verdicts": verdicts.get(rack["id"], {}),
             }
         )
     return out

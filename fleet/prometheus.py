@@ -33,6 +33,7 @@ from prometheus_client.registry import Collector
 from fleet.choices import ActionKind, ActionState, JobState
 from fleet.models import Action, Job, Node
 from fleet.services.read import read_models
+from fleet.services.read.signals import latest_gpu_readings, rack_fabric_states
 from fleet.services.read.tenants import tenant_figures
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,7 @@ class FleetCollector(Collector):
         yield self._wait_histogram()
         yield from self._actions()
         yield self._heartbeats()
+        yield from self._gpu_health()
         yield from self._tenants()
         yield from self._queues()
 
@@ -187,6 +189,88 @@ class FleetCollector(Collector):
         ):
             ages.add_metric([hostname, rack], max(0.0, (now - at).total_seconds()))
         return ages
+
+    def _gpu_health(self) -> Iterator:
+        """Each GPU's latest reading from its agent (one series per GPU and
+        kind, so as many series as GPUs that report: no history is kept here;
+        ``RACKWISE_METRICS_GPU_SERIES`` off leaves them out), the health rules'
+        verdicts in force, and each rack's fabric state. Two queries."""
+        gpu = ["rack", "node", "gpu"]
+        latest = " (the latest reading of each GPU that reports)"
+        temperature = GaugeMetricFamily(
+            "rackwise_gpu_temperature_celsius", "GPU temperature" + latest + ".", labels=gpu
+        )
+        power = GaugeMetricFamily("rackwise_gpu_power_watts", "GPU power draw" + latest + ".", labels=gpu)
+        ecc = CounterMetricFamily(
+            "rackwise_gpu_ecc_errors",
+            "ECC errors since the driver loaded (NVML's volatile counters; a driver reload resets them), "
+            "by kind (corrected, uncorrected)" + latest + ".",
+            labels=[*gpu, "kind"],
+        )
+        remapped = GaugeMetricFamily(
+            "rackwise_gpu_remapped_rows",
+            "Memory rows remapped, by kind (correctable, uncorrectable)" + latest + ".",
+            labels=[*gpu, "kind"],
+        )
+        pcie = CounterMetricFamily(
+            "rackwise_gpu_pcie_replays", "PCIe replays as NVML counts them" + latest + ".", labels=gpu
+        )
+        nvlink = CounterMetricFamily(
+            "rackwise_gpu_nvlink_errors",
+            "NVLink errors summed over the GPU's links, by kind (replay, recovery, crc_flit, crc_data)"
+            + latest
+            + ".",
+            labels=[*gpu, "kind"],
+        )
+        clock = GaugeMetricFamily(
+            "rackwise_gpu_clock_event",
+            "1 for each clock-event reason (throttle) active in the GPU's latest reading; reasons not "
+            "active are left out, to bound the series.",
+            labels=[*gpu, "reason"],
+        )
+        verdict = GaugeMetricFamily(
+            "rackwise_gpu_verdict",
+            "1 for each GPU a health rule gives a verdict (fail, drain, suspect) on its latest reading; "
+            "GPUs without one are left out.",
+            labels=[*gpu, "verdict"],
+        )
+        per_gpu = settings.RACKWISE_METRICS_GPU_SERIES
+        for r in latest_gpu_readings():
+            key = [r["rack"], r["node"], str(r["gpu"])]
+            if r["verdict"]:
+                verdict.add_metric([*key, r["verdict"]], 1)
+            if not per_gpu:
+                continue
+            sig, counters = r["signals"], r["counters"]
+            if r["temperature_c"] is not None:
+                temperature.add_metric(key, r["temperature_c"])
+            if isinstance(sig.get("power_w"), int | float):
+                power.add_metric(key, sig["power_w"])
+            for kind in ("corrected", "uncorrected"):
+                if f"ecc.volatile_{kind}" in counters:
+                    ecc.add_metric([*key, kind], counters[f"ecc.volatile_{kind}"])
+            for kind in ("correctable", "uncorrectable"):
+                if f"remapped_rows.{kind}" in counters:
+                    remapped.add_metric([*key, kind], counters[f"remapped_rows.{kind}"])
+            if "pcie_replay_count" in counters:
+                pcie.add_metric(key, counters["pcie_replay_count"])
+            for name, value in counters.items():
+                if name.startswith("nvlink."):
+                    nvlink.add_metric([*key, name.removeprefix("nvlink.")], value)
+            for reason in sorted(set(sig.get("clock_event_reasons") or [])):
+                clock.add_metric([*key, reason], 1)
+        if per_gpu:
+            yield from (temperature, power, ecc, remapped, pcie, nvlink, clock)
+        yield verdict
+        fabric = GaugeMetricFamily(
+            "rackwise_rack_fabric_degraded",
+            "1 if the rack's NVLink fabric is degraded (several of its nodes report fabric trouble; no new "
+            "multi-node gangs go there), else 0.",
+            labels=["rack"],
+        )
+        for name, degraded in rack_fabric_states():
+            fabric.add_metric([name], int(degraded))
+        yield fabric
 
     def _tenants(self) -> Iterator:
         # The read model the Tenants page and /api/tenants/ show: one definition.

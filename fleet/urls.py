@@ -7,6 +7,7 @@ from fleet.auth import LoginForm
 urlpatterns = [
     path("", views.FleetView.as_view(), name="home"),
     path("racks/<int:pk>/", views.RackView.as_view(), name="rack"),
+    path("racks/<int:pk>/signals/", views.RackSignalsFragmentView.as_view(), name="rack-signals"),
     path("jobs/", views.JobListView.as_view(), name="jobs"),
     path("jobs/submit/", views.JobSubmitView.as_view(), name="job-submit"),
     path("jobs/<int:pk>/", views.JobDetailView.as_view(), name="job"),

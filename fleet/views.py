@@ -13,6 +13,7 @@ from urllib.parse import urlencode
 from django.conf import settings
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Max, Q
+from django.http import Http404
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from django.views.generic import TemplateView
@@ -50,6 +51,7 @@ from fleet.services.jobs.capacity import fleet_capacity
 from fleet.services.nodes import moves as node_services
 from fleet.services.read import read_models
 from fleet.services.read.attention import age_text, attention
+from fleet.services.read.signals import rack_signals
 from fleet.services.read.summary import rack_summaries
 from fleet.services.read.tenants import tenant_figures
 from fleet.services.tenants.usage import capacity_by_shape
@@ -160,7 +162,23 @@ class RackView(RoleRequiredMixin, TemplateView):
             history=visible_audit_events(
                 self.request.user, AuditEvent.objects.filter(object_type="node", object_id__in=node_ids)
             )[:100],
+            signals=rack_signals(rack.pk),
         )
+        return context
+
+
+class RackSignalsFragmentView(RoleRequiredMixin, TemplateView):
+    """The rack page's node health table alone, for the page to refresh it
+    (racks.js); the same template as the page, so there is one renderer."""
+
+    template_name = "fleet/_rack_signals.html"
+
+    def get_context_data(self, **kwargs):
+        context = super().get_context_data(**kwargs)
+        try:
+            context["signals"] = rack_signals(kwargs["pk"])
+        except Rack.DoesNotExist:
+            raise Http404("no such rack") from None
         return context
 
 

@@ -59,6 +59,12 @@ MATRIX = [
     ),
     ("get", "/api/racks/", None, {ANON: 401, OUTSIDER: 403, VIEWER: 200, OTHER: 200, OPERATOR: 200}),
     ("get", "/api/racks/{rack}/", None, {ANON: 401, OUTSIDER: 403, VIEWER: 200, OTHER: 200, OPERATOR: 200}),
+    (
+        "get",
+        "/api/racks/{rack}/signals/",
+        None,
+        {ANON: 401, OUTSIDER: 403, VIEWER: 200, OTHER: 200, OPERATOR: 200},
+    ),
     ("get", "/api/nodes/", None, {ANON: 401, OUTSIDER: 403, VIEWER: 200, OTHER: 200, OPERATOR: 200}),
     ("get", "/api/nodes/{node}/", None, {ANON: 401, OUTSIDER: 403, VIEWER: 200, OTHER: 200, OPERATOR: 200}),
     (

@@ -20,6 +20,7 @@ from fleet.services.decisions.defrag import fragmentation_report
 from fleet.services.intake.health import record_heartbeat
 from fleet.services.jobs.submit import JobSpec, submit_job
 from rackwise.celery import app as celery_app
+from tests.signals_support import signals_beat
 from tests.support import flush_broker
 
 DASHBOARD = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "rackwise-dashboard.json"
@@ -241,9 +242,10 @@ def test_the_grafana_dashboard_is_importable_json_with_a_datasource_variable():
     assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
 
 
-def test_every_metric_the_dashboard_queries_is_served(fragmented):
+def test_every_metric_the_dashboard_queries_is_served(fragmented, default_health_rules):
     node = Node.objects.get(hostname="r1-n10")
-    record_heartbeat(node.pk, {"gpus": [{"index": i, "state": "ok"} for i in range(4)]})
+    # Signals too, with a clock event and a rule's verdict: every GPU health family has a series.
+    record_heartbeat(node.pk, signals_beat(clock_event_reasons=["hw_slowdown"]))
     Action.objects.create(kind=ActionKind.RECOVERY, state=ActionState.SUCCEEDED, title="swap")
     served = set(scrape())
 

@@ -444,6 +444,89 @@ class NodeSignalsSerializer(serializers.Serializer):
     gpus = GpuSignalsSerializer(many=True)
 
 
+class GpusNamedSerializer(serializers.Serializer):
+    gpus = serializers.ListField(child=serializers.IntegerField(), help_text="GPU indices.")
+
+
+class ClockEventSerializer(GpusNamedSerializer):
+    reason = serializers.CharField()
+    quiet = serializers.BooleanField(help_text="No news: an idle GPU, clocks an operator set.")
+
+
+class FlagSetSerializer(GpusNamedSerializer):
+    flag = serializers.CharField(help_text="e.g. remapped_rows.pending")
+
+
+class RisingCounterSerializer(GpusNamedSerializer):
+    counter = serializers.CharField(help_text="e.g. ecc.volatile_corrected, nvlink.crc_flit")
+    per_hour = serializers.FloatField(help_text="Rise per hour of the GPUs together.")
+    window = serializers.ChoiceField(
+        choices=["1h", "10m"], help_text="Over the last hour; 10m while less than half an hour is seen."
+    )
+
+
+class NodeFabricSerializer(serializers.Serializer):
+    imex_status = serializers.CharField()
+    imex_detail = serializers.CharField()
+    clique_id = serializers.IntegerField(allow_null=True)
+    trouble = serializers.CharField(help_text="What this node reports wrong with its fabric ('' if nothing).")
+
+
+class GpuVerdictSerializer(GpusNamedSerializer):
+    verdict = serializers.CharField()
+    reason = serializers.CharField(help_text="The reading that gave it, and the rule.")
+
+
+class GpuUnwellSerializer(serializers.Serializer):
+    gpu = serializers.IntegerField()
+    health = serializers.CharField()
+    error = serializers.CharField()
+
+
+class HottestGpuSerializer(serializers.Serializer):
+    gpu = serializers.IntegerField()
+    temperature_c = serializers.FloatField()
+
+
+class NodeAtAGlanceSerializer(serializers.Serializer):
+    node_id = serializers.IntegerField()
+    slot = serializers.IntegerField()
+    hostname = serializers.CharField()
+    state = serializers.CharField()
+    state_reason = serializers.CharField()
+    drained_by_rule = serializers.BooleanField(help_text="Draining or drained by a health rule's verdict.")
+    read_at = serializers.DateTimeField(
+        allow_null=True, help_text="Its latest reading; null: its agent sent no signals."
+    )
+    gpus_reporting = serializers.IntegerField()
+    hottest = HottestGpuSerializer(allow_null=True)
+    power_w = serializers.FloatField(allow_null=True, help_text="Its GPUs together.")
+    clock_events = ClockEventSerializer(many=True)
+    flags = FlagSetSerializer(many=True)
+    rising = RisingCounterSerializer(many=True, help_text="Error counters that rose (non-zero rates only).")
+    fabric = NodeFabricSerializer(allow_null=True)
+    verdicts = GpuVerdictSerializer(
+        many=True, help_text="Worst first; GPUs with the same verdict for the same reason together."
+    )
+    gpus_unwell = GpuUnwellSerializer(
+        many=True, help_text="GPUs not ok without a verdict (an XID, the agent's word), and why."
+    )
+    samples = serializers.ListField(
+        child=serializers.ListField(child=serializers.FloatField(allow_null=True)),
+        help_text="The last hour, one a minute: [epoch seconds, hottest GPU C, power W of its GPUs].",
+    )
+
+
+class RackSignalsSerializer(serializers.Serializer):
+    rack_id = serializers.IntegerField()
+    name = serializers.CharField()
+    fabric_degraded = serializers.CharField(help_text="Why its NVLink fabric is degraded ('' if it is not).")
+    verdicts = serializers.DictField(
+        child=serializers.IntegerField(), help_text="GPUs per verdict in force (fail, drain, suspect)."
+    )
+    nodes = NodeAtAGlanceSerializer(many=True)
+
+
 class RackDetailSerializer(RackSerializer):
     nodes = NodeDetailSerializer(many=True, read_only=True)
 

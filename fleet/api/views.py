@@ -189,6 +189,14 @@ class RackViewSet(viewsets.ReadOnlyModelViewSet):
                 context.update(_cell_context(self.request, Q(gpu__node__rack_id=racks[0].id)))
         return self.get_serializer_class()(*args, context=context, **kwargs)
 
+    @extend_schema(responses=s.RackSignalsSerializer)
+    @action(detail=True, methods=["get"])
+    def signals(self, request, pk=None):
+        """Every node's health at a glance: its hottest GPU, power, clock events,
+        flags set, error counters rising, fabric, the last hour's temperature and
+        power a minute, and the health rules' verdicts in force with their reasons."""
+        return Response(signal_services.rack_signals(self.get_object().pk))
+
 
 def _cell_context(request, allocation_filter: Q) -> dict:
     """Which job holds each GPU, for GPU cells in rack and node details."""

@@ -125,7 +125,8 @@ function overview(rack) {
   const failed = rack.nodes.some((n) => n[3] === "failed" || n[3] === "in_repair");
   sq.style.background = `hsl(210 70% ${18 + u * 50}%)`;
   sq.classList.toggle("has-failed", failed);
-  sq.title = `${rack.name}: ${(u * 100).toFixed(0)}% used${failed ? ", has failed nodes" : ""}`;
+  sq.classList.toggle("fabric-degraded", Boolean(rack.fabric_degraded));
+  sq.title = `${rack.name}: ${(u * 100).toFixed(0)}% used${failed ? ", has failed nodes" : ""}${rack.fabric_degraded ? ", fabric degraded" : ""}`;
 }
 
 const observer = new IntersectionObserver((entries) => {
@@ -138,11 +139,40 @@ const observer = new IntersectionObserver((entries) => {
 
 const isFree = (n) => n[3] === "healthy" && n[4].every((g) => g[1] === null);
 
-/** What a card and its group header count, from a rack event. */
+/** What a card and its group header count, from a rack event. A degraded
+ * fabric, or GPUs a health rule gave a verdict, are problems too. */
 function rackFigures(rack) {
   let used = 0, total = 0;
   for (const n of rack.nodes) for (const g of n[4]) { total++; if (g[1] !== null) used++; }
-  return { ...rackStats(rack), used, total, freeNodes: rack.nodes.filter(isFree).length, freeSlice: slices.get(rack.rack) ?? null };
+  const stats = rackStats(rack);
+  const verdicts = Object.values(rack.verdicts || {}).reduce((a, n) => a + n, 0);
+  const problems = stats.problems || Boolean(rack.fabric_degraded) || verdicts > 0;
+  return { ...stats, problems, verdicts, used, total, freeNodes: rack.nodes.filter(isFree).length, freeSlice: slices.get(rack.rack) ?? null };
+}
+
+// The worst verdict first: the badge takes its colour.
+const VERDICTS = ["fail", "drain", "suspect"];
+
+/** A card's health badges: its fabric degraded (which nodes, why), and how
+ * many of its GPUs a health rule gave a verdict (the GPU degraded, its node
+ * draining). Hidden when there is nothing to say. */
+function cardBadges(rack) {
+  const el = cards.get(rack.rack);
+  if (!el) return;
+  const fabric = el.querySelector("[data-testid=rack-fabric-badge]");
+  const nodes = rack.fabric_nodes || [];
+  fabric.hidden = !rack.fabric_degraded;
+  fabric.textContent = nodes.length ? `fabric degraded: ${nodes.length} node${nodes.length === 1 ? "" : "s"}` : "fabric degraded";
+  fabric.title = rack.fabric_degraded ? `${rack.fabric_degraded}${nodes.length ? `\nreporting now: ${nodes.join(", ")}` : ""}` : "";
+  const verdicts = rack.verdicts || {};
+  const count = Object.values(verdicts).reduce((a, n) => a + n, 0);
+  const badge = el.querySelector("[data-testid=rack-verdict-badge]");
+  badge.hidden = count === 0;
+  badge.textContent = `${count} GPU${count === 1 ? "" : "s"} flagged`;
+  badge.title = `Health rules' verdicts in force: ${VERDICTS.filter((v) => verdicts[v]).map((v) => `${verdicts[v]} ${v}`).join(", ")}`
+    + " (suspect: GPU degraded; drain: its node drains; fail: GPU failed)";
+  badge.dataset.worst = VERDICTS.find((v) => verdicts[v]) || "";
+  el.classList.toggle("fabric-degraded", Boolean(rack.fabric_degraded));
 }
 
 /** A rack card's footer counts (works on a card still in its template). */
@@ -199,6 +229,7 @@ live.on("rack", (rack) => {
   figures.set(id, rackFigures(rack));
   overview(rack);
   cardStats(id);
+  cardBadges(rack);
   // live.js marks the cards in the document; a card in a template gets it here.
   const el = cards.get(id);
   if (el) el.dataset.version = rack.version;

@@ -13,6 +13,12 @@
 // move would interrupt, shown in a dialog, and the move is sent again with
 // confirm: true only if the operator says so. The grid changes when the rack
 // event of that change arrives.
+//
+// Its node health table (the agents' latest readings, verdicts in force) is
+// drawn by the server, from the page's own template (/racks/<id>/signals/):
+// fetched again every minute (readings are stored about once a minute), and
+// at once when a rack event's fabric state or verdict counts differ from the
+// table's.
 
 import { attachClicks, attachTooltip, drawGrid, paintSwatches } from "./grid.js";
 import { api, showFieldErrors, startLive } from "./live.js";
@@ -52,6 +58,32 @@ function paint(rack) {
   paintSwatches(document, live.racks);
 }
 live.on("rack", paint);
+
+const HEALTH_EVERY_MS = 60000;
+let healthBusy = false;
+async function refreshHealth() {
+  const el = document.querySelector("[data-rack-signals]");
+  if (!el || healthBusy) return;
+  healthBusy = true;
+  try {
+    const res = await fetch(`/racks/${el.dataset.rackSignals}/signals/`, { credentials: "same-origin" });
+    if (res.ok) {
+      const fresh = new DOMParser().parseFromString(await res.text(), "text/html").querySelector("[data-rack-signals]");
+      if (fresh) el.replaceWith(document.adoptNode(fresh));
+    }
+  } catch (e) { /* tried again next minute */ } finally { healthBusy = false; }
+}
+/** "drain:1 suspect:2 " (the table's data-verdicts) as a map. */
+const verdictMap = (text) => new Map(text.trim().split(/\s+/).filter(Boolean).map((p) => p.split(":")).map(([v, n]) => [v, Number(n)]));
+function healthDiffers(rack) {
+  const el = document.querySelector(`[data-rack-signals="${rack.rack}"]`);
+  if (!el || rack.fabric_degraded === undefined) return false;
+  const shown = verdictMap(el.dataset.verdicts);
+  const now = Object.entries(rack.verdicts || {});
+  return el.dataset.fabric !== rack.fabric_degraded || shown.size !== now.length || now.some(([v, n]) => shown.get(v) !== n);
+}
+live.on("rack", (rack) => { if (healthDiffers(rack)) refreshHealth(); });
+setInterval(refreshHealth, HEALTH_EVERY_MS);
 live.on("job", (event) => {
   for (const el of document.querySelectorAll(`[data-job-state="${event.job.id}"]`)) {
     el.textContent = event.job.state;

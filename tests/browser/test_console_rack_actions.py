@@ -3,7 +3,8 @@ shown; an operator drains a busy node with a reason, confirms in a dialog that
 names the job it affects, and the grid shows it draining; a refusal is shown on
 the row; a viewer gets no
 controls, and the API refuses the drain anyway. The fleet page's rack cards
-count the node and "problems only" finds its rack."""
+count the node and "problems only" finds its rack; a rack whose fabric degrades
+gets its badge live, and the rack page draws a reporting node's sparklines."""
 
 from __future__ import annotations
 
@@ -11,10 +12,13 @@ import pytest
 
 from fleet.choices import NodeState
 from fleet.models import Node
+from fleet.services.intake.health import record_heartbeat
 from fleet.services.jobs.allocations import apply_placement
 from fleet.services.jobs.submit import JobSpec, submit_job
 from fleet.services.nodes.moves import drain_node
+from fleet.services.racks import set_fabric_state
 from tests.browser.helpers import grid_cells, in_thread, log_in_as, open_live, post_api
+from tests.signals_support import signals_beat
 
 pytestmark = pytest.mark.browser
 
@@ -109,10 +113,15 @@ def test_a_viewer_sees_no_node_controls_and_the_api_refuses_the_drain(page, flee
 
 
 def test_fleet_cards_count_failed_draining_and_spares_live_and_problems_only_finds_the_rack(
-    page, fleet, operator, submitter
+    page, fleet, operator, submitter, clock
 ):
     r1, r2 = fleet
     _four_node_job(r1, submitter)
+    # r1's first node reports for three minutes: its sparklines on the rack page.
+    reporting = r1.nodes.get(slot=0)
+    for minute in range(3):
+        clock.at = minute
+        in_thread(record_heartbeat, reporting.pk, signals_beat())
     drained = r2.nodes.get(slot=5)
     in_thread(drain_node, operator, drained.pk, "firmware")
     log_in_as(page, operator)
@@ -158,4 +167,26 @@ def test_fleet_cards_count_failed_draining_and_spares_live_and_problems_only_fin
         ".textContent === '13'"
     )
     assert page.text_content("[data-testid=largest]") == "15 nodes (60 GPUs)"
+
+    # Live: r2's fabric degrades; its card says so, and why.
+    badge = card2.locator("[data-testid=rack-fabric-badge]")
+    assert badge.is_hidden()
+    why = "NVLink fabric degraded on 2 of 18 nodes (r2-n00: IMEX unavailable; r2-n01: IMEX unavailable)"
+    in_thread(set_fabric_state, None, r2.pk, why)
+    badge.wait_for(state="visible")
+    assert badge.text_content() == "fabric degraded" and badge.get_attribute("title").startswith(why)
+
+    # The rack page: the reporting node's temperature and power, a line of three minutes each.
+    open_live(page, f"/racks/{r1.pk}/")
+    row = page.locator(f"[data-testid=node-health-row][data-node-id='{reporting.pk}']")
+    lines = row.locator("svg[data-testid=sparkline]")
+    assert lines.count() == 2 and lines.first.is_visible()
+    assert lines.first.get_attribute("data-points") == "3"
+    assert lines.first.locator("path").get_attribute("d").count("L") == 2
+    assert "43 °C" in row.text_content()
+    # Its fabric degrades: the table is fetched again at the rack event.
+    in_thread(set_fabric_state, None, r1.pk, why.replace("r2-", "r1-"))
+    page.locator("[data-testid=rack-fabric-degraded]").wait_for(state="visible")
+    assert page.locator("[data-testid=node-health-row]").count() == 18
+    assert page.js_errors == []
     assert page.js_errors == []
