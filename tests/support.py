@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -164,6 +165,75 @@ def workers(count: int = 1, env: dict[str, str] | None = None) -> Iterator[list[
     finally:
         for w in started:
             w.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def subprocess_env() -> dict[str, str]:
+    """The environment of a server or client process the test starts: the test
+    database, the test Redis, the fast simulated cluster."""
+    from tests.webhook_receiver import ALLOW_LOOPBACK_ENV
+
+    db = connection.settings_dict
+    url = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_ALLOW_ASYNC_UNSAFE"}
+    # The webhooks page test registers a receiver on 127.0.0.1 (refused by default).
+    env |= ALLOW_LOOPBACK_ENV
+    return env | {"DATABASE_URL": url, "REDIS_URL": settings.REDIS_URL, "RACKWISE_DEMO": "0"} | FAST_CLUSTER
+
+
+class AppServer:
+    """daphne serving rackwise.asgi on a fixed port, on the test database (the
+    browser tests and the CLI's); stop() and start() again cut every websocket,
+    as a restart or a network drop would."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = ROOT / "var" / f"daphne-{self.port}.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> AppServer:
+        self.log_path.parent.mkdir(exist_ok=True)
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "daphne",
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "rackwise.asgi:application",
+            ],
+            cwd=ROOT,
+            env=subprocess_env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        wait_for(self._answers, 30, "daphne to listen")
+        return self
+
+    def _answers(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"daphne exited: {self.log_path.read_text()[-3000:]}")
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", self.port)) == 0
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
 
 
 def restart_redis() -> None:

@@ -9,19 +9,15 @@ leaves a screenshot in ``var/screenshots/``."""
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from django.conf import settings
 from django.db import connection
 
-from tests.support import FAST_CLUSTER, ROOT, wait_for, workers
-from tests.webhook_receiver import ALLOW_LOOPBACK_ENV
+from tests.support import ROOT, AppServer, subprocess_env, wait_for, workers
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -55,76 +51,13 @@ def fast_password_hashing():
     test process must hash them the same way: no MD5 shortcut here."""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _subprocess_env() -> dict[str, str]:
-    db = connection.settings_dict
-    url = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-    env = {k: v for k, v in os.environ.items() if k != "DJANGO_ALLOW_ASYNC_UNSAFE"}
-    # The webhooks page test registers a receiver on 127.0.0.1 (refused by default).
-    env |= ALLOW_LOOPBACK_ENV
-    return env | {"DATABASE_URL": url, "REDIS_URL": settings.REDIS_URL, "RACKWISE_DEMO": "0"} | FAST_CLUSTER
-
-
-class AppServer:
-    """daphne serving rackwise.asgi on a fixed port; stop() and start() again
-    cut every websocket, as a restart or a network drop would."""
-
-    def __init__(self) -> None:
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = ROOT / "var" / f"daphne-{self.port}.log"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> AppServer:
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "daphne",
-                "-b",
-                "127.0.0.1",
-                "-p",
-                str(self.port),
-                "rackwise.asgi:application",
-            ],
-            cwd=ROOT,
-            env=_subprocess_env(),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        wait_for(self._answers, 30, "daphne to listen")
-        return self
-
-    def _answers(self) -> bool:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"daphne exited: {self.log_path.read_text()[-3000:]}")
-        with socket.socket() as s:
-            return s.connect_ex(("127.0.0.1", self.port)) == 0
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-
-
 @pytest.fixture(scope="session")
 def app_server(django_db_setup) -> Iterator[AppServer]:
     # WhiteNoise serves collected files when DEBUG is off.
     subprocess.run(
         [sys.executable, "manage.py", "collectstatic", "--noinput", "-v0"],
         cwd=ROOT,
-        env=_subprocess_env(),
+        env=subprocess_env(),
         check=True,
     )
     server = AppServer().start()
