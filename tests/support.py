@@ -191,9 +191,10 @@ class AppServer:
     browser tests and the CLI's); stop() and start() again cut every websocket,
     as a restart or a network drop would."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.env = env or {}
         self.log_path = ROOT / "var" / f"daphne-{self.port}.log"
         self.proc: subprocess.Popen | None = None
 
@@ -212,7 +213,7 @@ class AppServer:
                 "rackwise.asgi:application",
             ],
             cwd=ROOT,
-            env=subprocess_env(),
+            env=subprocess_env() | self.env,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,

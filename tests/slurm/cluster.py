@@ -119,6 +119,12 @@ class SlurmCluster:
             return len(states) == len(self.nodes) and all(s == "idle" for s in states.values())
 
         self.wait_for(all_idle, timeout=timeout, interval=0.2, what="all nodes idle")
+        # Job output files are appended to (sbatch --open-mode=append), and a
+        # cluster started afresh numbers its jobs from 1 again, as the test
+        # database numbers Rackwise's: an earlier run's file must not be read
+        # as this run's job's.
+        for old in self.jobs_dir.glob("rackwise-*.out"):
+            old.unlink(missing_ok=True)
 
     def script(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         """Run ``scripts/slurm-cluster`` against this cluster (its dir and port base)."""

@@ -7,15 +7,20 @@ The output file is Slurm's own (``--output`` in the jobs directory)."""
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from django.core.management import call_command
 
 from fleet.models import Job
 from fleet.services.execution import cluster_sync
+from fleet.services.users import ensure_user
 from tests.slurm.test_slurm_end_to_end import rackwise_hostnames, running_in_slurm, worker_env
-from tests.support import wait_for, workers
+from tests.support import AppServer, wait_for, workers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -65,6 +70,17 @@ def test_a_jobs_printed_lines_are_followed_through_the_api_until_eof(slurm_fleet
         job_id = response.json()["id"]
         job = wait_for(lambda: running_in_slurm(cluster, job_id), 40, "the job to run in Slurm")
         (host,) = rackwise_hostnames(job_id)
+        # An engineer follows it too, with the command line client, through a
+        # real web server that reads Slurm's output file.
+        _, token = ensure_user(None, "logs-reader", role="viewer")
+        server = AppServer(worker_env(cluster)).start()
+        follower = subprocess.Popen(
+            [str(Path(sys.executable).parent / "rackwise"), "logs", "-f", str(job_id)],
+            env=os.environ | {"RACKWISE_SERVER": server.url, "RACKWISE_TOKEN": token},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
         lines: list[str] = []
         seen_running: list[str] = []
@@ -85,11 +101,18 @@ def test_a_jobs_printed_lines_are_followed_through_the_api_until_eof(slurm_fleet
                 break
             assert time.monotonic() < deadline, f"no eof after 60 s: {answer}"
             time.sleep(0 if answer["more"] else min(answer["poll_after_s"], 0.3))
+        try:
+            out, err = follower.communicate(timeout=30)  # it polls every 2 s until eof
+        finally:
+            follower.kill()
+            server.stop()
 
     assert "hello from rackwise" in seen_running  # followed live, not read afterwards
     assert lines[0] == "hello from rackwise"
     assert lines[1] == f"on {host} GPUs 0,1,2,3"
     assert lines[2:] == ["HF_TOKEN=[redacted]", "training done"]
     assert Job.objects.get(pk=job_id).state == "completed"
+    assert follower.returncode == 0, err
+    assert out.splitlines() == lines, "rackwise logs -f printed what the job printed, redacted"
     # Redacted on the way out only: Slurm's file holds what the job printed.
     assert TOKEN in (cluster.jobs_dir / f"rackwise-{job_id}-{job.external_id}.out").read_text()
