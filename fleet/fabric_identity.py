@@ -14,9 +14,10 @@ agents`` use the answers.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from fleet.topology.model import natural_key
@@ -43,6 +44,7 @@ class Fabric:
         return self.cluster_uuid if self.clique_id is None else f"{self.cluster_uuid}.{self.clique_id}"
 
 
+@functools.lru_cache(maxsize=4096)  # a fleet has a few fabrics, read once a node per view
 def fabric_of(cluster_uuid: object, clique_id: object) -> Fabric | None:
     """A reported fabric, or None where the GPU is in no cluster yet (NVML gives a
     UUID of zeros, which the agent sends as null, until the fabric manager has
@@ -101,7 +103,7 @@ class NodeReport:
     rack_id: int
     fabrics: frozenset[Fabric] = frozenset()
 
-    @property
+    @functools.cached_property
     def fabric(self) -> Fabric | None:
         """The node's fabric when its GPUs agree on one."""
         return next(iter(self.fabrics)) if len(self.fabrics) == 1 else None
@@ -190,37 +192,80 @@ def _strict_majority(counts: Counter) -> tuple[object | None, str]:
     return None, f"no majority: at most {n} of {total} reporting nodes agree"
 
 
-def rack_fabric(rack: RackInfo, nodes: Iterable[NodeReport]) -> RackFabric:
+def fabric_counts(nodes: Iterable[NodeReport]) -> dict[int, Counter[Fabric]]:
+    """By rack: how many of its nodes report each fabric, counting the nodes
+    whose GPUs agree on one (what a rack's majority is taken over)."""
+    counts: dict[int, Counter[Fabric]] = defaultdict(Counter)
+    for node in nodes:
+        if node.fabric is not None:
+            counts[node.rack_id][node.fabric] += 1
+    return counts
+
+
+def rack_fabric(rack: RackInfo, counts: Mapping[Fabric, int]) -> RackFabric:
     """The fabric ``rack`` should have, steps:
 
     1. Its external id, where it names a fabric (``<uuid>.<clique>``, or a bare
        ``<uuid>``): an import recorded it, and one node that disagrees with it
        is flagged.
     2. Otherwise (or for the clique, when the id names only the cluster UUID) the
-       strict majority of the nodes whose GPUs agree on a fabric: more than half
-       of them. A node alone is its own majority, so it is never "in
-       disagreement"; a tie (9 and 9) or no majority leaves it unknown (said in
-       ``note``) and nothing is flagged against it.
+       strict majority of the nodes whose GPUs agree on a fabric (``counts``, by
+       fabric: :func:`fabric_counts`): more than half of them. A node alone is
+       its own majority, so it is never "in disagreement"; a tie (9 and 9) or
+       no majority leaves it unknown (said in ``note``) and nothing is flagged
+       against it.
     3. The clique is the majority among the nodes of the chosen cluster UUID, so
        a node of another rack's fabric does not split the vote on partitions."""
-    consistent = [n.fabric for n in nodes if n.fabric is not None]
     cluster, clique = parse_external_id(rack.external_id)
     if cluster is not None and clique is not None:
         return RackFabric(cluster, clique, FROM_EXTERNAL_ID)
     source = FROM_EXTERNAL_ID
     if cluster is None:
         source = FROM_MAJORITY
-        top, why = _strict_majority(Counter(f.cluster_uuid for f in consistent))
+        clusters: Counter[str] = Counter()
+        for fabric, n in counts.items():
+            clusters[fabric.cluster_uuid] += n
+        top, why = _strict_majority(clusters)
         if top is None:
             return RackFabric(note=why)
         cluster = str(top)
-    cliques = Counter(f.clique_id for f in consistent if f.cluster_uuid == cluster)
+    cliques: Counter[int | None] = Counter()
+    for fabric, n in counts.items():
+        if fabric.cluster_uuid == cluster:
+            cliques[fabric.clique_id] += n
     top_clique, why = _strict_majority(cliques)
     note = f"clique unknown: {why}" if cliques and top_clique is None else ""
     return RackFabric(cluster, top_clique if isinstance(top_clique, int) else None, source, note)
 
 
-def mismatches(racks: Iterable[RackInfo], nodes: Iterable[NodeReport]) -> list[Mismatch]:
+def expected_fabrics(
+    racks: Iterable[RackInfo], counts: Mapping[int, Mapping[Fabric, int]]
+) -> dict[int, RackFabric]:
+    """Every rack's fabric (:func:`rack_fabric`), not only those with reporting
+    nodes: a rack recorded with its fabric is where a node of that fabric
+    belongs, reported or not."""
+    return {r.rack_id: rack_fabric(r, counts.get(r.rack_id, {})) for r in racks}
+
+
+def racks_to_judge(
+    expected: Mapping[int, RackFabric], counts: Mapping[int, Mapping[Fabric, int]]
+) -> set[int]:
+    """The racks where some node's fabric differs from the rack's: only their
+    nodes need reading one by one (a fleet-wide view reads counts first)."""
+    return {
+        rack_id
+        for rack_id, fabrics in counts.items()
+        if rack_id in expected
+        and expected[rack_id].cluster_uuid is not None
+        and any(not expected[rack_id].matches(f) for f in fabrics)
+    }
+
+
+def mismatches(
+    racks: Iterable[RackInfo],
+    nodes: Iterable[NodeReport],
+    expected: Mapping[int, RackFabric] | None = None,
+) -> list[Mismatch]:
     """The nodes whose fabric disagrees with their rack's (:func:`rack_fabric`),
     sorted by rack name and hostname:
 
@@ -232,15 +277,16 @@ def mismatches(racks: Iterable[RackInfo], nodes: Iterable[NodeReport]) -> list[M
 
     ``fabric_rack`` names the rack whose fabric the node reports, where exactly
     one other rack has it (that clique, else that cluster UUID).
-    Nodes that reported nothing are never flagged."""
+    Nodes that reported nothing are never flagged. ``expected`` is every rack's
+    fabric when the caller has it from the whole fleet's counts (then ``nodes``
+    may be those of some racks only); by default it is taken from ``nodes``."""
     racks = {r.rack_id: r for r in racks}
     by_rack: dict[int, list[NodeReport]] = defaultdict(list)
     for node in nodes:
         if node.rack_id in racks:
             by_rack[node.rack_id].append(node)
-    # Every rack's, not only those with reporting nodes: a rack recorded with its
-    # fabric is the one a node of that fabric belongs in, reported or not.
-    expected = {rack_id: rack_fabric(rack, by_rack.get(rack_id, [])) for rack_id, rack in racks.items()}
+    if expected is None:
+        expected = expected_fabrics(racks.values(), fabric_counts(n for ns in by_rack.values() for n in ns))
     by_pair: dict[tuple[str, int | None], list[int]] = defaultdict(list)
     by_cluster: dict[str, list[int]] = defaultdict(list)
     for rack_id, fabric in expected.items():
@@ -249,7 +295,7 @@ def mismatches(racks: Iterable[RackInfo], nodes: Iterable[NodeReport]) -> list[M
             by_cluster[fabric.cluster_uuid].append(rack_id)
     found: list[Mismatch] = []
     for rack_id, members in by_rack.items():
-        rack, want = racks[rack_id], expected[rack_id]
+        rack, want = racks[rack_id], expected.get(rack_id, RackFabric())
         for node in members:
             reported = tuple(sorted(node.fabrics))
             fabric = node.fabric

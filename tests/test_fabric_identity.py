@@ -18,6 +18,7 @@ from fleet.fabric_identity import (
     Fabric,
     NodeReport,
     RackInfo,
+    fabric_counts,
     fabric_of,
     mismatches,
     parse_external_id,
@@ -81,11 +82,12 @@ def test_a_single_reporting_node_is_never_in_disagreement_and_a_tie_flags_nobody
     assert mismatches([RackInfo(1, "r1")], [node(1, 1, B)]) == []
     tie = [node(1, 1, A), node(2, 1, B)]
     assert mismatches([RackInfo(1, "r1")], tie) == []
-    assert rack_fabric(RackInfo(1, "r1"), tie).note == "a tie: 1 of 2 reporting nodes each"
+    assert rack_fabric(RackInfo(1, "r1"), fabric_counts(tie)[1]).note == "a tie: 1 of 2 reporting nodes each"
     # Three fabrics, none with more than half: no majority either.
     three = [node(1, 1, A), node(2, 1, A), node(3, 1, B), node(4, 1, Fabric(U3, 7))]
     assert mismatches([RackInfo(1, "r1")], three) == []
-    assert rack_fabric(RackInfo(1, "r1"), three).note == "no majority: at most 2 of 4 reporting nodes agree"
+    note = rack_fabric(RackInfo(1, "r1"), fabric_counts(three)[1]).note
+    assert note == "no majority: at most 2 of 4 reporting nodes agree"
 
 
 def test_a_rack_recorded_with_its_fabric_flags_even_a_single_node_that_disagrees():
@@ -205,6 +207,17 @@ def test_a_nodes_signals_say_how_its_fabric_disagrees_with_its_rack(miswired, vi
     assert mismatch("r2-n05")["kind"] == "gpus_disagree"
 
 
+def test_a_gpu_not_yet_in_a_cluster_neither_hides_the_nodes_fabric_nor_disagrees(beat, viewer_client):
+    for i in range(3):
+        beat(f"r1-n{i:02d}", U1)
+    beat("r1-n03", U2, per_gpu={0: (None, 0)})
+
+    body = viewer_client.get(f"/api/nodes/{Node.objects.get(hostname='r1-n03').pk}/signals/").json()
+
+    assert body["fabric"] == {"cluster_uuid": U2, "clique_id": 7}, "GPU 1's: GPU 0 is in no cluster yet"
+    assert body["fabric_mismatch"]["kind"] == "other_domain"
+
+
 def test_a_fabric_reported_longer_ago_than_the_bound_is_not_used(beat, clock, viewer_client, settings):
     for i in range(3):
         beat(f"r1-n{i:02d}", U1)
@@ -230,7 +243,14 @@ def test_the_checks_read_a_fixed_number_of_queries_however_many_nodes_report(
 
     with django_assert_num_queries(1):  # the rack's readings
         assert node_mismatch(n00) is None
-    with django_assert_num_queries(3):  # the rack's readings; then the fleet's and the racks
+    with django_assert_num_queries(4):  # the rack's readings; then the fleet's (below)
         assert node_mismatch(n03).fabric_rack == "r2"
+    # Counts by rack and fabric, the racks, then the nodes of the racks where a
+    # count disagrees (r1) or a node's GPUs do (r2).
+    with django_assert_num_queries(3):
+        assert [m.hostname for m in fabric_mismatches()] == ["r1-n03", "r2-n05"]
+    # A sound fleet: the counts and the racks only.
+    beat("r1-n03", U1)
+    beat("r2-n05", U2)
     with django_assert_num_queries(2):
-        assert len(fabric_mismatches()) == 2
+        assert fabric_mismatches() == []
