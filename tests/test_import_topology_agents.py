@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from io import StringIO
+from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -14,12 +15,16 @@ from django.core.management import CommandError, call_command
 from fleet.fabric_identity import Fabric
 from fleet.models import GPU, AuditEvent, Node, Rack
 from fleet.services.intake import health
+from fleet.services.read.fabric import fabric_mismatches
 from fleet.topology.agents import AgentNode, RecordedRack, read_agents
 from tests.signals_support import signals_beat
 from tests.test_fabric_identity import U1, U2, U3
 from tests.test_heartbeats import agent_client, post_beat
 
 pytestmark = pytest.mark.django_db
+DATA = Path(__file__).resolve().parent / "data"
+K8S_R1 = "5b3e2c1a-8f4d-4e6b-9a7c-1d2e3f405a61"  # tests/data/k8s_gb200_nodes.json's ClusterUUIDs
+K8S_R2 = "7c9d1e2f-0a3b-4c5d-8e6f-2a3b4c5d6e72"
 
 
 def run(*args: str) -> str:
@@ -146,6 +151,37 @@ def test_a_rack_recorded_per_clique_takes_that_cliques_nodes(beat):
 
     assert "r2-n00: r2 -> r1" in output and "r2-n01" not in output
     assert Rack.objects.get(name="r1").external_id == f"{U1}.7", "its id is kept"
+
+
+def test_after_a_kubernetes_import_the_agents_agree_on_the_racks_and_move_a_miswired_node(
+    db, django_capture_on_commit_callbacks
+):
+    """Both sources key a rack by its ClusterUUID, so they do not undo each
+    other; a node whose fabric is another rack's moves there."""
+    call_command(
+        "import_topology", "--from", "kubernetes", str(DATA / "k8s_gb200_nodes.json"), stdout=StringIO()
+    )
+    r1, r2 = Rack.objects.get(external_id=K8S_R1), Rack.objects.get(external_id=K8S_R2)
+
+    def send(hostname: str, cluster: str) -> None:
+        node = Node.objects.get(hostname=hostname)
+        payload = signals_beat(fabric__cluster_uuid=cluster, fabric__clique_id=32766)
+        client = agent_client(health.issue_agent_token(None, node.pk))
+        with django_capture_on_commit_callbacks(execute=True):
+            assert post_beat(client, node, payload).status_code == 200
+
+    for i in (1, 2, 3):
+        send(f"gb200-r1-n{i:02d}", K8S_R1)
+        send(f"gb200-r2-n{i:02d}", K8S_R2)
+    assert run().strip().endswith("no changes")
+
+    send("gb200-r1-n04", K8S_R2)
+    [flagged] = fabric_mismatches()
+    assert (flagged.hostname, flagged.rack, flagged.fabric_rack) == ("gb200-r1-n04", r1.name, r2.name)
+    assert f"gb200-r1-n04: {r1.name} -> {r2.name}" in run()
+    assert fabric_mismatches() == []
+    assert Node.objects.get(hostname="gb200-r1-n04").rack_id == r2.pk
+    assert Rack.objects.get(pk=r1.pk).nodes_per_domain == 17
 
 
 def test_the_agents_source_takes_no_file_and_max_age_is_for_it_only(fleet):
