@@ -252,6 +252,10 @@ RACKWISE_RACK_FABRIC_NODES = env_int("RACKWISE_RACK_FABRIC_NODES", 2, minimum=1)
 # A gang on a degraded rack with less than this left (by its expected duration)
 # runs its course there; longer ones (or unknown) are proposed a move.
 RACKWISE_EVACUATE_MIN_REMAINING_S = env_int("RACKWISE_EVACUATE_MIN_REMAINING_S", 3600, minimum=0)
+# The NVLink fabric (cluster UUID, clique) a GPU's agent reported is used for at most
+# this long: by the fabric-mismatch flag (attention view, a node's signals) and by
+# import_topology --from agents. An older report may predate a move or a rewiring.
+RACKWISE_AGENT_FABRIC_MAX_AGE_S = env_int("RACKWISE_AGENT_FABRIC_MAX_AGE_S", 600, minimum=1)
 # XID codes that fail a node (NVIDIA's XID catalog: uncorrectable ECC, fell off the
 # bus, NVLink and GSP faults...).
 RACKWISE_FATAL_XIDS = [

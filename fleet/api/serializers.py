@@ -435,11 +435,47 @@ class GpuSignalsSerializer(serializers.Serializer):
     reading = GpuReadingSerializer(allow_null=True)
 
 
+class RackFabricSerializer(serializers.Serializer):
+    cluster_uuid = serializers.CharField(allow_null=True, help_text="Null: not known (see note).")
+    clique_id = serializers.IntegerField(allow_null=True, help_text="Null: not known, or any clique.")
+    source = serializers.CharField(
+        help_text="external_id (the rack's recorded <ClusterUUID>.<CliqueId> or <ClusterUUID>), "
+        "majority (more than half of its reporting nodes), or empty."
+    )
+    note = serializers.CharField(help_text="Why a part is not known (a tie, no majority).")
+
+
+class FabricMismatchSerializer(serializers.Serializer):
+    node_id = serializers.IntegerField()
+    hostname = serializers.CharField()
+    kind = serializers.ChoiceField(
+        choices=["other_domain", "other_clique", "gpus_disagree"],
+        help_text="other_domain: another cluster UUID than the rack's; other_clique: the rack's, "
+        "another clique (a fabric partition apart); gpus_disagree: its GPUs report different fabrics.",
+    )
+    rack_id = serializers.IntegerField(help_text="The rack the node is recorded in.")
+    rack = serializers.CharField()
+    reported = serializers.ListField(
+        child=serializers.CharField(), help_text="The fabrics its GPUs report, as <ClusterUUID>.<CliqueId>."
+    )
+    expected = RackFabricSerializer(help_text="The fabric its rack should have.")
+    fabric_rack_id = serializers.IntegerField(
+        allow_null=True, help_text="The rack whose fabric the node reports (null: none, or several)."
+    )
+    fabric_rack = serializers.CharField()
+    text = serializers.CharField()
+
+
 class NodeSignalsSerializer(serializers.Serializer):
     node_id = serializers.IntegerField()
     imex = serializers.DictField(allow_null=True, help_text="The IMEX daemon's status and detail.")
     fabric = serializers.DictField(
         allow_null=True, help_text="The NVLink fabric's cluster UUID and clique id."
+    )
+    fabric_mismatch = FabricMismatchSerializer(
+        allow_null=True,
+        help_text="How the fabric its GPUs report disagrees with its rack's; null when it does not "
+        "(or nothing recent was reported).",
     )
     gpus = GpuSignalsSerializer(many=True)
 
@@ -615,6 +651,10 @@ class AttentionSerializer(serializers.Serializer):
         child=serializers.IntegerField(), help_text="Suspect, failed and in-repair nodes."
     )
     racks_degraded = serializers.IntegerField(help_text="Racks whose NVLink fabric is degraded.")
+    fabric_mismatch = serializers.IntegerField(
+        help_text="Nodes whose NVLink fabric (as their agents report it) disagrees with their rack's."
+    )
+    fabric_mismatches = FabricMismatchSerializer(many=True, help_text="Those nodes, the first 50.")
     items = AttentionItemSerializer(many=True, help_text="What needs a person, most urgent first.")
 
 

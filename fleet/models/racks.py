@@ -170,6 +170,11 @@ class NodeReading(models.Model):
     imex_detail = models.CharField(max_length=500, blank=True, default="")
     fabric_cluster_uuid = models.CharField(max_length=100, blank=True, default="")
     fabric_clique_id = models.BigIntegerField(null=True, blank=True)
+    # The distinct fabrics ([cluster UUID, clique id]) its GPUs report when they
+    # disagree among themselves (a misconfigured node); empty when they agree.
+    # Kept here so the fleet-wide check reads one narrow row a node
+    # (fleet.services.read.fabric), not every GPU's signals.
+    fabric_disagreement = models.JSONField(default=list, blank=True)
     # Non-empty: this node reports trouble with its NVLink fabric (IMEX down, a
     # fabric health mask, NVLink errors rising), and what; the rack is degraded
     # when several of its nodes do.

@@ -19,7 +19,6 @@
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,7 @@ from fleet.topology.model import (
     check_gpus,
     check_hostname,
     check_name,
+    name_after_hostnames,
     read_text,
     show,
 )
@@ -275,29 +275,10 @@ def parse_items(
     result = list(domains.values())
     check_domains(result, where_of)
     if rack_label == CLIQUE_LABEL:
-        _name_cliques(result)
+        # A ClusterUUID means nothing on an operator's screen; the UUID stays the
+        # external id, so re-imports still match and a rack that exists keeps its name.
+        name_after_hostnames(result)
     return Topology(source=source, domains=result, skipped=skipped)
-
-
-def _name_cliques(domains: list[DesiredDomain]) -> None:
-    """Name a clique rack after what its hostnames share (``gb200-r1`` for
-    ``gb200-r1-n01..n18``): a ClusterUUID means nothing on an operator's screen.
-    The UUID stays the external id, so re-imports still match; a rack that exists
-    keeps its (possibly edited) name. No shared part, or a clash: the UUID."""
-    taken = {d.name for d in domains}
-    for domain in domains:
-        if len(domain.nodes) < 2:
-            continue
-        words = [re.split(r"([-_.])", n.hostname) for n in domain.nodes]
-        common: list[str] = []
-        for parts in zip(*words, strict=False):
-            if len(set(parts)) != 1:
-                break
-            common.append(parts[0])
-        name = "".join(common).rstrip("-_.")
-        if name and name not in taken:
-            taken.add(name)
-            domain.name = name
 
 
 def fetch_nodes(

@@ -71,11 +71,16 @@ class DesiredDomain:
 @dataclass
 class Topology:
     """What the source says the fleet is. ``skipped`` lists hosts left out on
-    purpose (no GPUs), with why, so the report can say so."""
+    purpose (no GPUs), with why, so the report can say so. A ``partial`` source
+    sees only some nodes (agents that reported): the nodes it does not list stay
+    where they are instead of being removed or retired. ``notes`` are lines the
+    report repeats (what the source left out, and why)."""
 
     source: str
     domains: list[DesiredDomain] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    partial: bool = False
+    notes: list[str] = field(default_factory=list)
 
     def hostnames(self) -> list[str]:
         return [n.hostname for d in self.domains for n in d.nodes]
@@ -117,6 +122,28 @@ def check_domains(domains: list[DesiredDomain], describe: dict[str, str]) -> Non
                     describe.get(node.hostname, ""),
                 )
         domain.nodes.sort(key=lambda n: natural_key(n.hostname))
+
+
+def name_after_hostnames(
+    domains: list[DesiredDomain], taken: set[str] | frozenset[str] = frozenset()
+) -> None:
+    """Name each domain of two nodes or more after what its hostnames share
+    (``gb200-r1`` for ``gb200-r1-n01..n18``). No shared part, or a name another
+    domain or ``taken`` already has: the domain keeps its name (the UUID)."""
+    taken = {d.name for d in domains} | set(taken)
+    for domain in domains:
+        if len(domain.nodes) < 2:
+            continue
+        words = [re.split(r"([-_.])", n.hostname) for n in domain.nodes]
+        common: list[str] = []
+        for parts in zip(*words, strict=False):
+            if len(set(parts)) != 1:
+                break
+            common.append(parts[0])
+        name = "".join(common).rstrip("-_.")
+        if name and name not in taken:
+            taken.add(name)
+            domain.name = name
 
 
 def check_name(value: object, what: str, limit: int, place: str) -> str:

@@ -1,4 +1,5 @@
-"""``manage.py import_topology``: read the fleet from Kubernetes or Slurm."""
+"""``manage.py import_topology``: read the fleet from Kubernetes, Slurm or the
+NVLink fabric the node agents report."""
 
 from __future__ import annotations
 
@@ -11,19 +12,21 @@ from fleet.cluster.base import ClusterUnavailable, StepFailed
 from fleet.cluster.slurm import SlurmAdapter
 from fleet.services.errors import ServiceError
 from fleet.services.intake.topology import import_topology
-from fleet.topology import Topology, TopologyError, slurm
+from fleet.services.read.fabric import agent_fabrics
+from fleet.topology import Topology, TopologyError, agents, slurm
 from fleet.topology import kubernetes as k8s
 from fleet.topology.model import read_text
 
-SOURCES = ("kubernetes", "kubernetes-api", "slurm", "slurm-live")
+SOURCES = ("kubernetes", "kubernetes-api", "slurm", "slurm-live", "agents")
 
 
 class Command(BaseCommand):
     help = (
         "Import racks (NVLink domains), nodes, GPU counts and node states from Kubernetes "
         "(`kubectl get nodes -o json` output, or the API), from a Slurm topology.conf (topology/block), "
-        "or from the running Slurm (slurm-live: `scontrol show topology` and `scontrol show nodes --json`). "
-        "Prints what changed; --dry-run only prints it."
+        "or from the running Slurm (slurm-live: `scontrol show topology` and `scontrol show nodes --json`), "
+        "or from the NVLink fabric (cluster UUID, clique) the node agents report (agents: nodes that did "
+        "not report are left as they are). Prints what changed; --dry-run only prints it."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -49,6 +52,12 @@ class Command(BaseCommand):
             default=4,
             help="GPUs of new nodes when the source does not say "
             "(slurm without --nodes; default %(default)s)",
+        )
+        parser.add_argument(
+            "--max-age",
+            type=float,
+            help="for --from agents: use fabric reports at most this many seconds old "
+            "(default: RACKWISE_AGENT_FABRIC_MAX_AGE_S)",
         )
         parser.add_argument("--dry-run", action="store_true", help="show what would change, write nothing")
         parser.add_argument(
@@ -91,6 +100,16 @@ class Command(BaseCommand):
             return k8s.parse_nodes(
                 doc, rack_label=options["rack_label"], source="kubernetes-api", max_gpus=max_gpus
             )
+        if options["max_age"] is not None and source != "agents":
+            raise CommandError("--max-age is for --from agents")
+        if source == "agents":
+            if path:
+                raise CommandError("--from agents reads the agents' reports in the database; give no file")
+            max_age = options["max_age"]
+            if max_age is not None and not 1 <= max_age <= 366 * 86400:
+                raise CommandError("--max-age must be from 1 to 31622400 seconds (a year)")
+            read = agent_fabrics(max_age)
+            return agents.read_agents(read.nodes, read.racks, max_age_s=read.max_age_s)
         if source == "slurm-live":
             if path:
                 raise CommandError(

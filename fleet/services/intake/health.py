@@ -433,6 +433,7 @@ def _store_readings(
     at = now.timestamp()
     readings = {r.gpu_id: r for r in GpuReading.objects.filter(gpu__node=node)}
     fabric: dict[str, Any] = {}
+    seen: dict[tuple[str, Any], None] = {}  # distinct fabrics with a cluster, in GPU order
     rules: list[verdicts.Rule] | None = None
     judged: dict[int, tuple[str, str]] = {}
     for report in reports:
@@ -457,12 +458,18 @@ def _store_readings(
             if reading.verdict and reading.verdict != verdict_before:
                 webhooks.emit("gpu.verdict", webhooks.gpu_verdict(gpu, node, reading))
         judged[report.index] = (reading.verdict, reading.verdict_reason)
-        fabric = fabric or report.signals.get("fabric") or {}
+        reported = report.signals.get("fabric") or {}
+        if reported.get("cluster_uuid"):
+            seen.setdefault((str(reported["cluster_uuid"]).lower(), reported.get("clique_id")))
+        # The node's fabric: the first GPU's that is in a cluster, else the first GPU's.
+        if reported and (not fabric or (reported.get("cluster_uuid") and not fabric.get("cluster_uuid"))):
+            fabric = reported
     if imex is None and not fabric:
         return judged
     imex = imex or {}
     node_reading, _ = NodeReading.objects.get_or_create(node=node, defaults={"read_at": now})
     trouble = _fabric_trouble(reports, imex, judged)
+    disagreement = [list(f) for f in seen] if len(seen) > 1 else []
     after = {
         "fabric_trouble": trouble,
         "imex_status": imex.get("status", node_reading.imex_status),
@@ -471,6 +478,7 @@ def _store_readings(
         if fabric
         else node_reading.fabric_cluster_uuid,
         "fabric_clique_id": fabric.get("clique_id") if fabric else node_reading.fabric_clique_id,
+        "fabric_disagreement": disagreement if fabric else node_reading.fabric_disagreement,
     }
     before = {k: getattr(node_reading, k) for k in after}
     if after != before or (now - node_reading.read_at).total_seconds() >= READING_EVERY_S:

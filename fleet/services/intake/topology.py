@@ -17,7 +17,9 @@ transaction. Steps:
    move as for any other change.
 6. Nodes the source no longer has: delete those that never held a job; mark the
    others failed ("absent from <source> import"), so their history stays.
-   Racks left without nodes go.
+   Racks left without nodes go. A partial source (agents: only the nodes that
+   reported) removes and retires nothing: the nodes it does not list stay in
+   their racks, and only racks it matches or takes nodes from are reshaped.
 7. Audit each rack touched, bump versions, and ask for a scheduling pass.
 """
 
@@ -56,12 +58,14 @@ class ImportReport:
     racks_added: list[str] = field(default_factory=list)
     racks_removed: list[str] = field(default_factory=list)
     racks_reshaped: list[str] = field(default_factory=list)
+    racks_keyed: list[str] = field(default_factory=list)
     nodes_added: list[str] = field(default_factory=list)
     nodes_removed: list[str] = field(default_factory=list)
     nodes_retired: list[str] = field(default_factory=list)
     nodes_moved: list[str] = field(default_factory=list)
     state_changes: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
     racks: int = 0
     nodes: int = 0
 
@@ -72,6 +76,7 @@ class ImportReport:
                 self.racks_added,
                 self.racks_removed,
                 self.racks_reshaped,
+                self.racks_keyed,
                 self.nodes_added,
                 self.nodes_removed,
                 self.nodes_retired,
@@ -91,6 +96,7 @@ class ImportReport:
             ("racks added", self.racks_added),
             ("racks removed", self.racks_removed),
             ("racks reshaped", self.racks_reshaped),
+            ("racks given the source's id", self.racks_keyed),
             ("nodes added", self.nodes_added),
             ("nodes removed (never ran a job)", self.nodes_removed),
             (
@@ -101,7 +107,7 @@ class ImportReport:
             ("state changes", self.state_changes),
             ("skipped", self.skipped),
         ]
-        out = [head]
+        out = [head, *self.notes]
         for title, items in sections:
             if items:
                 out.append(f"{title} ({len(items)}):")
@@ -199,16 +205,35 @@ def _plan(topology: Topology, default_gpus: int, lock: bool) -> _Plan:
         for wanted in domain.nodes:
             desired[wanted.hostname] = (wanted, plan)
     absent = [n for h, n in nodes.items() if h not in desired]
+    kept: list[Node] = []
+    unmatched = [r for r in racks if r.pk not in matched]
+    if topology.partial:
+        # The source sees only some nodes: the others stay where they are, and of
+        # the racks it does not match only those it takes nodes from are planned.
+        kept, absent = absent, []
+        losing = {
+            nodes[h].rack_id
+            for h, (_, p) in desired.items()
+            if h in nodes and (p.rack is None or nodes[h].rack_id != p.rack.pk)
+        }
+        unmatched = [r for r in unmatched if r.pk in losing]
     # Retired nodes stay in their rack, after the source's nodes.
     plan_of_rack = {p.rack.pk: p for p in plans if p.rack is not None}
     orphans: list[Rack] = []
-    for rack in racks:
-        if rack.pk not in matched:
-            plan_of_rack[rack.pk] = _RackPlan(None, rack, rack.name, rack.external_id, rack.gpus_per_node)
-            orphans.append(rack)
+    for rack in unmatched:
+        plan_of_rack[rack.pk] = _RackPlan(None, rack, rack.name, rack.external_id, rack.gpus_per_node)
+        orphans.append(rack)
     for node in sorted(absent, key=lambda n: natural_key(n.hostname)):
         if node.pk in ever_allocated:
             plan_of_rack[node.rack_id].hosts.append(node.hostname)
+    # Kept nodes of a planned rack stay in it: among the source's nodes in natural
+    # order where the source matches the rack, else in their slot order.
+    for node in sorted(kept, key=lambda n: n.slot):
+        if node.rack_id in plan_of_rack:
+            plan_of_rack[node.rack_id].hosts.append(node.hostname)
+    if kept:
+        for p in plans:
+            p.hosts.sort(key=natural_key)
     plans += [plan_of_rack[r.pk] for r in orphans]
     return _Plan(plans, desired, nodes, gpu_counts, ever_allocated, busy, absent, orphans)
 
@@ -236,6 +261,7 @@ _RESULT = {"undrain": HEALTHY, "return": HEALTHY, "drain": DRAINING, "fail": FAI
 def _report(topology: Topology, plan: _Plan, dry_run: bool) -> ImportReport:
     report = ImportReport(topology.source, dry_run, racks=len(topology.domains), nodes=len(plan.desired))
     report.skipped = [f"{host}: {why}" for host, why in topology.skipped]
+    report.notes = list(topology.notes)
     for p in plan.racks:
         if p.rack is None:
             source_id = f"{p.external_id}, " if p.external_id != p.name else ""
@@ -249,6 +275,9 @@ def _report(topology: Topology, plan: _Plan, dry_run: bool) -> ImportReport:
             )
         if p.domain is None and not p.hosts:
             report.racks_removed.append(p.name)
+        elif p.domain is not None and p.external_id != p.rack.external_id:
+            # A rack matched by its name takes the source's id (written with its shape).
+            report.racks_keyed.append(f"{p.name}: {p.rack.external_id or 'none'} -> {p.external_id}")
     for host, (want, p) in plan.desired.items():
         node = plan.nodes.get(host)
         if node is None:
@@ -311,7 +340,7 @@ def import_topology(
     would remove or retire more than ``RACKWISE_TOPOLOGY_MAX_SHRINK`` of the
     fleet's nodes raises Conflict unless ``allow_shrink`` (a dry run too, so it
     shows what the real import would do)."""
-    if not topology.domains and Node.objects.exists():
+    if not topology.domains and not topology.partial and Node.objects.exists():
         # An empty answer (a wrong context, a label selector, a truncated file) would
         # retire the whole fleet: far more likely a mistake than a decommission.
         raise Conflict(

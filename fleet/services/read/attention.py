@@ -12,10 +12,16 @@ from django.urls import reverse
 from django.utils import timezone
 
 from fleet.choices import ActionState, JobState, NodeState
+from fleet.fabric_identity import GPUS_DISAGREE, OTHER_CLIQUE, Mismatch
 from fleet.models import Action, Job, Node, Rack
 from fleet.permissions import visible_actions, visible_jobs
+from fleet.services.read.fabric import fabric_mismatches
 
 NODE_STATES = (NodeState.SUSPECT, NodeState.FAILED, NodeState.IN_REPAIR)
+# Nodes whose fabric disagrees with their rack's: how many the answer lists, and
+# the item's text names.
+MISMATCHES_LISTED = 50
+MISMATCHES_NAMED = 5
 
 
 def age_text(seconds: float) -> str:
@@ -52,6 +58,9 @@ def attention(user, now: datetime | None = None) -> dict:
     """Everything that needs a person, as counts with a link each.
 
     * racks with a degraded NVLink fabric (first: they fail a rack's gangs at once);
+    * nodes whose NVLink fabric disagrees with the rack they are recorded in
+      (miswired or misconfigured: a gang placed "in that rack" would not share
+      one fabric), with their rack and the rack their fabric says;
     * actions awaiting approval (the oldest's age);
     * jobs recovering from a failure;
     * pending jobs that waited longer than ``RACKWISE_WAIT_WARN_S``;
@@ -83,6 +92,20 @@ def attention(user, now: datetime | None = None) -> dict:
                 "text": f"{len(degraded)} rack{'s' if len(degraded) != 1 else ''} with a degraded NVLink "
                 f"fabric ({names}): no new gangs there",
                 "url": reverse("rack", args=[degraded[0][0]]),
+            }
+        )
+    mismatched = fabric_mismatches(now)
+    if mismatched:
+        n = len(mismatched)
+        named = ", ".join(_mismatch_words(m) for m in mismatched[:MISMATCHES_NAMED])
+        more = f" and {n - MISMATCHES_NAMED} more" if n > MISMATCHES_NAMED else ""
+        items.append(
+            {
+                "key": "fabric_mismatch",
+                "count": n,
+                "text": f"{n} node{'s' if n != 1 else ''} whose NVLink fabric disagrees with "
+                f"{'their rack' if n != 1 else 'its rack'}: {named}{more}",
+                "url": reverse("rack", args=[mismatched[0].rack_id]),
             }
         )
     if approval["count"]:
@@ -132,5 +155,15 @@ def attention(user, now: datetime | None = None) -> dict:
         "wait_warn_s": warn_s,
         "nodes": nodes,
         "racks_degraded": len(degraded),
+        "fabric_mismatch": len(mismatched),
+        "fabric_mismatches": [m.as_dict() for m in mismatched[:MISMATCHES_LISTED]],
         "items": items,
     }
+
+
+def _mismatch_words(m: Mismatch) -> str:
+    if m.kind == GPUS_DISAGREE:
+        return f"{m.hostname} (in {m.rack}: its GPUs disagree)"
+    if m.kind == OTHER_CLIQUE:
+        return f"{m.hostname} (in {m.rack}: another clique)"
+    return f"{m.hostname} (in {m.rack}, fabric of {m.fabric_rack or 'no recorded rack'})"

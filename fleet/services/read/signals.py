@@ -14,6 +14,7 @@ from fleet import gpu_signals as signals
 from fleet import gpu_verdicts as verdict_rules
 from fleet.choices import GpuHealth, NodeState
 from fleet.models import GPU, GpuReading, Node, NodeReading, Rack
+from fleet.services.read.fabric import node_mismatch
 
 # Windows the rates are given over (seconds), by name.
 RATE_WINDOWS = {"10m": 600.0, "1h": 3600.0, "24h": 86400.0}
@@ -49,7 +50,10 @@ def _round(value: float | None) -> float | None:
 
 
 def node_signals(node_id: int) -> dict:
+    """The node's readings, and ``fabric_mismatch``: how the fabric its GPUs
+    report disagrees with its rack's (fleet.fabric_identity), or None."""
     now = timezone.now().timestamp()
+    mismatch = node_mismatch(Node.objects.select_related("rack").get(pk=node_id))
     readings = {r.gpu_id: r for r in GpuReading.objects.filter(gpu__node_id=node_id)}
     node = NodeReading.objects.filter(node_id=node_id).first()
     return {
@@ -58,6 +62,7 @@ def node_signals(node_id: int) -> dict:
         "fabric": None
         if node is None
         else {"cluster_uuid": node.fabric_cluster_uuid, "clique_id": node.fabric_clique_id},
+        "fabric_mismatch": None if mismatch is None else mismatch.as_dict(),
         "gpus": [
             {"index": gpu.index, "health": gpu.health, "reading": gpu_signals(readings.get(gpu.pk), now)}
             for gpu in GPU.objects.filter(node_id=node_id).order_by("index")
