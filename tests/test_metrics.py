@@ -245,6 +245,7 @@ def test_every_metric_the_dashboard_queries_is_served(fragmented):
     node = Node.objects.get(hostname="r1-n10")
     record_heartbeat(node.pk, {"gpus": [{"index": i, "state": "ok"} for i in range(4)]})
     Action.objects.create(kind=ActionKind.RECOVERY, state=ActionState.SUCCEEDED, title="swap")
+    Action.objects.create(kind=ActionKind.DEFRAG, state=ActionState.PROPOSED, title="plan")  # its age
     served = set(scrape())
 
     used = {name for expr in _dashboard_exprs() for name in re.findall(r"\brackwise_[a-z_]+", expr)}
