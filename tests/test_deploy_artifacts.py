@@ -158,6 +158,12 @@ def test_the_manifests_run_every_process_from_one_config():
     beat = deployments["rackwise-beat"]
     assert containers(beat)[0]["args"] == ["beat"]
     assert beat["spec"]["replicas"] == 1 and beat["spec"]["strategy"]["type"] == "Recreate"
+    # A worker's liveness probe pings the name the entry point gives it (queues@host).
+    assert '-n "$queues@%h"' in ENTRYPOINT.read_text()
+    for name, d in deployments.items():
+        if args[name][0] == "worker":
+            probe = containers(d)[0]["livenessProbe"]["exec"]["command"]
+            assert f"inspect ping -t 10 -d {args[name][1]}@$(hostname)" in probe[-1], name
     scheduler = next(d for d in deployments.values() if containers(d)[0]["args"] == ["worker", "scheduler"])
     assert {"name": "CONCURRENCY", "value": "1"} in containers(scheduler)[0]["env"]
     assert containers(by_kind("Job")["rackwise-migrate"])[0]["args"] == ["migrate"]
