@@ -81,6 +81,7 @@ class Lease:
         self.lock = lock
         self.ttl = ttl
         self._lost = threading.Event()
+        self._losing = threading.Lock()  # the renewer and a checkpoint may both see the loss
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._renew_loop, name=f"lease:{lock.name}", daemon=True)
 
@@ -101,8 +102,11 @@ class Lease:
         except (LockError, RedisError) as exc:
             # A Redis error is treated as a loss too: we cannot tell whether the
             # key outlived it, so we must assume another holder may exist.
-            self._lost.set()
-            _count_lost_lease()
+            with self._losing:
+                first = not self._lost.is_set()
+                self._lost.set()
+            if first:
+                _count_lost_lease()
             raise LockLost(self.lock.name) from exc
 
     def checkpoint(self) -> None:
