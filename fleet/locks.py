@@ -37,6 +37,8 @@ SCHEDULE_DIRTY = "rackwise:schedule:dirty"
 SYNC_LOCK = "rackwise:lock:sync"
 SYNC_DIRTY = "rackwise:sync:dirty"
 SYNC_STARTED = "rackwise:sync:started"
+# How many leases were lost, ever (the rackwise_decision_leases_lost_total metric).
+LEASES_LOST = "rackwise:metrics:leases_lost"
 
 
 class Busy(Exception):
@@ -79,6 +81,7 @@ class Lease:
         self.lock = lock
         self.ttl = ttl
         self._lost = threading.Event()
+        self._losing = threading.Lock()  # the renewer and a checkpoint may both see the loss
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._renew_loop, name=f"lease:{lock.name}", daemon=True)
 
@@ -99,7 +102,11 @@ class Lease:
         except (LockError, RedisError) as exc:
             # A Redis error is treated as a loss too: we cannot tell whether the
             # key outlived it, so we must assume another holder may exist.
-            self._lost.set()
+            with self._losing:
+                first = not self._lost.is_set()
+                self._lost.set()
+            if first:
+                _count_lost_lease()
             raise LockLost(self.lock.name) from exc
 
     def checkpoint(self) -> None:
@@ -142,6 +149,20 @@ def action_lock(action_id: int):
     # Short-lived, and extended after every step: a killed worker's action is
     # picked up by reconcile once the lock lapses.
     return held(f"rackwise:lock:action:{action_id}", ttl=settings.RACKWISE_STALL_S, wait=None)
+
+
+def _count_lost_lease() -> None:
+    # For the alert. Best effort: a holder cut off from Redis cannot count its
+    # loss (the queue-depth and worker checks see that outage instead).
+    try:
+        redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=1, socket_timeout=1).incr(LEASES_LOST)
+    except RedisError:
+        log.warning("could not count the lost lease: Redis does not answer")
+
+
+def leases_lost() -> int:
+    """Decision leases lost so far, by every worker (never reset)."""
+    return int(client().get(LEASES_LOST) or 0)
 
 
 def is_held(name: str) -> bool:

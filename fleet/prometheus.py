@@ -21,7 +21,7 @@ from datetime import timedelta
 import redis
 from django.conf import settings
 from django.contrib.auth.decorators import login_not_required
-from django.db.models import Count, DurationField, ExpressionWrapper, F, Q, Sum
+from django.db.models import Count, DurationField, ExpressionWrapper, F, Min, Q, Sum
 from django.db.models.functions import Coalesce
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
@@ -30,8 +30,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from fleet.choices import ActionKind, ActionState, JobState
-from fleet.models import Action, Job, Node
+from fleet import locks
+from fleet.choices import ActionKind, ActionState, DeliveryState, JobState
+from fleet.models import Action, Job, Node, WebhookDelivery
 from fleet.services.read import read_models
 from fleet.services.read.signals import latest_gpu_readings, rack_fabric_states
 from fleet.services.read.tenants import tenant_figures
@@ -64,6 +65,7 @@ class FleetCollector(Collector):
         yield from self._jobs(summary["jobs_by_state"])
         yield self._wait_histogram()
         yield from self._actions()
+        yield from self._alerting()
         yield self._heartbeats()
         yield from self._gpu_health()
         yield from self._tenants()
@@ -176,6 +178,47 @@ class FleetCollector(Collector):
             for state in FINISHED_ACTION_STATES:
                 recoveries.add_metric([kind, state], counts[(kind, state)])
         yield recoveries
+
+    def _alerting(self) -> Iterator:
+        """The figures deploy/prometheus/rackwise-alerts.yml alerts on besides
+        the others: how long the oldest proposal has waited for a decision, the
+        webhook deliveries by state (dead ones gave up), and the decision leases
+        lost (fleet.locks counts them in Redis)."""
+        now = timezone.now()
+        oldest = GaugeMetricFamily(
+            "rackwise_action_oldest_proposed_seconds",
+            "Seconds the oldest proposed action of each kind has waited for a decision (kinds with one).",
+            labels=["kind"],
+        )
+        for row in (
+            Action.objects.filter(state=ActionState.PROPOSED)
+            .values("kind")
+            .annotate(first=Min("created_at"))
+            .order_by("kind")
+        ):
+            oldest.add_metric([row["kind"]], max(0.0, (now - row["first"]).total_seconds()))
+        yield oldest
+        deliveries = GaugeMetricFamily(
+            "rackwise_webhook_deliveries",
+            "Event webhook deliveries by state; dead ones gave up (RACKWISE_WEBHOOK_MAX_ATTEMPTS).",
+            labels=["state"],
+        )
+        counts = dict.fromkeys(DeliveryState.values, 0)
+        for row in WebhookDelivery.objects.values("state").annotate(n=Count("id")).order_by():
+            counts[row["state"]] = row["n"]
+        for state, n in counts.items():
+            deliveries.add_metric([state], n)
+        yield deliveries
+        try:
+            lost = locks.leases_lost()
+        except (redis.exceptions.RedisError, OSError):
+            log.warning("metrics: Redis does not answer; lost leases left out", exc_info=True)
+        else:
+            yield CounterMetricFamily(
+                "rackwise_decision_leases_lost",
+                "Decision-lock leases a pass lost before it finished (it stopped without committing).",
+                value=lost,
+            )
 
     def _heartbeats(self) -> GaugeMetricFamily:
         now = timezone.now()

@@ -176,3 +176,20 @@ ensure_mmdebstrap() {
          && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq mmdebstrap >/dev/null; } \
     || die "could not install mmdebstrap with apt-get; install it, or skip the Slurm tests with: -m 'not slurm'"
 }
+
+# 6. promtool for the alert rules' checks (tests/test_deploy_artifacts.py:
+#    `promtool check rules`, `promtool test rules`), from Debian's prometheus
+#    package; its service is not started (nor wanted).
+ensure_promtool() {
+  command -v promtool >/dev/null && return 0
+  command -v apt-get >/dev/null \
+    || die "the alert rule tests need promtool (Debian's prometheus package) and apt-get is not here; install it"
+  local sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  log "Installing promtool for the alert rule tests (apt-get install prometheus)"
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends prometheus >/dev/null \
+    || { $sudo apt-get update -qq >/dev/null \
+         && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends prometheus >/dev/null; } \
+    || die "could not install prometheus (for promtool) with apt-get; install it"
+  command -v promtool >/dev/null || die "apt-get installed prometheus but promtool is not on PATH"
+}

@@ -247,6 +247,7 @@ def test_every_metric_the_dashboard_queries_is_served(fragmented, default_health
     # Signals too, with a clock event and a rule's verdict: every GPU health family has a series.
     record_heartbeat(node.pk, signals_beat(clock_event_reasons=["hw_slowdown"]))
     Action.objects.create(kind=ActionKind.RECOVERY, state=ActionState.SUCCEEDED, title="swap")
+    Action.objects.create(kind=ActionKind.DEFRAG, state=ActionState.PROPOSED, title="plan")  # its age
     served = set(scrape())
 
     used = {name for expr in _dashboard_exprs() for name in re.findall(r"\brackwise_[a-z_]+", expr)}
