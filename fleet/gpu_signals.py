@@ -212,12 +212,21 @@ def rate_per_hour(state: dict[str, Any], name: str, window_s: float, now: float)
     """How fast counter ``name`` rose over the last ``window_s`` seconds, per hour
     (None: not enough history yet). Reads the minute ring for windows within
     an hour, the hour ring beyond."""
+    seen = rise_within(state, name, window_s, now)
+    if seen is None or seen[1] < window_s / 2:
+        return None  # less than half the window seen
+    return seen[0] * 3600.0 / seen[1]
+
+
+def rise_within(state: dict[str, Any], name: str, window_s: float, now: float) -> tuple[float, float] | None:
+    """How much counter ``name`` rose within the last ``window_s`` seconds, and
+    over how many seconds of history (the oldest sample in the window to now);
+    None without a sample there."""
     c = state.get("counters", {}).get(name)
     if c is None:
         return None
     ring = state.get("minutes" if window_s <= HOUR else "hours", [])
-    since = now - window_s
-    start = next((s for s in ring if s[0] >= since - MINUTE), None)
-    if start is None or name not in start[1] or now - start[0] < window_s / 2:
-        return None  # less than half the window seen
-    return (c["total"] - start[1][name]) * 3600.0 / (now - start[0])
+    start = next((s for s in ring if s[0] >= now - window_s - MINUTE), None)
+    if start is None or name not in start[1] or now <= start[0]:
+        return None
+    return c["total"] - start[1][name], now - start[0]

@@ -97,6 +97,15 @@ def _fires(
                 f"{rule.signal} rose {rate:.4g}/h over the last {_window(rule.window_s)} "
                 f"(rule {rule.name}: above {rule.threshold:g}/h)"
             )
+        # Less than half the window seen (an agent just started): a rise that
+        # alone already exceeds the threshold over the whole window fires now,
+        # whatever the rest of the window brings.
+        seen = signals.rise_within(state, rule.signal, rule.window_s, now)
+        if rate is None and seen is not None and seen[0] * 3600.0 / rule.window_s > rule.threshold:
+            return (
+                f"{rule.signal} rose {seen[0]:.4g} in {seen[1] / 60:.0f} min, above "
+                f"{rule.threshold:g}/h over any {_window(rule.window_s)} (rule {rule.name})"
+            )
         return ""
     value = _value(rule.signal, sig, temperature)
     if rule.test == RuleTest.SET:

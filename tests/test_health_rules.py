@@ -103,6 +103,26 @@ def test_a_rate_rule_fires_once_the_counter_rises_fast_over_its_window(
     _check(node, HealthRule.objects.get(name=name))
 
 
+def test_a_burst_fires_before_half_the_window_is_seen_once_it_alone_exceeds_the_rate(node, client, clock):
+    """An agent that just started has minutes of history, not the half hour a
+    rate over an hour needs: a rise that alone exceeds the hourly threshold
+    fires anyway (over 1,000 NVLink CRC errors in 10 minutes: above 1,000/h
+    whatever the rest of the hour brings); a smaller one waits for the window."""
+    for minute in range(6):
+        clock.at = minute
+        post_beat(client, node, _on_gpu0(signals_beat(), nvlink__crc_flit=30 * minute))
+    assert GPU.objects.get(node=node, index=0).health == GpuHealth.OK, "150 in 5 min: not yet"
+    for minute in range(6, 11):
+        clock.at = minute
+        post_beat(client, node, _on_gpu0(signals_beat(), nvlink__crc_flit=150 + 200 * (minute - 5)))
+    gpu = GPU.objects.get(node=node, index=0)
+    node.refresh_from_db()
+    assert gpu.health == GpuHealth.DEGRADED and node.state == NodeState.DRAINED
+    assert gpu.last_error.startswith(
+        "nvlink.crc_flit rose 1150 in 10 min, above 1000/h over any 1h (rule nvlink-crc-rising)"
+    ), gpu.last_error
+
+
 def test_suspect_clears_when_the_reading_does(node, client):
     post_beat(client, node, _on_gpu0(signals_beat(), clock_event_reasons=["hw_thermal_slowdown"]))
     assert GPU.objects.get(node=node, index=0).health == GpuHealth.DEGRADED
