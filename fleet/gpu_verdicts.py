@@ -86,6 +86,10 @@ def _window(seconds: int) -> str:
     return f"{seconds // 3600}h" if seconds % 3600 == 0 else f"{seconds // 60} min"
 
 
+def _span(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
 def _fires(
     rule: Rule, sig: dict[str, Any], state: dict[str, Any], temperature: float | None, now: float
 ) -> str:
@@ -103,7 +107,7 @@ def _fires(
         seen = signals.rise_within(state, rule.signal, rule.window_s, now)
         if rate is None and seen is not None and seen[0] * 3600.0 / rule.window_s > rule.threshold:
             return (
-                f"{rule.signal} rose {seen[0]:.4g} in {seen[1] / 60:.0f} min, above "
+                f"{rule.signal} rose {seen[0]:.4g} in {_span(seen[1])}, above "
                 f"{rule.threshold:g}/h over any {_window(rule.window_s)} (rule {rule.name})"
             )
         return ""
