@@ -16,8 +16,9 @@ from django.db.models import Count, Q
 
 from fleet.choices import HOLDING_JOB_STATES, GpuHealth, NodeState
 from fleet.models import Allocation, Job, Node, Rack
-from fleet.steps import Allocate
+from fleet.steps import Allocate, Checkpoint, Start, Step, Stop
 from placement import model as pm
+from placement.plans import Move
 from placement.validate import validate_indexes
 
 # Database node states as the engine sees them: suspect and drained nodes take no
@@ -90,6 +91,17 @@ class Snapshot:
             reason=reason,
             choices=choices,
         )
+
+    def move_steps(self, move: Move) -> list[Step]:
+        """The steps of one of the engine's moves of a running job (a defrag's,
+        an evacuation's): checkpoint, stop, bind it to its new nodes, start."""
+        job_id = int(move.job_id)
+        return [
+            Checkpoint(job=job_id),
+            Stop(job=job_id),
+            self.allocate_step(job_id, move.to_nodes, move.to_segments, move.reason),
+            Start(job=job_id),
+        ]
 
     def describe_racks(self, rack_ids) -> list[str]:
         return [self.rack_names.get(r, r) for r in rack_ids]

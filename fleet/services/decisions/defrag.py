@@ -17,7 +17,7 @@ from fleet.services import audit
 from fleet.services.actions import lifecycle
 from fleet.services.actions import propose as action_services
 from fleet.services.errors import InvalidInput
-from fleet.steps import Checkpoint, Start, Step, Stop
+from fleet.steps import Step
 from placement.defrag import FreeRacks, RoomFor, Target, defragment
 from placement.fragmentation import FragmentationReport, fragmentation
 
@@ -223,15 +223,7 @@ def _make_plan(
             max_moves=goal.max_moves or settings.RACKWISE_DEFRAG_MAX_MOVES,
             shapes=shapes,
         )
-        steps: list[Step] = []
-        for move in plan.moves:
-            job_id = int(move.job_id)
-            steps += [
-                Checkpoint(job=job_id),
-                Stop(job=job_id),
-                snap.allocate_step(job_id, move.to_nodes, move.to_segments, move.reason),
-                Start(job=job_id),
-            ]
+        steps: list[Step] = [step for move in plan.moves for step in snap.move_steps(move)]
         touched_racks = sorted(
             {
                 snap.rack_names[snap.fleet.nodes[n].rack]

@@ -13,7 +13,6 @@ from fleet import engine
 from fleet.choices import ActionKind, ActionState, GpuHealth, NodeState
 from fleet.models import Action, Job, Node, Rack
 from fleet.services.actions import propose as action_services
-from fleet.steps import Checkpoint, Start, Stop
 from placement.evacuate import evacuate
 
 
@@ -63,12 +62,7 @@ def propose_evacuations(actor=None) -> list[Action]:
                 action_services.Proposal(
                     kind=ActionKind.EVACUATION,
                     title=f"move job #{job_id} {names[job_id]} off {why} to {', '.join(dst)}",
-                    steps=[
-                        Checkpoint(job=job_id),
-                        Stop(job=job_id),
-                        snap.allocate_step(job_id, move.to_nodes, move.to_segments, move.reason),
-                        Start(job=job_id),
-                    ],
+                    steps=snap.move_steps(move),
                     jobs=[job_id],
                     engine_plan={"moves": [move.to_dict()]},
                     cost_gpu_hours=move.cost_gpu_hours,
