@@ -77,13 +77,20 @@ def schedule_pending() -> str:
     """One scheduling pass at a time fleet-wide. A request that arrives while a
     pass runs marks the queue dirty; the running pass goes round again. The
     decision lock is a renewed lease: a pass that loses it stops before its next
-    commit, and leaves the queue dirty for whoever holds the lock now."""
+    commit, and leaves the queue dirty for whoever holds the lock now.
+
+    A request that finds the lock held waits up to one lease for it: a holder
+    whose host was cut off or that was killed never comes round again, and its
+    lease lapses within that time, so the next decision does not wait for
+    beat's tick (or for a message a cut-off worker took from the queue and will
+    never run). A live holder soon releases it; the dirty queue it cleared needs
+    no pass then."""
     r = locks.client()
     r.set(locks.SCHEDULE_DIRTY, 1)
     passes = 0
     while r.get(locks.SCHEDULE_DIRTY):
         try:
-            with locks.decisions(wait=None) as lease:
+            with locks.decisions(wait=settings.RACKWISE_DECISION_LOCK_TTL_S + 1) as lease:
                 while r.getdel(locks.SCHEDULE_DIRTY):
                     try:
                         result = scheduling.schedule_pass(checkpoint=lease.checkpoint)

@@ -139,3 +139,18 @@ def test_a_scheduling_task_that_loses_the_lock_leaves_the_queue_dirty_for_the_ne
     assert _redis().get(locks.SCHEDULE_DIRTY), "the next holder will go round again"
     job.refresh_from_db()
     assert job.state == JobState.PENDING
+
+
+def test_a_pass_that_finds_the_lock_held_waits_out_a_holder_that_no_longer_renews(
+    short_ttl, fleet, submitter
+):
+    """The holder may be gone (its host cut off): it will never see the queue is
+    dirty. A request that finds the lock held waits up to one lease for it, and
+    passes once the gone holder's lease lapses, without waiting for beat."""
+    job = submit_job(submitter, JobSpec(name="queued", num_gpus=4, tenant="llm"))
+    _steal()  # a holder that no longer renews
+    started = time.monotonic()
+    assert schedule_pending() == "1 pass(es)"
+    assert time.monotonic() - started <= TTL + 1
+    job.refresh_from_db()
+    assert job.state != JobState.PENDING

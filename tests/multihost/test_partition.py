@@ -31,8 +31,10 @@ from pathlib import Path
 
 import psycopg
 import pytest
+import redis
 import requests
 
+from fleet.locks import DECISION_LOCK
 from tests.multihost.hosts import Host, Lan, netns_available, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -269,10 +271,17 @@ def _in_flight(log: str, task: str) -> set[str]:
     return received - ended
 
 
-def _cut_mid(stack: Stack, host: str, task: str, feed: Callable[[int], None], timeout: float = 60) -> bool:
+def _cut_mid(
+    stack: Stack,
+    host: str,
+    task: str,
+    feed: Callable[[int], None],
+    timeout: float = 60,
+    also: Callable[[], bool] = lambda: True,
+) -> bool:
     """Keep work coming (``feed(i)``) until ``host``'s worker is in the middle of
-    ``task``, then unplug the host. Returns whether it was caught mid-task (else
-    it is unplugged anyway at the timeout)."""
+    ``task`` (and ``also()``), then unplug the host. Returns whether it was
+    caught so (else it is unplugged anyway at the timeout)."""
     stop = threading.Event()
 
     def feeder() -> None:
@@ -288,7 +297,7 @@ def _cut_mid(stack: Stack, host: str, task: str, feed: Callable[[int], None], ti
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:
-            if _in_flight(stack.log(host), task):
+            if _in_flight(stack.log(host), task) and also():
                 caught = True
                 break
             time.sleep(0.01)
@@ -327,22 +336,66 @@ def _all_running(stack: Stack, ids: list[int]) -> bool:
     return all(stack.job(j)["state"] == "running" for j in ids)
 
 
-def test_a_scheduler_host_cut_off_mid_pass_is_replaced_within_the_lease_and_back_acts_on_nothing_stale(stack):
+def _lease_lapses_unrenewed(stack: Stack) -> tuple[bool, float]:
+    """Watch the decision lock: is it held by someone who no longer renews it
+    (the cut host), so that it lapses at its TTL? A live holder renews it every
+    third of the TTL (its TTL jumps back up) or releases it early. Returns the
+    answer and when the lock was gone (monotonic)."""
+    r = redis.Redis(host=stack.db.ip, port=6379, socket_timeout=5)
+    last = r.pttl(DECISION_LOCK)
+    if last < 0:  # -2: nobody holds it
+        return False, time.monotonic()
+    deadline = time.monotonic() + LEASE_S + 2
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        now = r.pttl(DECISION_LOCK)
+        if now < 0:
+            return last < 1000, time.monotonic()  # ran out, or released early
+        if now > last + 100:
+            return False, time.monotonic()  # renewed: its holder is alive
+        last = now
+    return False, time.monotonic()
+
+
+def test_a_scheduler_host_cut_off_holding_the_lease_is_replaced_and_back_acts_on_nothing_stale(stack):
     before = [stack.submit(f"warm{i}", 2, expected_duration_s=10**6) for i in range(2)]
     _wait(lambda: _all_running(stack, before), 60, "the first jobs to run")
     fed: list[int] = []
-    caught = _cut_mid(
-        stack,
-        "sched1",
-        "fleet.tasks.schedule_pending",
-        lambda i: fed.append(stack.submit(f"feed{i}", 1, expected_duration_s=10**6)),
+    lock = redis.Redis(host=stack.db.ip, port=6379, socket_timeout=5)
+    # Cut the scheduler host mid-pass; it counts only if the host held the
+    # decision lease then (the lease lapses unrenewed): else heal it and retry.
+    for attempt in range(6):
+        _cut_mid(
+            stack,
+            "sched1",
+            "fleet.tasks.schedule_pending",
+            lambda i, a=attempt: fed.append(stack.submit(f"feed{a}-{i}", 1, expected_duration_s=10**6)),
+            # The lock is held, and not by the other scheduler.
+            also=lambda: (
+                bool(lock.exists(DECISION_LOCK))
+                and not _in_flight(stack.log("sched2"), "fleet.tasks.schedule_pending")
+            ),
+        )
+        cut_at = time.monotonic()
+        # Work keeps coming through the web host.
+        after = [stack.submit(f"after{attempt}-{i}", 2, expected_duration_s=10**6) for i in range(3)]
+        held, lapsed_at = _lease_lapses_unrenewed(stack)
+        if held:
+            break
+        stack.lan.heal(stack.host("sched1"))
+        _wait(lambda a=after: _all_running(stack, a), 60, "the jobs of a retried cut to run")
+    else:
+        raise AssertionError("the scheduler host was never cut while it held the lease")
+    # Nobody decided while the cut host held the lease...
+    assert all(stack.job(j)["state"] == "pending" for j in after), [stack.job(j)["state"] for j in after]
+    # ...and the other scheduler does once it has lapsed.
+    _wait(
+        lambda: all(stack.job(j)["state"] != "pending" for j in after),
+        LEASE_S + 45,
+        "the jobs sent after the cut to be placed",
     )
-    cut_at = time.monotonic()
-    # Work keeps coming through the web host; the other scheduler places it
-    # once the cut host's lease has lapsed.
-    after = [stack.submit(f"after{i}", 2, expected_duration_s=10**6) for i in range(3)]
-    _wait(lambda: _all_running(stack, after), LEASE_S + 45, "the jobs sent after the cut to run")
-    took = time.monotonic() - cut_at
+    placed_after = time.monotonic() - lapsed_at
+    _wait(lambda: _all_running(stack, after), 60, "the jobs sent after the cut to run")
     assert "fleet.tasks.schedule_pending" in stack.log("sched2")
 
     stack.lan.heal(stack.host("sched1"))
@@ -351,12 +404,12 @@ def test_a_scheduler_host_cut_off_mid_pass_is_replaced_within_the_lease_and_back
     time.sleep(LEASE_S)  # whatever the cut host had in hand has come back by now
     _fleet_ok(stack)
     print(
-        f"scheduler cut {'mid-pass' if caught else 'between passes'}; jobs running {took:.1f} s after the cut"
+        f"scheduler host cut holding the lease (attempt {attempt + 1}); lease lapsed "
+        f"{lapsed_at - cut_at:.1f} s after the cut; jobs placed {placed_after:.1f} s after that"
     )
-    assert caught, "the scheduler host was never caught in the middle of a pass"
-    # The lease lapses within LEASE_S; then the next pass (a submission asks for
-    # one) and the jobs' two steps on the simulated cluster (1 s each).
-    assert took < LEASE_S + 15, took
+    # The other scheduler's pass that found the lock held waited for it (up to a
+    # lease), so the jobs go within the lease, not at beat's next tick.
+    assert placed_after < LEASE_S, placed_after
 
 
 def test_a_worker_host_cut_off_mid_action_is_picked_up_and_back_applies_nothing_twice(stack):
