@@ -212,9 +212,14 @@ def rate_per_hour(state: dict[str, Any], name: str, window_s: float, now: float)
     """How fast counter ``name`` rose over the last ``window_s`` seconds, per hour
     (None: not enough history yet). Reads the minute ring for windows within
     an hour, the hour ring beyond."""
-    seen = rise_within(state, name, window_s, now)
+    return rate_of(rise_within(state, name, window_s, now), window_s)
+
+
+def rate_of(seen: tuple[float, float] | None, window_s: float) -> float | None:
+    """The rate per hour of a rise over seconds seen (:func:`rise_within`), or
+    None with less than half the window seen."""
     if seen is None or seen[1] < window_s / 2:
-        return None  # less than half the window seen
+        return None
     return seen[0] * 3600.0 / seen[1]
 
 

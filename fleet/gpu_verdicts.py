@@ -95,7 +95,8 @@ def _fires(
 ) -> str:
     """Why ``rule`` fires on this reading, or ''."""
     if rule.test == RuleTest.RATE_ABOVE:
-        rate = signals.rate_per_hour(state, rule.signal, rule.window_s, now)
+        seen = signals.rise_within(state, rule.signal, rule.window_s, now)
+        rate = signals.rate_of(seen, rule.window_s)
         if rate is not None and rate > rule.threshold:
             return (
                 f"{rule.signal} rose {rate:.4g}/h over the last {_window(rule.window_s)} "
@@ -104,7 +105,6 @@ def _fires(
         # Less than half the window seen (an agent just started): a rise that
         # alone already exceeds the threshold over the whole window fires now,
         # whatever the rest of the window brings.
-        seen = signals.rise_within(state, rule.signal, rule.window_s, now)
         if rate is None and seen is not None and seen[0] * 3600.0 / rule.window_s > rule.threshold:
             return (
                 f"{rule.signal} rose {seen[0]:.4g} in {_span(seen[1])}, above "
