@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from placement.model import HEALTHY, REQUIRED, Allocation, Fleet
 from placement.place import place
 from placement.plans import Move
+from placement.queues import degraded_for
 from placement.recover import DEFAULT_RESTART_MINUTES, apply_recovery, recover
 
 # A job with less than this left runs its course where it is.
@@ -69,7 +70,8 @@ def evacuate(
     for jid, alloc in fleet.allocations.items():
         if jid in skip:
             continue
-        on_bad_rack = len(alloc.nodes) > 1 and any(fleet.nodes[n].rack in fleet.degraded for n in alloc.nodes)
+        bad = degraded_for(fleet, alloc.job)  # none for one-node work
+        on_bad_rack = any(fleet.nodes[n].rack in bad for n in alloc.nodes)
         hit = [n for n in alloc.nodes if n in flagged]
         if not on_bad_rack and not hit:
             continue
