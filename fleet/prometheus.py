@@ -52,7 +52,7 @@ FINISHED_ACTION_STATES = (
 )
 GPU_STATES = ("used", "free", "failed", "unavailable")
 # The kinds of rackwise_tenant_gpus: tenant_figures' per-shape figures ("<kind>_gpus").
-TENANT_GPU_KINDS = ("nominal", "in_use", "borrowed", "lent")
+TENANT_GPU_KINDS = ("nominal", "in_use", "borrowed", "lent", "fair_share")
 
 
 class FleetCollector(Collector):
@@ -321,7 +321,8 @@ class FleetCollector(Collector):
         gpus = GaugeMetricFamily(
             "rackwise_tenant_gpus",
             "A tenant's GPUs per node shape (GPUs per node): its nominal quota, what it holds (in_use), "
-            "holds beyond its quota (borrowed), and its idle quota others use now (lent).",
+            "holds beyond its quota (borrowed), its idle quota others use now (lent), and its fair share "
+            "of the cohort's GPUs now (fair_share).",
             labels=["tenant", "shape", "kind"],
         )
         pending = GaugeMetricFamily(

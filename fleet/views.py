@@ -518,7 +518,7 @@ QUOTA_FORM_FIELDS = (
 
 
 # The per-shape figures drawn as bars ("<kind>_gpus" in tenant_figures).
-SHAPE_BARS = ("nominal", "in_use", "borrowed", "lent", "pending")
+SHAPE_BARS = ("nominal", "in_use", "borrowed", "lent", "pending", "fair_share")
 
 
 def _blank(value: int | None) -> str:

@@ -129,11 +129,66 @@ class Ledger:
     def give(self, tenant: str, gpus: int) -> None:
         self.usage[tenant] = max(0, self.usage.get(tenant, 0) - gpus)
 
+    def fair(self, waiting: dict[str, int], weight: dict[str, float]) -> dict[str, float]:
+        """Each tenant's fair share of the cohort's GPUs now (:func:`fair_shares`),
+        its demand being what it holds plus ``waiting`` (GPUs of its jobs that
+        wait), by ``weight``."""
+        names = set(self.usage) | set(self.quotas) | set(waiting)
+        return fair_shares(
+            self.capacity,
+            {t: self.quota(t).nominal for t in names},
+            {t: self.usage.get(t, 0) + waiting.get(t, 0) for t in names},
+            weight,
+        )
+
+    def fair_reclaim(
+        self, tenant: str, gpus: int, fair: dict[str, float], *, counted: bool = False
+    ) -> tuple[dict[str, int], int] | None:
+        """A reclaim for a job of ``gpus`` GPUs that borrows beyond ``tenant``'s
+        nominal quota (``counted``: the usage holds them already, as for a job
+        admitted in this pass): None unless the tenant stays within its fair
+        share (``fair``, from :meth:`fair`) with it. Else what each other tenant
+        may lose (what it holds beyond both its nominal quota and its fair share;
+        tenants within either are absent) and the GPUs that must come from them
+        (the pool's overdraw with the job)."""
+        gpus = 0 if counted else gpus
+        if self.usage.get(tenant, 0) + gpus > fair.get(tenant, 0.0) + 1e-6:
+            return None
+        budgets = {}
+        for t, used in self.usage.items():
+            keep = max(self.quota(t).nominal, int(fair.get(t, 0.0) + 0.5))
+            if t != tenant and used > keep:
+                budgets[t] = used - keep
+        after = {**self.usage, tenant: self.usage.get(tenant, 0) + gpus}
+        return budgets, max(0, self.draw(after) - self.pool)
+
     def reclaim_budgets(self) -> dict[str, int]:
         """How many GPUs each tenant above its nominal quota may lose to a
         reclaim: what it holds beyond its nominal quota. Tenants within their
         nominal quota are absent: a reclaim never takes from them."""
         return {t: over for t in self.usage if (over := self.borrowed(t)) > 0}
+
+
+def fair_shares(
+    capacity: int, nominal: dict[str, int], demand: dict[str, int], weight: dict[str, float]
+) -> dict[str, float]:
+    """Each tenant's fair share of ``capacity`` GPUs now (weighted max-min, one
+    resource): its nominal quota up to its demand (GPUs held plus queued), then
+    what is left shared by weight among those that want more, capped by demand,
+    and shared again until nobody wants more or nothing is left."""
+    fair = {t: float(min(nominal.get(t, 0), d)) for t, d in demand.items()}
+    left = capacity - sum(fair.values())
+    want = [t for t in demand if demand[t] > fair[t]]
+    while left > 1e-9 and want:
+        ws = {t: max(0.0, weight.get(t, 0.0)) for t in want}
+        total = sum(ws.values())
+        if total <= 0:
+            ws, total = dict.fromkeys(want, 1.0), float(len(want))
+        for t in want:
+            fair[t] += min(left * ws[t] / total, demand[t] - fair[t])
+        left = capacity - sum(fair.values())
+        want = [t for t in want if demand[t] - fair[t] > 1e-9]
+    return fair
 
 
 def overdue(waited: float, run: float, *, slowdown: float | None, floor_s: float) -> bool:

@@ -24,8 +24,10 @@ def test_each_tenants_quota_usage_pending_share_and_usage_are_served(fragmented,
     def gpus(tenant: str, kind: str) -> float:
         return one(samples, "rackwise_tenant_gpus", tenant=tenant, shape="4", kind=kind)
 
-    assert [gpus("llm", k) for k in ("nominal", "in_use", "borrowed", "lent")] == [16, 32, 16, 0]
-    assert [gpus("vision", k) for k in ("nominal", "in_use", "borrowed", "lent")] == [112, 0, 0, 16]
+    kinds = ("nominal", "in_use", "borrowed", "lent", "fair_share")
+    # llm's fair share: all it asks for (32 held, 64 pending), as vision asks for nothing.
+    assert [gpus("llm", k) for k in kinds] == [16, 32, 16, 0, 96]
+    assert [gpus("vision", k) for k in kinds] == [112, 0, 0, 16, 0]
     assert one(samples, "rackwise_tenant_pending_gpus", tenant="llm", shape="4") == 64  # job c's 16 nodes
     assert one(samples, "rackwise_tenant_pending_gpus", tenant="vision", shape="4") == 0
     assert one(samples, "rackwise_tenant_fair_share", tenant="llm") == pytest.approx(0.75)
@@ -37,7 +39,7 @@ def test_each_tenants_quota_usage_pending_share_and_usage_are_served(fragmented,
     for t in tenant_figures():
         assert one(samples, "rackwise_tenant_fair_share", tenant=t["name"]) == pytest.approx(t["fair_share"])
         for q in t["quotas"]:
-            for kind in ("nominal", "in_use", "borrowed", "lent"):
+            for kind in kinds:
                 labels = {"tenant": t["name"], "shape": str(q["gpus_per_node"]), "kind": kind}
                 assert one(samples, "rackwise_tenant_gpus", **labels) == q[f"{kind}_gpus"]
             shape = str(q["gpus_per_node"])

@@ -36,6 +36,7 @@ def test_an_operator_sets_a_quota_and_every_reader_sees_the_figures(
             "borrowed_gpus": 0,
             "lent_gpus": 0,
             "pending_gpus": 100,
+            "fair_share_gpus": 100,
             "cohort_capacity_gpus": 128,
         }
     ]

@@ -45,6 +45,12 @@ class QuotaFiguresSerializer(QuotaSerializer):
     borrowed_gpus = serializers.IntegerField(help_text="What it holds beyond its nominal quota.")
     lent_gpus = serializers.IntegerField(help_text="Its idle lendable quota that other tenants use now.")
     pending_gpus = serializers.IntegerField(help_text="GPUs its pending jobs charged to this shape ask for.")
+    fair_share_gpus = serializers.IntegerField(
+        help_text="Its fair share of the cohort's GPUs now: its nominal quota up to its demand (held plus "
+        "pending), then what is left by weight among those that want more. A job its quota holds back "
+        "reclaims from tenants above both their quota and their fair share while its tenant stays "
+        "within this."
+    )
     cohort_capacity_gpus = serializers.IntegerField()
 
 

@@ -12,7 +12,13 @@ the baselines' rules are cited where they are applied.
   tenant's nominal quota that cannot be placed reclaims with
   :func:`placement.reclaim.reclaim`: the cheapest victims, in one rack when one
   holds the job, only from tenants above nominal and never below it, and never on
-  the nodes the cycle's reservation holds.
+  the nodes the cycle's reservation holds. A borrowing job (admitted and not
+  placed, or held back by its quota) whose tenant stays within its fair share
+  with it (weighted max-min of the capacity over the demand,
+  :meth:`placement.quota.Ledger.fair`) reclaims the same
+  way, from tenants above both their nominal quota and their fair share, and
+  never below either: borrowed capacity goes back to whom fair share owes it, as
+  Kueue's fair-sharing preemption does, but rack by rack.
 * **kueue-tas**: one ClusterQueue per tenant in one cohort (nominalQuota, borrowing
   with no borrowingLimit unless set), ``fairSharing`` enabled with the weights, and
   ``preemption: {reclaimWithinCohort: Any, withinClusterQueue: LowerPriority}``
@@ -58,7 +64,7 @@ from placement.model import HEALTHY, Allocation, JobRequest
 from placement.place import place, shape_key
 from placement.plans import PlacementPlan
 from placement.quota import Ledger
-from placement.reclaim import reclaim_for_quota
+from placement.reclaim import reclaim, reclaim_for_quota
 from placement.sim.queue import QueuePasses
 from placement.sim.state import JobState
 from placement.sim.tenancy import SLURM_POLICIES, Tenancy, Verdict
@@ -181,7 +187,14 @@ class TenantPasses(QueuePasses):
         found: tuple[list[str], PlacementPlan] | None = None
         if self.policy == "rackwise":
             if verdict.guaranteed:
-                found = self._victims_rackwise(now, st, verdict)
+                budgets = ten.ledger.reclaim_budgets()
+                found = self._victims_rackwise(now, st, budgets, verdict.overdraw, widen=True)
+            else:
+                # Borrowing within its fair share: take back from tenants above
+                # both their nominal quota and their fair share.
+                fair = ten.ledger.fair_reclaim(job.tenant, job.total_gpus, ten.entitled())
+                if fair is not None:
+                    found = self._victims_rackwise(now, st, *fair, widen=False)
         elif self.policy == "kueue-tas":
             found = self._victims_kueue(now, job)
         elif verdict.guaranteed:
@@ -207,7 +220,7 @@ class TenantPasses(QueuePasses):
         return True
 
     def _victims_rackwise(
-        self, now: float, st: JobState, verdict: Verdict
+        self, now: float, st: JobState, budgets: dict[str, int], need: int, widen: bool
     ) -> tuple[list[str], PlacementPlan] | None:
         """A reclaim for ``st`` that keeps clear of the cycle's reservations: their
         idle nodes are held back, and jobs on their nodes are no victims (stopping
@@ -218,7 +231,7 @@ class TenantPasses(QueuePasses):
         job = st.job
         fleet = self.fleet
         usage = ten.ledger.usage
-        budgets = {t: b for t, b in ten.ledger.reclaim_budgets().items() if t != job.tenant}
+        budgets = {t: b for t, b in budgets.items() if t != job.tenant}
         if not budgets:
             return None
         held = self.bf.held_nodes(now, now + self._expected_run(st)) if self.bf is not None else set()
@@ -229,18 +242,20 @@ class TenantPasses(QueuePasses):
             slots.setdefault(node.rack, []).append(node.index)
         taken = fleet.hold_back(slots)
         try:
-            plan = reclaim_for_quota(
-                fleet,
-                job,
-                lambda v: v.tenant in budgets and v.id not in on_held,
-                budgets,
-                usage,
-                ten.nominal,
-                need_gpus=verdict.overdraw,
-                policy="rackwise",
-                now=now,
-                restart_minutes=self.cfg.restart_minutes,
-            )
+
+            def may(v: JobRequest) -> bool:
+                return v.tenant in budgets and v.id not in on_held
+
+            kw: dict[str, Any] = {
+                "need_gpus": need,
+                "policy": "rackwise",
+                "now": now,
+                "restart_minutes": self.cfg.restart_minutes,
+            }
+            if widen:
+                plan = reclaim_for_quota(fleet, job, may, budgets, usage, ten.nominal, **kw)
+            else:
+                plan = reclaim(fleet, job, may, budgets, **kw)
         finally:
             fleet.give_back(taken)
         if not plan.placed or plan.placement is None or held & set(plan.placement.nodes):

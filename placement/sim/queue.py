@@ -219,6 +219,9 @@ class QueuePasses:
                         # Past the starvation bound it still reserves: the cohort's
                         # GPUs come back as its nodes do, and nobody else may take them.
                         bf.reserve_later(job, self._expected_run(st), st.submit, shape_key(job))
+                    elif self._preempt_for(now, st, verdict):
+                        self.again = True  # a fair-share reclaim: plan a new cycle
+                        return
                     continue  # held by its quota: no start
             key = shape_key(job)
             run = self._expected_run(st)

@@ -220,23 +220,10 @@ class Tenancy:
     # -- figures --------------------------------------------------------------------------
 
     def entitled(self) -> dict[str, float]:
-        """Each tenant's entitled GPUs now: min(nominal, demand), then the capacity
-        left shared by weight among those that want more, capped by demand."""
-        demand = {t: self.used(t) + self.queued_gpus[t] for t in self.names}
-        ent = {t: float(min(self.nominal(t), demand[t])) for t in self.names}
-        left = self.capacity - sum(ent.values())
-        want = [t for t in self.names if demand[t] > ent[t]]
-        while left > 1e-9 and want:
-            ws = {t: self.setup.weight(t) for t in want}
-            total = sum(ws.values())
-            if total <= 0:
-                ws = dict.fromkeys(want, 1.0)
-                total = float(len(want))
-            for t in want:
-                ent[t] += min(left * ws[t] / total, demand[t] - ent[t])
-            left = self.capacity - sum(ent.values())
-            want = [t for t in want if demand[t] - ent[t] > 1e-9]
-        return ent
+        """Each tenant's entitled GPUs now (:meth:`placement.quota.Ledger.fair`):
+        min(nominal, demand), then the capacity left shared by weight among those
+        that want more, capped by demand."""
+        return self.ledger.fair(dict(self.queued_gpus), {t: self.setup.weight(t) for t in self.names})
 
     def advance(self, t: float) -> None:
         """The state held from the last instant up to ``t``: integrate the figures and

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as S
 
 from placement.model import Fleet
 from placement.place import place
-from placement.quota import Ledger, Quota
+from placement.quota import Ledger, Quota, fair_shares
 from placement.reclaim import reclaim
 from placement.testing import gang, occupy
 
@@ -90,6 +91,73 @@ def test_admission_never_exceeds_a_ceiling_nor_lends_beyond_the_lending_limits(q
             ceiling = ledger.quota(t).ceiling
             assert ceiling is None or used <= ceiling
         assert ledger.draw() <= ledger.pool
+
+
+# --- fair share ----------------------------------------------------------------------
+
+
+def test_the_fair_share_is_the_nominal_quota_then_the_rest_by_weight_capped_by_demand():
+    fair = fair_shares(128, {"a": 32, "b": 32, "c": 0}, {"a": 128, "b": 64, "c": 8}, {"a": 1, "b": 3, "c": 1})
+    # Floors 32, 32, 0; the 64 left by weight 1:3:1 (12.8, 38.4, 12.8), c
+    # capped at 8 and b at 64; what they leave goes to a.
+    assert fair == pytest.approx({"a": 56.0, "b": 64.0, "c": 8.0})
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    tenants=S.lists(
+        S.tuples(S.integers(0, 64), S.integers(0, 128), S.integers(0, 64), S.sampled_from([0.5, 1, 2, 3])),
+        min_size=1,
+        max_size=4,
+    ),
+    extra=S.integers(0, 64),
+    who=S.integers(0, 3),
+    gpus=S.integers(1, 64),
+)
+def test_fair_shares_are_max_min_and_a_fair_reclaim_never_takes_anyone_below_its_share(
+    tenants, extra, who, gpus
+):
+    """The fair shares: within the capacity and each demand, at least the
+    nominal quota (up to demand), and max-min by weight: a tenant that gets
+    less than it asks for gets at least as much above its floor, per weight, as
+    any other. A fair-share reclaim happens only for a tenant within its share
+    with the job, and takes nobody below its nominal quota or its share."""
+    names = [f"t{i}" for i in range(len(tenants))]
+    nominal = {t: n for t, (n, _, _, _) in zip(names, tenants, strict=True)}
+    capacity = sum(nominal.values()) + extra
+    ledger = Ledger(4, capacity, {t: Quota(n) for t, n in nominal.items()})
+    for t, (_, held, _, _) in zip(names, tenants, strict=True):
+        ledger.take(t, min(held, capacity))
+    waiting = {t: w for t, (_, _, w, _) in zip(names, tenants, strict=True)}
+    weight = {t: w for t, (_, _, _, w) in zip(names, tenants, strict=True)}
+    fair = ledger.fair(waiting, weight)
+    demand = {t: ledger.usage[t] + waiting[t] for t in names}
+    floor = {t: min(nominal[t], demand[t]) for t in names}
+    assert sum(fair.values()) <= capacity + 1e-6
+    for t in names:
+        assert floor[t] - 1e-6 <= fair[t] <= demand[t] + 1e-6
+    short = [t for t in names if fair[t] < demand[t] - 1e-6]
+    if short:
+        assert sum(fair.values()) == pytest.approx(capacity), "nothing left idle while someone wants more"
+    for t in short:
+        for u in names:
+            assert (fair[t] - floor[t]) / weight[t] >= (fair[u] - floor[u]) / weight[u] - 1e-6
+
+    tenant = names[who % len(names)]
+    found = ledger.fair_reclaim(tenant, gpus, fair)
+    ledger.take(tenant, gpus)  # a job admitted in the same pass is in the usage already
+    assert ledger.fair_reclaim(tenant, gpus, fair, counted=True) == found
+    ledger.give(tenant, gpus)
+    if ledger.usage[tenant] + gpus > fair[tenant] + 1e-6:
+        assert found is None
+        return
+    assert found is not None
+    budgets, need = found
+    assert tenant not in budgets
+    assert need == max(0, ledger.draw({**ledger.usage, tenant: ledger.usage[tenant] + gpus}) - ledger.pool)
+    for t, budget in budgets.items():
+        left = ledger.usage[t] - budget
+        assert budget > 0 and left >= nominal[t] and left >= fair[t] - 0.5
 
 
 # --- reclaim -----------------------------------------------------------------------

@@ -195,6 +195,24 @@ def _first_starts(trace: list[TraceJob], policy: str, cfg: SimConfig) -> dict[st
     return {jid: s.first_start for jid, s in sim.jobs.items() if s.first_start is not None}
 
 
+def test_rackwise_reclaims_for_a_borrower_within_its_fair_share_from_one_rack() -> None:
+    # 32 GPUs in two racks of 4 nodes; nominal a 12, b 12, c 4 (weights 2:2:1), 4
+    # GPUs nobody's. a borrows the whole fleet in 1-node jobs. c asks for nothing,
+    # so the 8 GPUs beyond a's and b's quotas are shared by their weights: b's fair
+    # share is 16, and its 16-GPU gang, though beyond its nominal 12, takes back
+    # one rack of a's work at once; a keeps its fair share (16). Slurm's
+    # partition_prio preempts only for the guaranteed partition: b waits there.
+    setup = TenantSetup(entitlements=(("a", 0.4), ("b", 0.4), ("c", 0.2)))
+    trace = [job(f"a{i}", "a", 4, 0, 10000) for i in range(8)] + [job("b1", "b", 16, 100, 100)]
+    cfg = small_fleet(setup, nodes=4, racks=2)
+    starts = _first_starts(trace, "rackwise", cfg)
+    assert starts["b1"] == 100
+    res = simulate(trace, "rackwise", cfg)
+    assert res.metrics["tenants"]["preemptions"] == 4
+    assert res.metrics["tenants"]["victims_at_or_under_nominal"] == 0
+    assert _first_starts(trace, "slurm-block", cfg)["b1"] >= 10000
+
+
 def test_slurm_restarted_victim_was_in_borrow() -> None:
     trace = [
         job("a1", "a", 8, 0, 5000),

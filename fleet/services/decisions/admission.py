@@ -15,7 +15,15 @@ engine as it always did, and only a higher priority preempts (step 2). With quot
    a job within its tenant's nominal quota takes back what other tenants
    borrowed (never from a tenant within its own nominal quota:
    :func:`placement.reclaim.reclaim_for_quota`), and any job may
-   stop preemptible jobs of its own tenant with a lower priority. The victims
+   stop preemptible jobs of its own tenant with a lower priority. A job that
+   borrows beyond its tenant's nominal quota (admitted and not placed, or held
+   back by its quota because the cohort has nothing left to lend) reclaims too
+   while its tenant stays within its fair share with it (weighted
+   max-min of the cohort's GPUs over every tenant's demand, held plus waiting:
+   :meth:`placement.quota.Ledger.fair`), from tenants above both their nominal
+   quota and their fair share, never below either
+   (:meth:`placement.quota.Ledger.fair_reclaim`): what one tenant borrowed goes
+   back to whom fair share owes it. The victims
    are chosen to give it one NVLink domain at the least GPU-hours lost. The plan
    is an action (``reclaim``): checkpoint and preempt the victims (they go back to
    the queue), allocate and start the job. It runs without an operator up to
@@ -41,7 +49,7 @@ from fleet.services.actions import propose as action_services
 from fleet.services.tenants import usage
 from fleet.steps import Checkpoint, Preempt, Start, Step
 from placement.quota import Admission, Ledger, overdue
-from placement.reclaim import reclaim_for_quota
+from placement.reclaim import reclaim, reclaim_for_quota
 
 # After an operator rejects a reclaim, the job waits this long before another is proposed.
 RECLAIM_COOLDOWN = timedelta(minutes=15)
@@ -53,10 +61,20 @@ class Admitted:
 
     jobs: list[Job] = field(default_factory=list)  # admitted, in fair-share order
     waiting: dict[int, str] = field(default_factory=dict)  # job id -> why its quota holds it back
+    held: list[Job] = field(default_factory=list)  # those jobs, in fair-share order
     guaranteed: dict[int, int] = field(default_factory=dict)  # within nominal: job id -> pool overdraw
     ledgers: dict[tuple[str, int], Ledger] = field(default_factory=dict)
     shape_of: dict[int, int] = field(default_factory=dict)
     cohort_of: dict[str, str] = field(default_factory=dict)
+    # Per ledger: each tenant's fair share of its GPUs now (Ledger.fair).
+    fair: dict[tuple[str, int], dict[str, float]] = field(default_factory=dict)
+
+    def ledger_of(self, job: Job) -> tuple[str, int] | None:
+        """The key of the ledger ``job`` counts in (None: no shape holds it)."""
+        shape = self.shape_of.get(job.pk)
+        if shape is None:
+            return None
+        return (self.cohort_of.get(job.tenant.name, Tenant.DEFAULT_COHORT), shape)
 
 
 def admit(pending: list[Job], busy: set[int]) -> Admitted:
@@ -92,22 +110,28 @@ def admit(pending: list[Job], busy: set[int]) -> Admitted:
             job.pk,
         )
 
+    waiting: dict[tuple[str, int], dict[str, int]] = {key: {} for key in out.ledgers}
     for job in sorted(pending, key=order):
         shape = usage.job_shape(job, shapes)
         if shape is None:
             out.jobs.append(job)  # no shape holds it: the engine says why
             continue
         tenant = job.tenant.name
-        ledger = out.ledgers[(out.cohort_of.get(tenant, Tenant.DEFAULT_COHORT), shape)]
+        out.shape_of[job.pk] = shape
+        key = out.ledger_of(job)
+        assert key is not None
+        ledger = out.ledgers[key]
         decision = ledger.admit(tenant, job.num_gpus)
         if not decision.admitted:
             out.waiting[job.pk] = f"quota: {decision.reason}"
+            out.held.append(job)
+            waiting[key][tenant] = waiting[key].get(tenant, 0) + job.num_gpus
             continue
         ledger.take(tenant, job.num_gpus)
         out.jobs.append(job)
-        out.shape_of[job.pk] = shape
         if decision.guaranteed:
             out.guaranteed[job.pk] = decision.overdraw
+    out.fair = {key: ledger.fair(waiting[key], weight) for key, ledger in out.ledgers.items()}
     return out
 
 
@@ -149,53 +173,78 @@ def propose_reclaims(
         .values("tenant_id")
         .annotate(low=Min("priority"))
     }
-    for job in admitted.jobs:
+    for job in [*admitted.jobs, *admitted.held]:
         if job.pk not in waiting or job.pk in recently_rejected:
             continue
         tenant = job.tenant.name
+        held = job.pk in admitted.waiting  # its quota holds it back
         ledger = None
+        limits: dict[str, int] = {}
+        need = 0
+        fair_share = False
         if admitted.ledgers:
-            if job.pk not in admitted.shape_of:
+            key = admitted.ledger_of(job)
+            if key is None:
                 continue
-            ledger = admitted.ledgers[
-                (admitted.cohort_of.get(tenant, Tenant.DEFAULT_COHORT), admitted.shape_of[job.pk])
-            ]
-        guaranteed = ledger is not None and job.pk in admitted.guaranteed
-        limits = (
-            {t: gpus for t, gpus in ledger.reclaim_budgets().items() if t != tenant}
-            if ledger is not None and guaranteed
-            else {}
-        )
-        if not limits and lowest.get(job.tenant_id, job.priority) >= job.priority:
+            ledger = admitted.ledgers[key]
+            if job.pk in admitted.guaranteed:
+                limits = {t: gpus for t, gpus in ledger.reclaim_budgets().items() if t != tenant}
+                need = admitted.guaranteed[job.pk]
+            else:
+                # Borrowing within its fair share: from tenants above both
+                # their nominal quota and their fair share, and only that.
+                found = ledger.fair_reclaim(tenant, job.num_gpus, admitted.fair[key], counted=not held)
+                if found is not None:
+                    (limits, need), fair_share = found, True
+        if not limits and (held or lowest.get(job.tenant_id, job.priority) >= job.priority):
             continue  # nothing it may stop
 
-        def may_preempt(victim, tenant=tenant, job=job, limits=limits) -> bool:
+        def may_preempt(victim, tenant=tenant, job=job, limits=limits, held=held) -> bool:
             if int(victim.id) not in running:
                 return False
             if victim.tenant in limits:
-                return True  # borrowed work, taken back for a tenant within its quota
-            return victim.tenant == tenant and victim.preemptible and victim.priority < job.priority
+                return True  # borrowed work, taken back for a tenant within its quota or fair share
+            return (
+                not held and victim.tenant == tenant and victim.preemptible and victim.priority < job.priority
+            )
 
         request = engine.job_request(job)
-        plan = reclaim_for_quota(
-            snap.fleet,
-            request,
-            may_preempt,
-            limits,
-            ledger.usage if ledger is not None else {},
-            partial(_nominal, ledger),
-            need_gpus=admitted.guaranteed.get(job.pk, 0),
-            policy=engine.policy(),
-            now=time.time(),
-        )
+        if fair_share:
+            plan = reclaim(
+                snap.fleet,
+                request,
+                may_preempt,
+                limits,
+                need_gpus=need,
+                policy=engine.policy(),
+                now=time.time(),
+            )
+        else:
+            plan = reclaim_for_quota(
+                snap.fleet,
+                request,
+                may_preempt,
+                limits,
+                ledger.usage if ledger is not None else {},
+                partial(_nominal, ledger),
+                need_gpus=need,
+                policy=engine.policy(),
+                now=time.time(),
+            )
         if not plan.placed or not plan.victims or plan.placement is None:
             continue
         for vid in plan.victims:
             victim = snap.fleet.release(vid)
             if ledger is not None:
                 ledger.give(victim.job.tenant, victim.gpus)
+        if held and ledger is not None:
+            ledger.take(tenant, job.num_gpus)
         snap.fleet.allocate(plan.placement.allocation(request))
-        proposals.append(_proposal(job, plan, snap, limits))
+        if fair_share:
+            why = "reclaims GPUs held above their fair share"
+        else:
+            why = "reclaims borrowed GPUs" if limits else "preempts lower-priority work"
+        proposals.append(_proposal(job, plan, snap, why, bool(limits)))
     return proposals
 
 
@@ -203,7 +252,7 @@ def _nominal(ledger: Ledger | None, tenant: str) -> int:
     return ledger.quota(tenant).nominal if ledger is not None else 0
 
 
-def _proposal(job: Job, plan, snap: engine.Snapshot, limits: dict[str, int]) -> action_services.Proposal:
+def _proposal(job: Job, plan, snap: engine.Snapshot, why: str, reclaims: bool) -> action_services.Proposal:
     victims = [snap.jobs[v] if v in snap.jobs else Job.objects.get(pk=int(v)) for v in plan.victims]
     steps: list[Step] = [Checkpoint(job=v.pk) for v in victims]
     steps += [Preempt(job=v.pk) for v in victims]
@@ -212,7 +261,6 @@ def _proposal(job: Job, plan, snap: engine.Snapshot, limits: dict[str, int]) -> 
         snap.allocate_step(job.pk, placement.nodes, placement.segments, placement.reason, placement.choices),
         Start(job=job.pk),
     ]
-    why = "reclaims borrowed GPUs" if limits else "preempts lower-priority work"
     names = ", ".join(f"#{v.pk} {v.name} ({v.tenant.name})" for v in victims)
     racks = ", ".join(snap.describe_racks(placement.racks))
     cost = plan.cost_gpu_hours
@@ -223,6 +271,6 @@ def _proposal(job: Job, plan, snap: engine.Snapshot, limits: dict[str, int]) -> 
         jobs=[job.pk, *(v.pk for v in victims)],
         engine_plan=plan.to_dict(),
         cost_gpu_hours=cost,
-        benefit={"reason": plan.reason, "reclaim": bool(limits), "victims": [v.pk for v in victims]},
+        benefit={"reason": plan.reason, "reclaim": reclaims, "victims": [v.pk for v in victims]},
         needs_approval=cost > settings.RACKWISE_RECLAIM_APPROVAL_GPU_HOURS,
     )

@@ -1,5 +1,6 @@
 """Tenants as the Tenants page and ``/api/tenants/`` show them: per node shape
 their quota, what they hold, borrow and lend; their pending demand, fair share
+(their weight's part, and the GPUs it comes to now: what a reclaim enforces)
 and decayed usage (see placement.quota and fleet.services.tenants.usage)."""
 
 from __future__ import annotations
@@ -22,7 +23,20 @@ def tenant_figures(name: str | None = None) -> list[dict]:
     ).order_by("name")
     if name is not None:
         rows = rows.filter(name=name)
-    total_weight = sum(Tenant.objects.values_list("weight", flat=True)) or 1.0
+    weights = dict(Tenant.objects.values_list("name", "weight"))
+    total_weight = sum(weights.values()) or 1.0
+    cohort_of = dict(Tenant.objects.values_list("name", "cohort"))
+    fair = {
+        (cohort, shape): ledger.fair(
+            {
+                t: gpus
+                for (t, s), gpus in demand_by_shape.items()
+                if s == shape and cohort_of.get(t, Tenant.DEFAULT_COHORT) == cohort
+            },
+            weights,
+        )
+        for (cohort, shape), ledger in ledgers.items()
+    }
     configured = {(q.tenant_id, q.gpus_per_node) for q in Quota.objects.all()}
     reserved: dict[int, list[str]] = {}
     for tenant_id, rack in RackReservation.objects.values_list("tenant_id", "rack__name").order_by(
@@ -50,6 +64,7 @@ def tenant_figures(name: str | None = None) -> list[dict]:
                     "borrowed_gpus": ledger.borrowed(tenant.name),
                     "lent_gpus": ledger.lent(tenant.name),
                     "pending_gpus": pending,
+                    "fair_share_gpus": round(fair[(cohort, shape)].get(tenant.name, 0.0)),
                     "cohort_capacity_gpus": ledger.capacity,
                 }
             )
