@@ -191,10 +191,15 @@ def fair_shares(
     return fair
 
 
-def overdue(waited: float, run: float, *, slowdown: float | None, floor_s: float) -> bool:
+def overdue(
+    waited: float, run: float, *, slowdown: float | None, floor_s: float, cap_s: float | None = None
+) -> bool:
     """The starvation bound: has a job that has not started yet waited so long
     that fair share may no longer hold it back? Yes once its bounded slowdown so
     far, ``(waited + run) / max(run, floor_s)``, reaches ``slowdown`` (2: it has
     waited as long as it will run, and at least the floor). ``run``: its expected
-    duration (the floor when unknown); ``slowdown`` None: no bound."""
-    return slowdown is not None and waited + run >= slowdown * max(run, floor_s)
+    duration (the floor when unknown); ``slowdown`` None: no bound. ``cap_s``:
+    a long job is overdue after this much waiting whatever its run."""
+    if slowdown is None:
+        return False
+    return waited + run >= slowdown * max(run, floor_s) or (cap_s is not None and waited >= cap_s)

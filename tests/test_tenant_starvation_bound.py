@@ -1,7 +1,8 @@
 """The starvation bound in the service's admission (issue #30): fair share
 admits the tenant with the least recent usage first, until a job of another
-tenant has waited as long as it will run (and at least the floor): then it is
-admitted first, whatever the shares (placement.quota.overdue)."""
+tenant has waited as long as it will run (and at least the floor), or 4 hours
+whatever its run (the cap): then it is admitted first, whatever the shares
+(placement.quota.overdue)."""
 
 from __future__ import annotations
 
@@ -65,3 +66,21 @@ def test_a_short_job_is_not_overdue_before_the_floor():
     assert not overdue(1800, 300, slowdown=2.0, floor_s=3600)
     assert overdue(7200 - 300, 300, slowdown=2.0, floor_s=3600)
     assert not overdue(10**9, 300, slowdown=None, floor_s=3600)
+
+
+def test_a_long_job_is_overdue_after_the_cap_whatever_its_run():
+    # A 20-hour job: by slowdown only after 20 hours of waiting; with the 4-hour cap, at 4 hours.
+    assert not overdue(4 * 3600, 20 * 3600, slowdown=2.0, floor_s=3600)
+    assert not overdue(4 * 3600 - 1, 20 * 3600, slowdown=2.0, floor_s=3600, cap_s=4 * 3600)
+    assert overdue(4 * 3600, 20 * 3600, slowdown=2.0, floor_s=3600, cap_s=4 * 3600)
+    assert not overdue(10**9, 300, slowdown=None, floor_s=3600, cap_s=4 * 3600), "the bound off: no cap"
+
+
+def test_the_service_admits_a_long_job_ahead_of_fair_share_once_it_waited_the_cap(contended, settings):
+    mine, theirs = contended
+    Job.objects.filter(pk=mine.pk).update(
+        expected_duration_s=20 * 3600, submitted_at=timezone.now() - timedelta(hours=4, minutes=1)
+    )
+    assert _admitted(mine, theirs) == ["mine"]
+    settings.RACKWISE_OVERDUE_CAP_S = 0  # no cap: a 20-hour job is not overdue after 4 hours
+    assert _admitted(mine, theirs) == ["theirs"]

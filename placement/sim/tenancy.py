@@ -181,7 +181,11 @@ class Tenancy:
         (:mod:`placement.sim.preempt`); so its wait is bounded by this age plus the
         time until its reserved nodes come free, whatever the tenants' shares."""
         return quota_overdue(
-            waited, run, slowdown=self.setup.overdue_slowdown, floor_s=self.setup.overdue_floor_s
+            waited,
+            run,
+            slowdown=self.setup.overdue_slowdown,
+            floor_s=self.setup.overdue_floor_s,
+            cap_s=self.setup.overdue_cap_s,
         )
 
     def fair_tree_factors(self) -> dict[str, float]:

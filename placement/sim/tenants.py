@@ -39,7 +39,7 @@ class TenantSetup:
     ``borrowing_limit``: GPUs each may hold beyond it (None: no limit);
     ``half_life_s``: rackwise's fair-share decay of past usage; ``slurm_half_life_s``:
     Slurm's PriorityDecayHalfLife (slurm.conf(5), default 7-0 = 7 days).
-    ``overdue_slowdown``, ``overdue_floor_s``: rackwise's starvation bound (see
+    ``overdue_slowdown``, ``overdue_floor_s``, ``overdue_cap_s``: rackwise's starvation bound (see
     :meth:`placement.sim.tenancy.Tenancy.overdue`); ``overdue_slowdown=None`` turns
     it off."""
 
@@ -49,6 +49,7 @@ class TenantSetup:
     slurm_half_life_s: float = 7 * 86400.0
     overdue_slowdown: float | None = 2.0
     overdue_floor_s: float = 3600.0
+    overdue_cap_s: float | None = 4 * 3600.0
 
     @property
     def names(self) -> list[str]:

@@ -100,7 +100,13 @@ def admit(pending: list[Job], busy: set[int]) -> Admitted:
         tenant = job.tenant.name
         waited = (now - job.submitted_at).total_seconds()
         run = job.expected_duration_s or floor
-        if overdue(waited, run, slowdown=settings.RACKWISE_OVERDUE_SLOWDOWN or None, floor_s=floor):
+        if overdue(
+            waited,
+            run,
+            slowdown=settings.RACKWISE_OVERDUE_SLOWDOWN or None,
+            floor_s=floor,
+            cap_s=settings.RACKWISE_OVERDUE_CAP_S or None,
+        ):
             return (0, 0.0, 0, job.submitted_at, job.pk)  # the starvation bound: oldest first
         return (
             1,
