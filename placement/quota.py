@@ -133,7 +133,7 @@ class Ledger:
         """Each tenant's fair share of the cohort's GPUs now (:func:`fair_shares`),
         its demand being what it holds plus ``waiting`` (GPUs of its jobs that
         wait), by ``weight``."""
-        names = set(self.usage) | set(self.quotas) | set(waiting)
+        names = sorted(set(self.usage) | set(self.quotas) | set(waiting))  # sorted: sums in one order
         return fair_shares(
             self.capacity,
             {t: self.quota(t).nominal for t in names},

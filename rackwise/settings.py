@@ -284,7 +284,7 @@ RACKWISE_RECLAIM_APPROVAL_GPU_HOURS = env_float("RACKWISE_RECLAIM_APPROVAL_GPU_H
 RACKWISE_OVERDUE_SLOWDOWN = env_float("RACKWISE_OVERDUE_SLOWDOWN", 2.0, minimum=0.0)
 RACKWISE_OVERDUE_FLOOR_S = env_int("RACKWISE_OVERDUE_FLOOR_S", 3600, minimum=1)
 # ...and a long job once it has waited this long, whatever its run (0: no cap).
-RACKWISE_OVERDUE_CAP_S = env_int("RACKWISE_OVERDUE_CAP_S", 14400, minimum=0)
+RACKWISE_OVERDUE_CAP_S = env_int("RACKWISE_OVERDUE_CAP_S", 0, minimum=0)
 # The scheduler keeps the fleet in memory between passes and reads only the racks
 # that changed (fleet.engine.LiveFleet). VERIFY compares it with a fresh load on
 # every pass and raises on a difference: the test suite's setting, too slow for

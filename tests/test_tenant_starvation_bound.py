@@ -1,7 +1,7 @@
 """The starvation bound in the service's admission (issue #30): fair share
 admits the tenant with the least recent usage first, until a job of another
-tenant has waited as long as it will run (and at least the floor), or 4 hours
-whatever its run (the cap): then it is admitted first, whatever the shares
+tenant has waited as long as it will run (and at least the floor), or, with a
+cap set, that long whatever its run: then it is admitted first, whatever the shares
 (placement.quota.overdue)."""
 
 from __future__ import annotations
@@ -78,6 +78,7 @@ def test_a_long_job_is_overdue_after_the_cap_whatever_its_run():
 
 def test_the_service_admits_a_long_job_ahead_of_fair_share_once_it_waited_the_cap(contended, settings):
     mine, theirs = contended
+    settings.RACKWISE_OVERDUE_CAP_S = 4 * 3600
     Job.objects.filter(pk=mine.pk).update(
         expected_duration_s=20 * 3600, submitted_at=timezone.now() - timedelta(hours=4, minutes=1)
     )

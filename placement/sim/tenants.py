@@ -49,7 +49,7 @@ class TenantSetup:
     slurm_half_life_s: float = 7 * 86400.0
     overdue_slowdown: float | None = 2.0
     overdue_floor_s: float = 3600.0
-    overdue_cap_s: float | None = 4 * 3600.0
+    overdue_cap_s: float | None = None
 
     @property
     def names(self) -> list[str]:

@@ -278,3 +278,36 @@ def test_an_overdue_job_goes_ahead_of_a_lower_share_tenants_job(bound, first) ->
     assert order[0].job.id == first
     if bound is not None:
         assert not sim.tenancy.overdue(waited=3599, run=3600), "not before it waited as long as it runs"
+
+
+_REPLAY = """
+import json
+from placement.sim.simulation import SimConfig, simulate
+from placement.sim.tenants import TenantSetup, assign
+from placement.sim.tenancy import Tenancy
+from tests.placement.test_sim_tenants import synthetic
+cfg = SimConfig(racks=2, nodes_per_rack=8, gpus_per_node=4, spare_nodes=0, node_mtbf_hours=0,
+                checkpoint_minutes=30, tenants=TenantSetup())
+res = simulate(assign(synthetic(600), seed=0), "rackwise", cfg)
+ten = Tenancy(TenantSetup(), 64, 4, "rackwise")
+for name, gpus in (("a", 40), ("b", 12), ("c", 7), ("d", 3)):
+    ten.queued_gpus[name] = gpus
+print(json.dumps([res.fingerprint, res.metrics["tenants"], ten.entitled()]))
+"""
+
+
+def test_a_tenants_replay_does_not_depend_on_the_hash_seed() -> None:
+    """The fair shares sum over the tenants in one order (sorted), so a replay and its
+    figures are the same in every process, whatever PYTHONHASHSEED gives set order."""
+    import os
+    import subprocess
+    import sys
+
+    out = []
+    for seed in ("1", "2", "3"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        done = subprocess.run(
+            [sys.executable, "-c", _REPLAY], env=env, capture_output=True, text=True, check=True
+        )
+        out.append(done.stdout)
+    assert out[0] == out[1] == out[2]
