@@ -23,9 +23,10 @@ def tenant_figures(name: str | None = None) -> list[dict]:
     ).order_by("name")
     if name is not None:
         rows = rows.filter(name=name)
-    weights = dict(Tenant.objects.values_list("name", "weight"))
+    shares = list(Tenant.objects.values_list("name", "cohort", "weight"))
+    weights = {t: weight for t, _, weight in shares}
+    cohort_of = {t: cohort for t, cohort, _ in shares}
     total_weight = sum(weights.values()) or 1.0
-    cohort_of = dict(Tenant.objects.values_list("name", "cohort"))
     fair = {
         (cohort, shape): ledger.fair(
             {
