@@ -236,19 +236,23 @@ def reclaim_for_quota(
     budgets: dict[str, int],
     held: dict[str, int],
     nominal: Callable[[str], int],
+    *,
+    widen: bool = True,
     **kw: Any,
 ) -> ReclaimPlan:
-    """:func:`reclaim` for a job within its tenant's nominal quota, taking back
-    what borrowers (``budgets``: tenant -> GPUs above its nominal quota) hold.
+    """:func:`reclaim` for a job taking back what other tenants hold above their
+    line (``budgets``: tenant -> GPUs it may lose).
 
-    1. Within the budgets: no borrower goes below its nominal quota.
-    2. Else a borrower may lose a job that straddles its nominal line (Kueue's
-       ``reclaimWithinCohort``: a queue is a candidate while it borrows), each
-       victim only while its tenant is still above nominal (``held`` GPUs), in
-       the order they stop. Without this, a borrower holding one big job could
-       never be reclaimed from."""
+    1. Within the budgets: no tenant goes below its line.
+    2. Else, with ``widen`` (a job within its tenant's nominal quota, the budgets
+       being what borrowers hold above nominal), a borrower may lose a job that
+       straddles its nominal line (Kueue's ``reclaimWithinCohort``: a queue is a
+       candidate while it borrows), each victim only while its tenant is still
+       above nominal (``held`` GPUs), in the order they stop. Without this, a
+       borrower holding one big job could never be reclaimed from. A fair-share
+       reclaim (budgets above both nominal quota and fair share) does not widen."""
     plan = reclaim(fleet, job, may_preempt, budgets, **kw)
-    if plan.placed or not budgets:
+    if plan.placed or not budgets or not widen:
         return plan
     wider = reclaim(fleet, job, may_preempt, {t: held.get(t, 0) for t in budgets}, **kw)
     if not wider.placed:

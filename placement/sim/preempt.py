@@ -64,7 +64,7 @@ from placement.model import HEALTHY, Allocation, JobRequest
 from placement.place import place, shape_key
 from placement.plans import PlacementPlan
 from placement.quota import Ledger
-from placement.reclaim import reclaim, reclaim_for_quota
+from placement.reclaim import reclaim_for_quota
 from placement.sim.queue import QueuePasses
 from placement.sim.state import JobState
 from placement.sim.tenancy import SLURM_POLICIES, Tenancy, Verdict
@@ -252,10 +252,7 @@ class TenantPasses(QueuePasses):
                 "now": now,
                 "restart_minutes": self.cfg.restart_minutes,
             }
-            if widen:
-                plan = reclaim_for_quota(fleet, job, may, budgets, usage, ten.nominal, **kw)
-            else:
-                plan = reclaim(fleet, job, may, budgets, **kw)
+            plan = reclaim_for_quota(fleet, job, may, budgets, usage, ten.nominal, widen=widen, **kw)
         finally:
             fleet.give_back(taken)
         if not plan.placed or plan.placement is None or held & set(plan.placement.nodes):

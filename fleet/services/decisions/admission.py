@@ -49,7 +49,7 @@ from fleet.services.actions import propose as action_services
 from fleet.services.tenants import usage
 from fleet.steps import Checkpoint, Preempt, Start, Step
 from placement.quota import Admission, Ledger, overdue
-from placement.reclaim import reclaim, reclaim_for_quota
+from placement.reclaim import reclaim_for_quota
 
 # After an operator rejects a reclaim, the job waits this long before another is proposed.
 RECLAIM_COOLDOWN = timedelta(minutes=15)
@@ -215,28 +215,18 @@ def propose_reclaims(
             )
 
         request = engine.job_request(job)
-        if fair_share:
-            plan = reclaim(
-                snap.fleet,
-                request,
-                may_preempt,
-                limits,
-                need_gpus=need,
-                policy=engine.policy(),
-                now=time.time(),
-            )
-        else:
-            plan = reclaim_for_quota(
-                snap.fleet,
-                request,
-                may_preempt,
-                limits,
-                ledger.usage if ledger is not None else {},
-                partial(_nominal, ledger),
-                need_gpus=need,
-                policy=engine.policy(),
-                now=time.time(),
-            )
+        plan = reclaim_for_quota(
+            snap.fleet,
+            request,
+            may_preempt,
+            limits,
+            ledger.usage if ledger is not None else {},
+            partial(_nominal, ledger),
+            widen=not fair_share,
+            need_gpus=need,
+            policy=engine.policy(),
+            now=time.time(),
+        )
         if not plan.placed or not plan.victims or plan.placement is None:
             continue
         for vid in plan.victims:
