@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from fleet.choices import ActionKind, ActionState, JobState
-from fleet.models import Action, AuditEvent, Job, Node
+from fleet.models import Action, AuditEvent, Job, Node, Quota
 from fleet.services.decisions.scheduling import schedule_pass
-from fleet.services.errors import InvalidInput, NotAllowed
+from fleet.services.errors import Conflict, InvalidInput, NotAllowed
 from fleet.services.jobs import submit as job_services
 from fleet.services.tenants import quotas
 from tests.support import carry_out, nodes_of, pass_carried_out
@@ -55,6 +55,32 @@ def test_only_operators_set_quotas_and_every_figure_is_bounded_by_the_fleet(
     event = AuditEvent.objects.get(action="tenant.quota")
     assert event.after == {"4": {"nominal_gpus": 64, "borrowing_limit_gpus": 32, "lending_limit_gpus": None}}
     assert event.message == "llm: 64 GPUs on 4-GPU nodes (borrows at most 32)"
+
+
+def test_nominal_quotas_together_never_promise_more_than_the_fleet_has(
+    fleet, operator, submitter, other_submitter
+):
+    """Nominal quotas are guarantees: 64 + 65 of 128 GPUs is refused (409) and
+    changes nothing; a change that does not raise an over-promise (a quota
+    lowered after the fleet shrank) goes through."""
+    quotas.set_quotas(operator, "vision", [{"gpus_per_node": 4, "nominal_gpus": 64}])
+    with pytest.raises(Conflict) as over:
+        quotas.set_quotas(operator, "llm", [{"gpus_per_node": 4, "nominal_gpus": 65}])
+    assert str(over.value) == (
+        "llm's nominal quota of 65 GPUs on 4-GPU nodes would promise 129 GPUs of the fleet's 128 "
+        "(spare nodes not counted; other tenants' nominal quotas hold 64): give at most 64, or lower "
+        "another tenant's nominal quota first"
+    )
+    assert not Quota.objects.filter(tenant__name="llm").exists()
+    assert AuditEvent.objects.filter(action="tenant.quota").count() == 1
+    quotas.set_quotas(operator, "llm", [{"gpus_per_node": 4, "nominal_gpus": 64, "borrowing_limit_gpus": 8}])
+    # Over-promised already (as a fleet that lost racks leaves it): llm may not
+    # raise its quota, but may lower it.
+    Quota.objects.filter(tenant__name="vision").update(nominal_gpus=100)
+    with pytest.raises(Conflict):
+        quotas.set_quotas(operator, "llm", [{"gpus_per_node": 4, "nominal_gpus": 65}])
+    quotas.set_quotas(operator, "llm", [{"gpus_per_node": 4, "nominal_gpus": 40}])
+    assert Quota.objects.get(tenant__name="llm").nominal_gpus == 40
 
 
 def test_a_job_beyond_its_tenants_quota_and_borrowing_limit_waits_with_the_numbers(

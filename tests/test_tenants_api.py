@@ -72,6 +72,17 @@ def test_a_quota_beyond_the_fleet_is_a_400_naming_the_field_and_nothing_changes(
     assert operator_client.patch("/api/tenants/llm/", {"weight": 0}, format="json").status_code == 400
 
 
+def test_quotas_that_would_promise_more_than_the_fleet_are_a_409_and_nothing_changes(
+    fleet, operator_client, submitter, other_submitter
+):
+    put = {"quotas": [{"gpus_per_node": 4, "nominal_gpus": 96}]}
+    assert operator_client.put("/api/tenants/vision/quotas/", put, format="json").status_code == 200
+    response = operator_client.put("/api/tenants/llm/quotas/", put, format="json")
+    assert response.status_code == 409
+    assert "give at most 32" in response.json()["detail"]
+    assert list(Quota.objects.values_list("tenant__name", "nominal_gpus")) == [("vision", 96)]
+
+
 def test_weight_and_cohort_are_changed_by_operators_and_audited(
     fleet, operator_client, submitter, other_submitter
 ):

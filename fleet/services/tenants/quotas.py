@@ -8,7 +8,7 @@ admission reads them (:mod:`fleet.services.decisions.admission`)."""
 from __future__ import annotations
 
 from django.db import transaction
-from django.db.models import Count
+from django.db.models import Count, Sum
 
 from fleet import dispatch
 from fleet.choices import Role
@@ -83,9 +83,13 @@ def set_quotas(
     if errors:
         raise InvalidInput(errors)
     with transaction.atomic():
+        # Quota writers one at a time: the sum of the nominal quotas below is
+        # checked against rows no other writer is changing.
+        list(Tenant.objects.select_for_update().order_by("pk").values_list("pk", flat=True))
         if racks is not None:
             _reserve(actor, tenant, racks)
         before = {q.gpus_per_node: _row(q) for q in Quota.objects.select_for_update().filter(tenant=tenant)}
+        _check_guarantees(tenant, quotas, before, capacity)
         Quota.objects.filter(tenant=tenant).exclude(gpus_per_node__in=seen).delete()
         rows = []
         for q in quotas:
@@ -107,6 +111,31 @@ def set_quotas(
             )
             dispatch.schedule_soon()
     return rows
+
+
+def _check_guarantees(tenant: Tenant, quotas: list[dict], before: dict, capacity: dict[int, int]) -> None:
+    """Nominal quotas are guaranteed: on each node shape, all tenants' together
+    may not promise more GPUs than the fleet has outside spare nodes. A change
+    that does not raise an over-promised sum (the fleet lost racks since) is let
+    through, so that an operator can always lower a quota."""
+    others = dict(
+        Quota.objects.exclude(tenant=tenant)
+        .values("gpus_per_node")
+        .annotate(gpus=Sum("nominal_gpus"))
+        .values_list("gpus_per_node", "gpus")
+    )
+    for q in quotas:
+        shape, nominal = q["gpus_per_node"], q["nominal_gpus"]
+        promised = others.get(shape) or 0
+        was = (before.get(shape) or {}).get("nominal_gpus", 0)
+        if promised + nominal > capacity[shape] and nominal > was:
+            room = max(0, capacity[shape] - promised)
+            raise Conflict(
+                f"{tenant.name}'s nominal quota of {nominal} GPUs on {shape}-GPU nodes would promise "
+                f"{promised + nominal} GPUs of the fleet's {capacity[shape]} (spare nodes not counted; other "
+                f"tenants' nominal quotas hold {promised}): give at most {room}, or lower another "
+                "tenant's nominal quota first"
+            )
 
 
 def _reservable(
