@@ -260,6 +260,20 @@ def test_it_refuses_an_unknown_locality_and_lists_the_known_ones(fleet, submitte
     assert_refused(response, "locality", "unknown locality 'nearby'", "required", "preferred", "none")
 
 
+def test_it_refuses_a_misspelt_field_instead_of_dropping_it(fleet, submitter_client):
+    response = submit(submitter_client, name="typo", num_gpus=2, duration_s=3600)
+
+    assert_refused(response, "duration_s", "unknown field", "expected_duration_s")
+
+
+def test_it_refuses_a_misspelt_slurm_field(fleet, submitter_client):
+    response = submit(submitter_client, name="typo", num_gpus=2, slurm={"comand": "hostname"})
+
+    assert response.status_code == 400, response.content
+    assert "unknown field" in str(response.json()["slurm"]["comand"])
+    assert_nothing_written()
+
+
 def test_it_refuses_num_nodes_without_gpus_per_node(fleet, submitter_client):
     response = submit(submitter_client, name="half-shape", num_nodes=4)
 

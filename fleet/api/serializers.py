@@ -28,13 +28,29 @@ class FiniteFloatField(serializers.FloatField):
         return value
 
 
+class KnownFieldsOnly(serializers.Serializer):
+    """A request body with only this serializer's fields: a misspelt one
+    (``duration_s`` for ``expected_duration_s``) is a 400 naming it and the
+    fields there are, not dropped in silence (the CLI checks job files alike)."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                known = ", ".join(self.fields)
+                raise serializers.ValidationError(
+                    {k: [f"unknown field; known fields: {known}"] for k in unknown}
+                )
+        return super().to_internal_value(data)
+
+
 SLURM_NAME = r"^[A-Za-z0-9_.+-]{1,64}$"  # a partition or an account
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 MAX_SCRIPT_CHARS = 100_000
 MAX_ENV_VARS = 100
 
 
-class SlurmSpecSerializer(serializers.Serializer):
+class SlurmSpecSerializer(KnownFieldsOnly):
     """How Slurm runs the job: a batch script, or a command run with ``srun`` on
     every node. Rackwise adds the nodes, the segment and the GPUs."""
 
@@ -89,7 +105,7 @@ class SlurmSpecSerializer(serializers.Serializer):
         return attrs
 
 
-class JobSubmitSerializer(serializers.Serializer):
+class JobSubmitSerializer(KnownFieldsOnly):
     """A job request. Give ``num_gpus``, or ``num_nodes`` with ``gpus_per_node``."""
 
     name = serializers.CharField(max_length=200)
