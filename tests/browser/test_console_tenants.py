@@ -1,5 +1,6 @@
 """The Tenants page in a real browser: an operator's quota beyond the fleet is
-named next to its field and writes nothing; a good one is saved through
+named next to its field and writes nothing, as is one that would promise more
+than the fleet has left (409, above the form); a good one is saved through
 /api/tenants/ and its figure redrawn; a viewer sees the figures and no form."""
 
 from __future__ import annotations
@@ -59,6 +60,16 @@ def test_an_operator_edits_a_quota_and_a_viewer_sees_it_without_controls(
     page.wait_for_function("document.querySelector('article[data-tenant=llm]').dataset.saved === '2'")
     assert llm.locator("[data-testid=reserved-racks]").text_content().strip() == "r2"
     assert RackReservation.objects.get().rack.name == "r2"
+
+    # Nominal quotas are guarantees: vision may not be promised more than the 64 left.
+    vision = page.locator("article[data-tenant=vision]")
+    vision.locator("[data-testid=tenant-edit] summary").click()
+    other = vision.locator("[data-testid=quota-form]")
+    other.locator("[data-testid=nominal_gpus-4]").fill("65")
+    other.locator("[data-testid=quota-save]").click()
+    page.wait_for_function("document.querySelector('article[data-tenant=vision]').dataset.failed === '1'")
+    assert "give at most 64" in other.locator("[data-testid=quota-error]").text_content()
+    assert not Quota.objects.filter(tenant__name="vision").exists()
 
     # Weight: every tenant's fair share is redrawn.
     share = llm.locator("[data-testid=share-form]")
