@@ -86,10 +86,10 @@ def set_quotas(
         # Quota writers one at a time: the sum of the nominal quotas below is
         # checked against rows no other writer is changing.
         list(Tenant.objects.select_for_update().order_by("pk").values_list("pk", flat=True))
-        if racks is not None:
-            _reserve(actor, tenant, racks)
         before = {q.gpus_per_node: _row(q) for q in Quota.objects.select_for_update().filter(tenant=tenant)}
         _check_guarantees(tenant, quotas, before, capacity)
+        if racks is not None:
+            _reserve(actor, tenant, racks)
         Quota.objects.filter(tenant=tenant).exclude(gpus_per_node__in=seen).delete()
         rows = []
         for q in quotas:
