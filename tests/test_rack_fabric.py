@@ -65,7 +65,11 @@ def test_a_rack_whose_nodes_report_fabric_trouble_gets_no_new_gangs_and_tops_att
 
     # Healthy again once no node reports trouble.
     beat("r1-n00")
-    assert Rack.objects.get(name="r1").fabric_degraded != "", "one node still in trouble"
+    assert Rack.objects.get(name="r1").fabric_degraded == (
+        "NVLink fabric degraded on 1 of 18 nodes (r1-n01: GPU 0 fabric health mask 0x2; "
+        "GPU 1 fabric health mask 0x2; GPU 2 fabric health mask 0x2; GPU 3 fabric health mask 0x2); "
+        "it stays degraded until no node reports trouble"
+    ), "one node still in trouble: still degraded, naming only that node"
     beat("r1-n01")
     assert Rack.objects.get(name="r1").fabric_degraded == ""
     schedule_pass()

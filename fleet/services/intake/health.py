@@ -519,15 +519,16 @@ def judge_rack_fabric(rack_id: int) -> bool:
             .order_by("node__slot")
             .values_list("node__hostname", "fabric_trouble")
         )
-        if len(troubled) >= settings.RACKWISE_RACK_FABRIC_NODES:
-            total = Node.objects.filter(rack_id=rack_id).count()
-            detail = "; ".join(f"{host}: {why}" for host, why in troubled[:3])
-            more = f"; and {len(troubled) - 3} more" if len(troubled) > 3 else ""
-            reason = f"NVLink fabric degraded on {len(troubled)} of {total} nodes ({detail}{more})"
-        elif not troubled:
-            reason = ""
-        else:
-            reason = rack.fabric_degraded  # one node left in trouble: as it was
+        if not troubled or (len(troubled) < settings.RACKWISE_RACK_FABRIC_NODES and not rack.fabric_degraded):
+            return set_fabric_state(None, rack_id, "")
+        # Degraded from the threshold up, and it stays so while any node is in
+        # trouble; the reason names the nodes in trouble now.
+        total = Node.objects.filter(rack_id=rack_id).count()
+        detail = "; ".join(f"{host}: {why}" for host, why in troubled[:3])
+        more = f"; and {len(troubled) - 3} more" if len(troubled) > 3 else ""
+        reason = f"NVLink fabric degraded on {len(troubled)} of {total} nodes ({detail}{more})"
+        if len(troubled) < settings.RACKWISE_RACK_FABRIC_NODES:
+            reason += "; it stays degraded until no node reports trouble"
         return set_fabric_state(None, rack_id, reason)
 
 
