@@ -339,6 +339,36 @@ def test_login_refuses_a_wrong_token_and_writes_nothing(app_server, transactiona
     assert not (tmp_path / "rackwise" / "config.yaml").exists()
 
 
+def test_tables_crop_no_id_and_drop_no_column_in_80_columns():
+    """Piped or in a narrow terminal (80 columns), a job's id is whole (a cropped
+    "2" for 123456 would name another job) and the reason is still there."""
+    from rackwise_cli.render import actions_table, jobs_table
+    from rich.console import Console
+
+    job = {
+        "id": 123456,
+        "name": "finetune-llama-70b-lora",
+        "tenant": "vision",
+        "owner": "vision-submitter",
+        "state": "pending",
+        "num_gpus": 128,
+        "num_nodes": 32,
+        "gpus_per_node": 4,
+        "segment_nodes": 16,
+        "state_reason": "quota: vision holds 232 of 128 nominal GPUs; the cohort has 64 GPUs to lend",
+    }
+    action = {"id": 98765, "kind": "reclaim", "state": "proposed", "jobs": [123456], "title": "x" * 90}
+    cases = ((jobs_table([job]), "123456", "lend"), (actions_table([action]), "98765", "xxxx"))
+    for table, ids, last in cases:
+        console = Console(width=80, record=True)
+        console.print(table)
+        text = console.export_text()
+        lines = text.splitlines()
+        assert lines[1].split()[0] == ids, lines
+        assert last in text, lines
+        assert all(len(line) <= 80 for line in lines)
+
+
 def test_the_console_script_is_installed():
     """``pip install ./client`` (requirements-dev.txt) put ``rackwise`` beside
     the interpreter; a fresh clone's .venv gets it from scripts/test."""

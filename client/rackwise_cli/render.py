@@ -34,17 +34,33 @@ def racks_of(job: dict) -> list[str]:
     return held or list((job.get("placement") or {}).get("racks") or [])
 
 
+def table(columns: tuple[str, ...], rows: list[tuple[str, ...]], keep: tuple[str, ...]) -> Table:
+    """A table that crops nothing at any terminal width (80 columns when piped):
+    the ``keep`` columns (ids, states) are never narrower than their longest
+    cell, the others fold onto more lines, and the last (a reason or title)
+    keeps at least 12 characters. A cropped id would name another job."""
+    out = Table(box=None, header_style="bold", pad_edge=False)
+    for i, col in enumerate(columns):
+        longest = max((len(row[i]) for row in rows), default=0)
+        if col in keep:
+            out.add_column(col, no_wrap=True, min_width=max(len(col), longest))
+        else:
+            out.add_column(col, overflow="fold", min_width=12 if i == len(columns) - 1 else None)
+    for row in rows:
+        out.add_row(*row)
+    return out
+
+
 def jobs_table(jobs: list[dict]) -> Table:
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    for col in ("ID", "NAME", "TENANT", "OWNER", "STATE", "SHAPE", "WHERE / WHY"):
-        table.add_column(col, no_wrap=col != "WHERE / WHY", overflow="fold")
+    rows = []
     for job in jobs:
         racks = racks_of(job) if job["state"] in ("placed", "running", "recovering") else []
         where = ", ".join(racks) if racks else (job.get("state_reason") or "")
-        table.add_row(
-            str(job["id"]), job["name"], job["tenant"], job["owner"], job["state"], shape(job), where
+        rows.append(
+            (str(job["id"]), job["name"], job["tenant"], job["owner"], job["state"], shape(job), where)
         )
-    return table
+    columns = ("ID", "NAME", "TENANT", "OWNER", "STATE", "SHAPE", "WHERE / WHY")
+    return table(columns, rows, keep=("ID", "STATE"))
 
 
 def gpu_ranges(gpus: list[int]) -> str:
@@ -115,20 +131,21 @@ def what_if(answer: dict) -> Group:
 
 
 def actions_table(actions: list[dict]) -> Table:
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    for col in ("ID", "KIND", "STATE", "JOBS", "COST GPU-h", "TITLE"):
-        table.add_column(col, no_wrap=col != "TITLE", overflow="fold")
+    rows = []
     for a in actions:
         cost = a.get("cost_gpu_hours")
-        table.add_row(
-            str(a["id"]),
-            a["kind"],
-            a["state"],
-            ",".join(map(str, a.get("jobs") or [])),
-            "" if cost is None else f"{cost:g}",
-            a.get("title") or "",
+        rows.append(
+            (
+                str(a["id"]),
+                a["kind"],
+                a["state"],
+                ",".join(map(str, a.get("jobs") or [])),
+                "" if cost is None else f"{cost:g}",
+                a.get("title") or "",
+            )
         )
-    return table
+    columns = ("ID", "KIND", "STATE", "JOBS", "COST GPU-h", "TITLE")
+    return table(columns, rows, keep=("ID", "KIND", "STATE"))
 
 
 def action_detail(a: dict) -> Group:
