@@ -82,6 +82,34 @@ def test_the_queue_ahead_pushes_the_expected_start_back(fleet, submitter, submit
     assert body["summary"].startswith("waits behind 1 waiting job(s): ")
 
 
+def test_room_held_for_a_job_ahead_is_named_as_such(fleet, submitter, submitter_client):
+    """A free rack held for a bigger gang ahead: the slice is enough, the queue is why."""
+    r1, _ = fleet
+    run_on(submitter, r1, 4, hours=2, name="a")
+    submit_job(
+        submitter,
+        JobSpec(
+            name="ahead",
+            num_nodes=32,
+            gpus_per_node=4,
+            segment_nodes=16,
+            tenant="llm",
+            expected_duration_s=3 * 3600,
+        ),
+    )
+    # Longer than "a" has left: backfilled, it would delay "ahead"'s reservation.
+    body = ask(
+        submitter_client, name="big", num_nodes=14, gpus_per_node=4, expected_duration_s=4 * 3600
+    ).json()
+
+    assert body["starts_now"] is False and body["jobs_ahead"] == 1
+    assert body["largest_free_slice"] >= 14
+    assert body["summary"].startswith(
+        f"waits behind 1 waiting job(s): the largest free slice is {body['largest_free_slice']} nodes, "
+        "enough for it, but the jobs ahead of it come first; expected start in about"
+    ), body["summary"]
+
+
 def test_without_expected_durations_it_says_there_is_no_estimate(fleet, submitter, submitter_client):
     r1, r2 = fleet
     run_on(submitter, r1, 10, hours=None, name="a")

@@ -393,6 +393,9 @@ def _what_if_answer(snap: engine.Snapshot, answer, request: pm.JobRequest, now: 
             slice_ = f"the free racks hold {answer.largest_free} nodes in whole segments of {seg}"
         else:
             slice_ = f"the largest free slice is {answer.largest_free} {answer.unit}"
+        need = request.total_gpus if answer.unit == "GPUs" else request.num_nodes
+        if answer.ahead and need and answer.largest_free >= need:
+            slice_ += ", enough for it, but the jobs ahead of it come first"
         if answer.expected_start is None:
             when = "no expected start: the jobs it waits for give no expected duration"
         else:
