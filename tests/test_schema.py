@@ -68,6 +68,14 @@ def test_every_operation_declares_the_errors_it_can_answer(operator_client):
     assert "409" in schema["paths"]["/api/jobs/{id}/export/"]["get"]["responses"]
 
 
+def test_a_job_submission_s_schema_refuses_unknown_fields_as_the_api_does(operator_client):
+    schemas = operator_client.get("/api/schema/", HTTP_ACCEPT="application/json").json()["components"][
+        "schemas"
+    ]
+    assert schemas["JobSubmitRequest"]["additionalProperties"] is False
+    assert schemas["SlurmSpecRequest"]["additionalProperties"] is False
+
+
 def test_the_declared_error_shapes_are_the_ones_sent(fleet, submitter_client, viewer_client):
     bad = submitter_client.post("/api/jobs/", {"name": "j", "num_gpus": 0}, format="json")
     assert bad.status_code == 400 and all(isinstance(v, list) for v in bad.json().values())

@@ -86,6 +86,14 @@ class RackwiseAutoSchema(AutoSchema):
             response.setdefault("content", {"application/json": {"schema": component.ref}})
         return operation
 
+    def _map_serializer(self, serializer, direction, bypass_extensions=False):
+        """A request body that refuses unknown fields (``KnownFieldsOnly``) says so:
+        ``additionalProperties: false``, so a generated client does too."""
+        schema = super()._map_serializer(serializer, direction, bypass_extensions)
+        if direction == "request" and getattr(serializer, "refuses_unknown_fields", False):
+            schema["additionalProperties"] = False
+        return schema
+
     def error_codes(self, operation: dict) -> list[int]:
         """The error statuses this operation can answer (see the module docstring)."""
         method = self.method

@@ -31,7 +31,10 @@ class FiniteFloatField(serializers.FloatField):
 class KnownFieldsOnly(serializers.Serializer):
     """A request body with only this serializer's fields: a misspelt one
     (``duration_s`` for ``expected_duration_s``) is a 400 naming it and the
-    fields there are, not dropped in silence (the CLI checks job files alike)."""
+    fields there are, not dropped in silence (the CLI checks job files alike);
+    the OpenAPI schema says ``additionalProperties: false`` (fleet.api.schema)."""
+
+    refuses_unknown_fields = True
 
     def to_internal_value(self, data):
         if isinstance(data, dict):
