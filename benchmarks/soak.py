@@ -119,6 +119,11 @@ class Api:
         return self.call("GET", path)[1]
 
 
+def _interruptible() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 class Stack:
     """``./scripts/run --port P`` in ``checkout``, as a user starts it."""
 
@@ -138,6 +143,10 @@ class Stack:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            # Ctrl-C must reach it even when this process was started with SIGINT
+            # ignored (a background job of a non-interactive shell, as CI may be):
+            # bash cannot undo an ignore it inherits, and stop() would fall back.
+            preexec_fn=_interruptible,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -179,6 +188,9 @@ class Stack:
             return self.proc.wait(timeout=90)
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
+            # supervisord's programs and the private PostgreSQL and Redis run in
+            # process groups of their own: every process started from the checkout.
+            subprocess.run(["pkill", "-KILL", "-f", str(self.checkout)], check=False)
             return self.proc.wait(timeout=30)
 
     def logs(self) -> dict[str, str]:

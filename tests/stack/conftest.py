@@ -6,6 +6,8 @@ them and never starts it)."""
 
 from __future__ import annotations
 
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,3 +35,15 @@ def quickstart_stack(tmp_path_factory) -> Iterator[Stack]:
         yield stack
     finally:
         stack.stop()
+        # Ctrl-C stops everything it started (CI once left whole stacks running:
+        # started with SIGINT ignored, the stop fell back to a SIGKILL of
+        # scripts/run's process group, which supervisord's programs are not in).
+        deadline = time.monotonic() + 30
+        while (left := _running_from(checkout)) and time.monotonic() < deadline:
+            time.sleep(1)
+        assert not left, f"processes left running after Ctrl-C: {left}"
+
+
+def _running_from(checkout: Path) -> list[str]:
+    """Processes started from ``checkout`` (its virtualenv's Python, PostgreSQL, Redis)."""
+    return subprocess.run(["pgrep", "-f", str(checkout)], capture_output=True, text=True).stdout.split()
