@@ -119,7 +119,8 @@ class Api:
         return self.call("GET", path)[1]
 
 
-def _interruptible() -> None:
+def interruptible() -> None:
+    """A child's SIGINT at its default and unblocked, whatever its parent did to it."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
@@ -146,7 +147,7 @@ class Stack:
             # Ctrl-C must reach it even when this process was started with SIGINT
             # ignored (a background job of a non-interactive shell, as CI may be):
             # bash cannot undo an ignore it inherits, and stop() would fall back.
-            preexec_fn=_interruptible,
+            preexec_fn=interruptible,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from django.urls import NoReverseMatch, reverse
 
+from benchmarks.soak import interruptible
 from fleet.choices import JobState
 from fleet.models import Action, Job, Node
 from fleet.services.jobs.submit import cancel_job
@@ -217,11 +218,6 @@ def test_the_logs_lines_read_and_follow_a_job_to_its_end(stack, fleet, tmp_path)
     assert answers[-1]["eof"] is True and answers[-1]["lines"] == followed.splitlines()
 
 
-def _interruptible() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-
-
 def test_the_operator_section_runs_as_written(stack, fragmented, tmp_path):
     """racks, top, actions, defrag, action, reject, defrag again, approve and
     drain, in the README's order, on a fleet a defrag can tidy."""
@@ -244,7 +240,7 @@ def test_the_operator_section_runs_as_written(stack, fragmented, tmp_path):
         # As from a terminal: in the full suite top was once started with SIGINT
         # ignored or blocked (inherited through exec from something in the test
         # process), and Ctrl-C never reached it.
-        preexec_fn=_interruptible,
+        preexec_fn=interruptible,
     )
     first = [proc.stdout.readline() for _ in range(3)]
     assert any("racks," in line and "GPUs used" in line for line in first), first

@@ -36,7 +36,7 @@ def quickstart_stack(tmp_path_factory) -> Iterator[Stack]:
     finally:
         stack.stop()
         # Ctrl-C stops everything it started (CI once left whole stacks running:
-        # started with SIGINT ignored, the stop fell back to a SIGKILL of
+        # Ctrl-C never reached supervisord, and the SIGKILL fallback took only
         # scripts/run's process group, which supervisord's programs are not in).
         deadline = time.monotonic() + 30
         while (left := _running_from(checkout)) and time.monotonic() < deadline:
