@@ -13,7 +13,7 @@ from placement.policies import POLICIES, Context
 from placement.policies.common import fewest_racks, min_racks, segment_of
 from placement.policies.rackwise import may_borrow, rack_room
 from placement.policies.slurm_block import block_room
-from placement.queues import Backfill, by_tier, degraded_for, degraded_note, expansion_factor
+from placement.queues import Backfill, by_tier, decide, degraded_for, degraded_note, expansion_factor
 
 DEFAULT_POLICY = "rackwise"
 # A blocked gang gets a reservation once it has waited this long (Slurm has the same
@@ -282,6 +282,8 @@ def _backfill_pass(
             reason = plan.reason
             if not bf.holds:
                 failed[key] = reason  # nothing held: no job of this shape can start
+            else:
+                reason = _held_for(work, job, bf, run) or reason
         waited = now - job.submit_time if job.submit_time is not None else 0.0
         gang = not any(job.is_small(g) for g in work.groups)
         hold = (
@@ -298,6 +300,28 @@ def _backfill_pass(
                 }
             reason += f"; nodes are reserved for it, expected free in {hold.start - now:.0f} s"
         out.waiting[job.id] = reason
+
+
+def _held_for(work: Fleet, job: JobRequest, bf: Backfill, run: float) -> str | None:
+    """Why ``job`` waits when only the reservations keep it from starting now (None
+    when it could not start without them either): the policy's own reason would say
+    no rack offers the nodes, which reads as a fleet without room."""
+    if not decide(work, job, bf.fn, work.groups, bf.ctx, bf.name).placed:
+        return None
+    ahead = sorted((h for h in bf.holds if h.start < bf.now + run), key=lambda h: h.start)
+    if not ahead:
+        return None
+    first = ahead[0]
+    who = ", ".join(dict.fromkeys(h.job_id for h in ahead))
+    why = (
+        "it would still be running then"
+        if math.isfinite(run)
+        else "it gives no expected duration, so it may not use reserved nodes"
+    )
+    return (
+        f"the room it needs now is held for job {who}, expected to start in "
+        f"{max(first.start - bf.now, 0):.0f} s; {why}"
+    )
 
 
 # what_if: how far ahead a start is estimated, and how many waiting jobs ahead of

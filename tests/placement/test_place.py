@@ -296,3 +296,19 @@ def test_what_if_estimates_the_start_after_the_jobs_ahead(t0: float) -> None:
     a.expected_end = None
     b.expected_end = None
     assert what_if(fleet, [], unknown, t0 + 10.0).expected_start is None
+
+
+def test_a_job_held_back_by_a_reservation_says_for_which_job() -> None:
+    # a holds 10 nodes of the one rack until t=1000; big (14 nodes) is reserved for
+    # then. long would fit the 8 idle nodes now but runs past 1000: it waits, and its
+    # reason says the room is held for big, not that no rack offers the nodes.
+    fleet = Fleet.uniform(1)
+    a = occupy(fleet, "a", 0, list(range(10)))
+    a.expected_end = 1000.0
+    big = gang("big", 14, submit_time=0.0, expected_duration=3600.0)
+    long = gang("long", 6, submit_time=1.0, expected_duration=10_000.0)
+    plan = schedule(fleet, [big, long], now=10.0)
+    assert plan.reservation is not None and plan.reservation["job_id"] == "big"
+    assert plan.waiting["long"] == (
+        "the room it needs now is held for job big, expected to start in 990 s; it would still be running then"
+    )
