@@ -8,7 +8,7 @@ import pytest
 from django.test import Client
 
 from fleet.choices import ActionState
-from fleet.models import Action, Job
+from fleet.models import Action, AuditEvent, Job, Node, Quota
 from fleet.services.decisions.defrag import plan_defrag
 
 LISTS = [
@@ -298,3 +298,69 @@ def test_a_body_over_the_upload_limit_is_a_json_400_that_says_the_limit(
     assert response.status_code == 400 and response["Content-Type"] == "application/json"
     assert "2,621,440 bytes" in response.json()["detail"]
     assert not Job.objects.exists()
+
+
+# -- unknown fields: a misspelt field is a 400 naming it, on every operator write -------
+
+
+def _node_id() -> int:
+    return Node.objects.order_by("id").values_list("id", flat=True)[0]
+
+
+UNKNOWN_FIELD_WRITES = [
+    ("post", "/api/actions/defrag/", {"free_racks": 1, "freeracks": 2}, ("freeracks",)),
+    ("put", "/api/approval-policy/", {"kind": "defrag", "mode": "manual", "modes": "auto"}, ("modes",)),
+    (
+        "put",
+        "/api/tenants/llm/quotas/",
+        {"quotas": [{"gpus_per_node": 4, "nominal_gpus": 8, "borrow_limit_gpus": 4}]},
+        ("quotas", "0", "borrow_limit_gpus"),
+    ),
+    ("put", "/api/tenants/llm/quotas/", {"quotas": [], "reserved": ["r1"]}, ("reserved",)),
+    ("patch", "/api/tenants/llm/", {"weigth": 2}, ("weigth",)),
+    ("post", "/api/nodes/{node}/drain/", {"reason": "fans", "confrim": True}, ("confrim",)),
+    (
+        "post",
+        "/api/webhooks/",
+        {"url": "http://127.0.0.1:9/", "event_types": ["job.placed"], "events": ["job.failed"]},
+        ("events",),
+    ),
+    (
+        "post",
+        "/api/health-rules/",
+        {
+            "name": "hot",
+            "signal": "temperature_c",
+            "test": "above",
+            "threshold": 90,
+            "verdict": "drain",
+            "window": 60,
+        },
+        ("window",),
+    ),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "body", "where"), UNKNOWN_FIELD_WRITES)
+def test_a_misspelt_field_is_a_400_naming_it_and_nothing_is_written(
+    fleet, submitter, operator_client, method, path, body, where
+):
+    before = AuditEvent.objects.count()
+    response = getattr(operator_client, method)(path.format(node=_node_id()), body, format="json")
+    assert response.status_code == 400, response.content
+    found = response.json()
+    for key in where:
+        found = found[key]
+    assert "unknown field; known fields:" in " ".join(found)
+    assert AuditEvent.objects.count() == before  # every write is audited: none happened
+    assert not Quota.objects.exists() and not Action.objects.exists()
+
+
+def test_a_misspelt_note_on_an_approval_is_a_400_and_the_action_waits(fragmented, operator_client):
+    plan = plan_defrag(None).action
+    assert plan is not None
+    response = operator_client.post(f"/api/actions/{plan.id}/approve/", {"notes": "go"}, format="json")
+    assert response.status_code == 400, response.content
+    assert "unknown field" in " ".join(response.json()["notes"])
+    plan.refresh_from_db()
+    assert plan.state == ActionState.PROPOSED

@@ -11,7 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from fleet import redact, steps
-from fleet.api.serializers import MAX_INT32, FiniteFloatField
+from fleet.api.serializers import MAX_INT32, FiniteFloatField, KnownFieldsOnly
 from fleet.choices import ActionKind, ApprovalMode
 from fleet.filtersets import ActionFilterSet
 from fleet.locks import Busy, decisions
@@ -111,7 +111,7 @@ class ActionSerializer(serializers.ModelSerializer):
         ]
 
 
-class DecisionSerializer(serializers.Serializer):
+class DecisionSerializer(KnownFieldsOnly):
     note = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
 
 
@@ -128,7 +128,7 @@ class ReplannedSerializer(serializers.Serializer):
     previous_cost_gpu_hours = serializers.FloatField(required=False)
 
 
-class DefragRequestSerializer(serializers.Serializer):
+class DefragRequestSerializer(KnownFieldsOnly):
     """A defrag request. The counts are bounded here by the columns' range and, in
     ``DefragGoal.check``, by what the fleet has (a 400 says what fits)."""
 
@@ -155,7 +155,7 @@ class DefragRequestSerializer(serializers.Serializer):
     max_moves = serializers.IntegerField(required=False, min_value=1, max_value=MAX_INT32)
 
 
-class PolicySerializer(serializers.Serializer):
+class PolicySerializer(KnownFieldsOnly):
     kind = serializers.ChoiceField(choices=ActionKind.choices)
     mode = serializers.ChoiceField(choices=ApprovalMode.choices)
 

@@ -8,13 +8,14 @@ from rest_framework import serializers, status, viewsets
 from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 
+from fleet.api.serializers import KnownFieldsOnly
 from fleet.choices import RuleTest, Verdict
 from fleet.gpu_verdicts import TESTS_FOR, WINDOW_RANGE_S
 from fleet.models import HealthRule
 from fleet.services import health_rules as rule_services
 
 
-class HealthRuleSerializer(serializers.Serializer):
+class HealthRuleSerializer(KnownFieldsOnly):
     name = serializers.SlugField(max_length=100, help_text="Its name (letters, digits, '-' and '_').")
     signal = serializers.ChoiceField(
         choices=list(TESTS_FOR), help_text="The signal it reads (README: 'Health rules')."

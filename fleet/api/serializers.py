@@ -30,9 +30,12 @@ class FiniteFloatField(serializers.FloatField):
 
 class KnownFieldsOnly(serializers.Serializer):
     """A request body with only this serializer's fields: a misspelt one
-    (``duration_s`` for ``expected_duration_s``) is a 400 naming it and the
-    fields there are, not dropped in silence (the CLI checks job files alike);
-    the OpenAPI schema says ``additionalProperties: false`` (fleet.api.schema)."""
+    (``duration_s`` for ``expected_duration_s``, ``confrim`` for ``confirm``) is a
+    400 naming it and the fields there are, not dropped in silence (the CLI checks
+    job files alike); the OpenAPI schema says ``additionalProperties: false``
+    (fleet.api.schema). Every body a person writes uses it; the node agent's
+    heartbeat and a receiver's step callback do not, so an older server takes a
+    newer agent's or receiver's body."""
 
     refuses_unknown_fields = True
 
@@ -590,7 +593,7 @@ class RackDetailSerializer(RackSerializer):
         read_only_fields = fields
 
 
-class ReasonSerializer(serializers.Serializer):
+class ReasonSerializer(KnownFieldsOnly):
     reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
 
 

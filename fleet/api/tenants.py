@@ -9,6 +9,7 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 
+from fleet.api.serializers import KnownFieldsOnly
 from fleet.models import Tenant
 from fleet.services.read.tenants import tenant_figures
 from fleet.services.tenants import quotas as quota_services
@@ -17,7 +18,7 @@ MAX_GPUS = 10_000_000  # a bound for the parser; the service bounds each figure 
 MAX_RACKS = 10_000  # the same for a list of racks (the service checks each exists)
 
 
-class QuotaSerializer(serializers.Serializer):
+class QuotaSerializer(KnownFieldsOnly):
     gpus_per_node = serializers.IntegerField(
         min_value=1, max_value=64, help_text="The node shape: 4 for NVL72 and NVL36 racks, 8 for HGX nodes."
     )
@@ -71,7 +72,7 @@ class TenantSerializer(serializers.Serializer):
     )
 
 
-class QuotasSerializer(serializers.Serializer):
+class QuotasSerializer(KnownFieldsOnly):
     quotas = QuotaSerializer(
         many=True, help_text="One per node shape; an empty list removes the tenant's quotas."
     )
@@ -85,7 +86,7 @@ class QuotasSerializer(serializers.Serializer):
     )
 
 
-class ShareSerializer(serializers.Serializer):
+class ShareSerializer(KnownFieldsOnly):
     weight = serializers.FloatField(min_value=0.01, max_value=1000.0, required=False)
     cohort = serializers.SlugField(max_length=100, required=False)
 

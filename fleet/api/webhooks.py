@@ -9,6 +9,7 @@ from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from fleet.api.serializers import KnownFieldsOnly
 from fleet.choices import WebhookEvent
 from fleet.models import WebhookDelivery, WebhookEndpoint
 from fleet.permissions import IsOperator
@@ -41,7 +42,7 @@ class WebhookEndpointWithSecretSerializer(WebhookEndpointSerializer):
         read_only_fields = fields
 
 
-class WebhookEndpointInputSerializer(serializers.Serializer):
+class WebhookEndpointInputSerializer(KnownFieldsOnly):
     # Plain fields: the URL scheme and the event types are checked by the
     # service, which names the valid choices in its 400.
     url = serializers.CharField(max_length=500, help_text="http:// or https:// URL that receives the POSTs.")

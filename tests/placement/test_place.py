@@ -310,5 +310,6 @@ def test_a_job_held_back_by_a_reservation_says_for_which_job() -> None:
     plan = schedule(fleet, [big, long], now=10.0)
     assert plan.reservation is not None and plan.reservation["job_id"] == "big"
     assert plan.waiting["long"] == (
-        "the room it needs now is held for job big, expected to start in 990 s; it would still be running then"
+        "the room it needs now is held for job big, expected to start in 990 s; "
+        "it would still be running then"
     )
