@@ -27,8 +27,8 @@ pip_quiet() {
 
 # 1. A virtualenv with the pinned dependencies; reinstalls only when a
 #    requirements file changes.
-setup_python() {
-  local reqs="$1" stamp
+setup_python() {  # requirement files, installed together
+  local stamp
   command -v python3 >/dev/null || die "python3 (3.11 or newer) is needed on PATH"
   python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
     || die "Python 3.11 or newer is needed; found $(python3 --version)"
@@ -36,11 +36,11 @@ setup_python() {
     log "Creating virtualenv in $VENV"
     python3 -m venv "$VENV"
   fi
-  stamp="$VENV/.installed-$(cat requirements*.txt | sha256sum | cut -c1-16)-$(basename "$reqs")"
+  stamp="$VENV/.installed-$(cat requirements*.txt | sha256sum | cut -c1-16)-$(IFS=+; echo "$*")"
   if [ ! -f "$stamp" ]; then
-    log "Installing $reqs"
+    log "Installing $*"
     pip_quiet install --upgrade pip
-    pip_quiet install -r "$reqs"
+    pip_quiet install $(printf -- '-r %s ' "$@")
     rm -f "$VENV"/.installed-*
     touch "$stamp"
   fi
