@@ -24,6 +24,7 @@ admitted earlier in the same pass).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -51,6 +52,18 @@ class Quota:
 
 
 NO_QUOTA = Quota()
+
+
+@dataclass(frozen=True)
+class Reclaim:
+    """What a waiting job may take back (:meth:`Ledger.reclaim`): the GPUs each
+    other tenant may lose (tenants absent may lose none), how many must come
+    from them, and whether the victims may include a job that straddles its
+    tenant's nominal line (``widen``: a reclaim for a job within its quota)."""
+
+    budgets: dict[str, int]
+    need: int
+    widen: bool
 
 
 @dataclass(frozen=True)
@@ -161,6 +174,30 @@ class Ledger:
                 budgets[t] = used - keep
         after = {**self.usage, tenant: self.usage.get(tenant, 0) + gpus}
         return budgets, max(0, self.draw(after) - self.pool)
+
+    def reclaim(
+        self,
+        tenant: str,
+        gpus: int,
+        *,
+        overdraw: int | None,
+        fair: Callable[[], dict[str, float]],
+        counted: bool = False,
+    ) -> Reclaim | None:
+        """The reclaim a waiting job of ``gpus`` GPUs of ``tenant`` may make, for
+        :func:`placement.reclaim.reclaim_for_quota`: the simulator and the
+        scheduling pass both ask here. ``overdraw`` given: the job is within its
+        tenant's nominal quota (:meth:`admit`'s ``guaranteed``) and that many of
+        its GPUs must come from the pool; it takes back what other tenants borrow,
+        and may widen to a job that straddles its tenant's nominal line. Else it
+        borrows: :meth:`fair_reclaim` with ``fair()`` (asked only then: the
+        simulator computes fair shares lazily), None unless its tenant stays
+        within its fair share."""
+        if overdraw is not None:
+            budgets = {t: g for t, g in self.reclaim_budgets().items() if t != tenant}
+            return Reclaim(budgets, overdraw, widen=True)
+        found = self.fair_reclaim(tenant, gpus, fair(), counted=counted)
+        return None if found is None else Reclaim(*found, widen=False)
 
     def reclaim_budgets(self) -> dict[str, int]:
         """How many GPUs each tenant above its nominal quota may lose to a

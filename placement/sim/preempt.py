@@ -63,7 +63,7 @@ from typing import Any
 from placement.model import HEALTHY, Allocation, JobRequest
 from placement.place import place, shape_key
 from placement.plans import PlacementPlan
-from placement.quota import Ledger
+from placement.quota import Ledger, Reclaim
 from placement.reclaim import reclaim_for_quota
 from placement.sim.queue import QueuePasses
 from placement.sim.state import JobState
@@ -186,15 +186,14 @@ class TenantPasses(QueuePasses):
             return False
         found: tuple[list[str], PlacementPlan] | None = None
         if self.policy == "rackwise":
-            if verdict.guaranteed:
-                budgets = ten.ledger.reclaim_budgets()
-                found = self._victims_rackwise(now, st, budgets, verdict.overdraw, widen=True)
-            else:
-                # Borrowing within its fair share: take back from tenants above
-                # both their nominal quota and their fair share.
-                fair = ten.ledger.fair_reclaim(job.tenant, job.total_gpus, ten.entitled())
-                if fair is not None:
-                    found = self._victims_rackwise(now, st, *fair, widen=False)
+            may = ten.ledger.reclaim(
+                job.tenant,
+                job.total_gpus,
+                overdraw=verdict.overdraw if verdict.guaranteed else None,
+                fair=ten.entitled,
+            )
+            if may is not None:
+                found = self._victims_rackwise(now, st, may)
         elif self.policy == "kueue-tas":
             found = self._victims_kueue(now, job)
         elif verdict.guaranteed:
@@ -220,7 +219,7 @@ class TenantPasses(QueuePasses):
         return True
 
     def _victims_rackwise(
-        self, now: float, st: JobState, budgets: dict[str, int], need: int, widen: bool
+        self, now: float, st: JobState, reclaim: Reclaim
     ) -> tuple[list[str], PlacementPlan] | None:
         """A reclaim for ``st`` that keeps clear of the cycle's reservations: their
         idle nodes are held back, and jobs on their nodes are no victims (stopping
@@ -231,7 +230,7 @@ class TenantPasses(QueuePasses):
         job = st.job
         fleet = self.fleet
         usage = ten.ledger.usage
-        budgets = {t: b for t, b in budgets.items() if t != job.tenant}
+        budgets = reclaim.budgets
         if not budgets:
             return None
         held = self.bf.held_nodes(now, now + self._expected_run(st)) if self.bf is not None else set()
@@ -247,12 +246,12 @@ class TenantPasses(QueuePasses):
                 return v.tenant in budgets and v.id not in on_held
 
             kw: dict[str, Any] = {
-                "need_gpus": need,
+                "need_gpus": reclaim.need,
                 "policy": "rackwise",
                 "now": now,
                 "restart_minutes": self.cfg.restart_minutes,
             }
-            plan = reclaim_for_quota(fleet, job, may, budgets, usage, ten.nominal, widen=widen, **kw)
+            plan = reclaim_for_quota(fleet, job, may, budgets, usage, ten.nominal, widen=reclaim.widen, **kw)
         finally:
             fleet.give_back(taken)
         if not plan.placed or plan.placement is None or held & set(plan.placement.nodes):

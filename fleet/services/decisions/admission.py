@@ -48,7 +48,7 @@ from fleet.models import Action, Job, Tenant
 from fleet.services.actions import propose as action_services
 from fleet.services.tenants import usage
 from fleet.steps import Checkpoint, Preempt, Start, Step
-from placement.quota import Admission, Ledger, overdue
+from placement.quota import Admission, Ledger, Reclaim, overdue
 from placement.reclaim import reclaim_for_quota
 
 # After an operator rejects a reclaim, the job waits this long before another is proposed.
@@ -185,23 +185,25 @@ def propose_reclaims(
         tenant = job.tenant.name
         held = job.pk in admitted.waiting  # its quota holds it back
         ledger = None
-        limits: dict[str, int] = {}
-        need = 0
-        fair_share = False
+        # Without a reclaim it may make: only a higher priority's preemption inside its tenant.
+        nothing = Reclaim({}, 0, widen=True)
+        may = nothing
         if admitted.ledgers:
             key = admitted.ledger_of(job)
             if key is None:
                 continue
             ledger = admitted.ledgers[key]
-            if job.pk in admitted.guaranteed:
-                limits = {t: gpus for t, gpus in ledger.reclaim_budgets().items() if t != tenant}
-                need = admitted.guaranteed[job.pk]
-            else:
-                # Borrowing within its fair share: from tenants above both
-                # their nominal quota and their fair share, and only that.
-                found = ledger.fair_reclaim(tenant, job.num_gpus, admitted.fair[key], counted=not held)
-                if found is not None:
-                    (limits, need), fair_share = found, True
+            may = (
+                ledger.reclaim(
+                    tenant,
+                    job.num_gpus,
+                    overdraw=admitted.guaranteed.get(job.pk),
+                    fair=partial(admitted.fair.__getitem__, key),
+                    counted=not held,
+                )
+                or nothing
+            )
+        limits = may.budgets
         if not limits and (held or lowest.get(job.tenant_id, job.priority) >= job.priority):
             continue  # nothing it may stop
 
@@ -222,8 +224,8 @@ def propose_reclaims(
             limits,
             ledger.usage if ledger is not None else {},
             partial(_nominal, ledger),
-            widen=not fair_share,
-            need_gpus=need,
+            widen=may.widen,
+            need_gpus=may.need,
             policy=engine.policy(),
             now=time.time(),
         )
@@ -236,7 +238,7 @@ def propose_reclaims(
         if held and ledger is not None:
             ledger.take(tenant, job.num_gpus)
         snap.fleet.allocate(plan.placement.allocation(request))
-        if fair_share:
+        if not may.widen:  # a fair-share reclaim
             why = "reclaims GPUs held above their fair share"
         else:
             why = "reclaims borrowed GPUs" if limits else "preempts lower-priority work"
