@@ -20,11 +20,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from placement.model import HEALTHY, REQUIRED, Allocation, Fleet
-from placement.place import place
+from placement.model import HEALTHY, Allocation, Fleet
 from placement.plans import Move
 from placement.queues import degraded_for
-from placement.recover import DEFAULT_RESTART_MINUTES, apply_recovery, recover
+from placement.recover import DEFAULT_RESTART_MINUTES, apply_recovery, recover, whole_move
 
 # A job with less than this left runs its course where it is.
 DEFAULT_MIN_REMAINING_S = 3600.0
@@ -102,12 +101,11 @@ def evacuate(
 
 
 def _off_rack(fleet: Fleet, alloc: Allocation, policy: str) -> tuple[Allocation, str] | str:
-    fleet.release(alloc.job_id)
-    plan = place(fleet, replace(alloc.job, locality=REQUIRED), policy)
+    plan = whole_move(fleet, alloc, policy)
     if not plan.placed:
-        fleet.allocate(alloc, restore=True)
         return f"no room on a healthy rack: {plan.reason}"
     new = replace(alloc, nodes=dict(plan.nodes), segments=plan.segments)
+    fleet.release(alloc.job_id)
     fleet.allocate(new)
     return new, plan.reason
 

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from placement.model import FAILED, HEALTHY, REQUIRED, Allocation, Fleet, JobRequest
 from placement.place import place
-from placement.plans import RecoveryPlan
+from placement.plans import PlacementPlan, RecoveryPlan
 from placement.queues import degraded_for
 
 DEFAULT_RESTART_MINUTES = 10.0
@@ -133,15 +133,23 @@ def _plan(
     return _move_or_requeue(fleet, alloc, policy, steps)
 
 
+def whole_move(fleet: Fleet, alloc: Allocation, policy: str) -> PlacementPlan:
+    """Where ``alloc``'s job would go, rack-local, were it stopped (its own nodes
+    count as free); the fleet is left as it was. Recovery's move and a rack's
+    evacuation both ask here."""
+    fleet.release(alloc.job_id)
+    try:
+        plan = place(fleet, dataclasses.replace(alloc.job, locality=REQUIRED), policy)
+        plan.job_id = alloc.job_id
+    finally:
+        fleet.allocate(alloc, restore=True)
+    return plan
+
+
 def _move_or_requeue(fleet: Fleet, alloc: Allocation, policy: str, steps: list[str]) -> RecoveryPlan:
     job = alloc.job
     # 3. Move the whole job, to the fewest racks (never a new cross-rack span).
-    fleet.release(job.id)
-    try:
-        plan = place(fleet, dataclasses.replace(job, locality=REQUIRED), policy)
-        plan.job_id = job.id
-    finally:
-        fleet.allocate(alloc, restore=True)
+    plan = whole_move(fleet, alloc, policy)
     if plan.placed:
         why = f"move the whole job: {plan.reason}"
         steps.append(f"checkpoint-restart {job.id} on racks {', '.join(plan.racks)}")
