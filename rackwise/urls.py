@@ -1,5 +1,8 @@
 from django.contrib import admin
+from django.contrib.auth.decorators import login_not_required
+from django.templatetags.static import static
 from django.urls import include, path
+from django.views.generic import RedirectView
 
 from fleet.auth import AdminLoginForm
 from fleet.prometheus import metrics_view
@@ -8,6 +11,11 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/", include("fleet.api.urls")),
     path("metrics", metrics_view, name="metrics"),
+    # Browsers ask for /favicon.ico on pages that name no icon (the admin, the API docs).
+    path(
+        "favicon.ico",
+        login_not_required(RedirectView.as_view(url=static("rackwise/favicon.svg"), permanent=True)),
+    ),
     path("", include("fleet.urls")),
 ]
 

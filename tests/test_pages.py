@@ -23,6 +23,15 @@ def test_the_login_page_itself_is_open(browser):
     assert browser.get("/login/").status_code == 200
 
 
+def test_every_page_has_an_icon_and_favicon_ico_finds_it(browser):
+    # Browsers ask for /favicon.ico on a page that names no icon: it was a 404 in
+    # the console of every first visit (the admin and the API docs name none).
+    assert 'rel="icon" href="/static/rackwise/favicon.svg"' in browser.get("/login/").content.decode()
+    response = browser.get("/favicon.ico")
+    assert response.status_code == 301
+    assert response["Location"] == "/static/rackwise/favicon.svg"
+
+
 def test_a_viewer_logs_in_and_sees_the_fleet_and_its_role(browser, fleet):
     ensure_user(None, "vic", role="viewer", password="correct-horse")
     response = browser.post("/login/", {"username": "vic", "password": "correct-horse"})
