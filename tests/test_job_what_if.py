@@ -5,7 +5,9 @@ The ``fleet`` fixture is two NVL72 racks: 36 nodes x 4 GPUs, 18 nodes per rack."
 
 from __future__ import annotations
 
+from fleet.choices import JobState
 from fleet.models import Action, AuditEvent, Job, Node
+from fleet.services.decisions.scheduling import schedule_pass
 from fleet.services.jobs.allocations import apply_placement, start_job
 from fleet.services.jobs.submit import JobSpec, submit_job
 
@@ -108,6 +110,38 @@ def test_room_held_for_a_job_ahead_is_named_as_such(fleet, submitter, submitter_
         f"waits behind 1 waiting job(s): the largest free slice is {body['largest_free_slice']} nodes, "
         "enough for it, but the jobs ahead of it come first; expected start in about"
     ), body["summary"]
+
+
+def test_a_job_held_back_by_a_reservation_says_for_which_job(fleet, submitter, submitter_client):
+    """The same hold, for a job submitted: its reason names the job the room is held
+    for (it said "no rack offers 14 idle nodes beyond its spares", beside a free rack)."""
+    r1, _ = fleet
+    run_on(submitter, r1, 4, hours=2, name="a")
+    ahead = submit_job(
+        submitter,
+        JobSpec(
+            name="ahead",
+            num_nodes=32,
+            gpus_per_node=4,
+            segment_nodes=16,
+            tenant="llm",
+            expected_duration_s=3 * 3600,
+        ),
+    )
+    big = submit_job(
+        submitter,
+        JobSpec(name="big", num_nodes=14, gpus_per_node=4, tenant="llm", expected_duration_s=4 * 3600),
+    )
+    schedule_pass()
+
+    big.refresh_from_db()
+    assert big.state == JobState.PENDING
+    assert big.state_reason.startswith(
+        f"the room it needs now is held for job {ahead.pk}, expected to start in "
+    )
+    assert big.state_reason.endswith("; it would still be running then")
+    shown = submitter_client.get(f"/api/jobs/{big.pk}/").json()
+    assert shown["state_reason"] == big.state_reason
 
 
 def test_without_expected_durations_it_says_there_is_no_estimate(fleet, submitter, submitter_client):
