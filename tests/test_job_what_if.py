@@ -84,11 +84,12 @@ def test_the_queue_ahead_pushes_the_expected_start_back(fleet, submitter, submit
     assert body["summary"].startswith("waits behind 1 waiting job(s): ")
 
 
-def test_room_held_for_a_job_ahead_is_named_as_such(fleet, submitter, submitter_client):
-    """A free rack held for a bigger gang ahead: the slice is enough, the queue is why."""
+def gang_ahead_holding_the_fleet(fleet, submitter) -> Job:
+    """4 nodes of r1 busy for 2 h, and a 32-node gang (segments of 16) waiting for
+    both racks: it holds r2, free now, for itself."""
     r1, _ = fleet
     run_on(submitter, r1, 4, hours=2, name="a")
-    submit_job(
+    return submit_job(
         submitter,
         JobSpec(
             name="ahead",
@@ -99,6 +100,11 @@ def test_room_held_for_a_job_ahead_is_named_as_such(fleet, submitter, submitter_
             expected_duration_s=3 * 3600,
         ),
     )
+
+
+def test_room_held_for_a_job_ahead_is_named_as_such(fleet, submitter, submitter_client):
+    """A free rack held for a bigger gang ahead: the slice is enough, the queue is why."""
+    gang_ahead_holding_the_fleet(fleet, submitter)
     # Longer than "a" has left: backfilled, it would delay "ahead"'s reservation.
     body = ask(
         submitter_client, name="big", num_nodes=14, gpus_per_node=4, expected_duration_s=4 * 3600
@@ -115,19 +121,7 @@ def test_room_held_for_a_job_ahead_is_named_as_such(fleet, submitter, submitter_
 def test_a_job_held_back_by_a_reservation_says_for_which_job(fleet, submitter, submitter_client):
     """The same hold, for a job submitted: its reason names the job the room is held
     for (it said "no rack offers 14 idle nodes beyond its spares", beside a free rack)."""
-    r1, _ = fleet
-    run_on(submitter, r1, 4, hours=2, name="a")
-    ahead = submit_job(
-        submitter,
-        JobSpec(
-            name="ahead",
-            num_nodes=32,
-            gpus_per_node=4,
-            segment_nodes=16,
-            tenant="llm",
-            expected_duration_s=3 * 3600,
-        ),
-    )
+    ahead = gang_ahead_holding_the_fleet(fleet, submitter)
     big = submit_job(
         submitter,
         JobSpec(name="big", num_nodes=14, gpus_per_node=4, tenant="llm", expected_duration_s=4 * 3600),
