@@ -38,6 +38,8 @@ JSON_KEYS = (
     "bounded_slowdown_mean",
     "p95_wait_s_by_size",
     "max_wait_s_by_size",
+    "p99_wait_s_by_size",
+    "max_slowdown_by_size",
     "gpu_hours_lost",
     "useful_utilization",
     "wall_s",

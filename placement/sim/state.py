@@ -224,10 +224,15 @@ def metrics(run: Replay, first_submit: float, wall: float) -> dict[str, Any]:
     )
     bsld = [max(1.0, (s.end - s.submit) / max(s.duration, BSLD_TAU_S)) for s in done if s.end is not None]
     by_size: dict[str, list[float]] = {c: [] for c in SIZE_CLASSES}
+    # A started job's wait against its run (bounded below by BSLD_TAU_S), per class:
+    # how long a job waited for the length of its run, the starvation figure.
+    slowdown_by_size: dict[str, list[float]] = {c: [] for c in SIZE_CLASSES}
     for s in started:
         if s.first_start is not None:
             c = size_class(s.job, cfg.gpus_per_node, cfg.nodes_per_rack)
-            by_size[c].append(s.first_start - s.submit)
+            wait = s.first_start - s.submit
+            by_size[c].append(wait)
+            slowdown_by_size[c].append(max(1.0, (wait + s.duration) / max(s.duration, BSLD_TAU_S)))
     for xs in by_size.values():
         xs.sort()
 
@@ -258,6 +263,8 @@ def metrics(run: Replay, first_submit: float, wall: float) -> dict[str, Any]:
         "bounded_slowdown_mean": _r(sum(bsld) / len(bsld) if bsld else 0.0),
         "p95_wait_s_by_size": {c: _r(pct(0.95, xs)) for c, xs in by_size.items()},
         "max_wait_s_by_size": {c: _r(xs[-1] if xs else 0.0) for c, xs in by_size.items()},
+        "p99_wait_s_by_size": {c: _r(pct(0.99, xs)) for c, xs in by_size.items()},
+        "max_slowdown_by_size": {c: _r(max(xs, default=1.0)) for c, xs in slowdown_by_size.items()},
         "gpu_hours_lost": {c: _r(run.lost_gpu_s[c] / 3600) for c in LOSS_CAUSES},
         "useful_utilization": _r(run.useful_gpu_s / (run.total_gpus * makespan) if makespan > 0 else 0.0),
         "wall_s": round(wall, 3),

@@ -91,6 +91,10 @@ def test_p95_and_max_by_size_over_twenty_waits() -> None:
     # p95 of 0..1900 step 100 (nearest rank, ceil(0.95 x 20) = 19th): 1800; max 1900.
     assert m["p95_wait_s_by_size"]["1node"] == 1800
     assert m["max_wait_s_by_size"]["1node"] == 1900
+    assert m["p99_wait_s_by_size"]["1node"] == 1900  # ceil(0.99 x 20) = 20th
+    # The last job waited 1900 s for a 100 s run: (1900 + 100) / max(100, 600).
+    assert m["max_slowdown_by_size"]["1node"] == pytest.approx(2000 / 600, abs=1e-5)
+    assert m["max_slowdown_by_size"]["1gpu"] == 1.0  # an empty class
 
 
 def test_span_slowdown_is_lost_gpu_hours() -> None:
@@ -167,9 +171,8 @@ def test_the_table_shows_the_headline_set() -> None:
     assert "1000 (1gpu)" in out
 
 
-def test_the_real_trace_benchmark_runs_on_small_traces(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def _bench_on_small_traces(tmp_path: Path) -> Any:
+    """benchmarks/bench_real_traces.py, loaded, and two small traces in ``tmp_path``."""
     spec = importlib.util.spec_from_file_location(
         "bench_real_traces", ROOT / "benchmarks" / "bench_real_traces.py"
     )
@@ -184,6 +187,13 @@ def test_the_real_trace_benchmark_runs_on_small_traces(
             "job_id,submit_time,duration,num_gpus\n"
             + "".join(f"{name}{i},{s},{d},{g}\n" for i, (s, d, g) in enumerate(rows))
         )
+    return bench
+
+
+def test_the_real_trace_benchmark_runs_on_small_traces(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bench = _bench_on_small_traces(tmp_path)
     assert bench.main(["--traces", str(tmp_path), "--workers", "1", "--seeds", "1", "--mtbfs", "2000"]) == 0
     out = capsys.readouterr().out
     # 2 traces x 2 scales x 2 loads, but at this tiny demand both loads give the
@@ -198,6 +208,22 @@ def test_the_real_trace_benchmark_runs_on_small_traces(
     for i, row in enumerate(rows):
         cells = row.strip("| ").split(" | ")[1:]
         assert cells[i] == "-" and all(0 <= int(c) <= 4 for j, c in enumerate(cells) if j != i)
+
+
+def test_the_shared_fleet_report_reads_three_tails_per_size_class(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bench = _bench_on_small_traces(tmp_path)
+    args = ["--traces", str(tmp_path), "--workers", "1", "--seeds", "1", "--mtbfs", "2000", "--tenants"]
+    assert bench.main([*args, "--min-class-jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "## Geometric means over 4 cells" in out
+    for name in ("max wait", "p99 wait", "max slowdown"):
+        assert f"| per-size-class {name} (worst class of each cell; " in out
+    # Each policy against the better of the other two, for each tail.
+    table = out.split("each policy against the better of the other two", 1)[1]
+    rows = [line for line in table.splitlines() if line.startswith("| ")][1:]
+    assert len(rows) == 9 and all(r.endswith(" of 4 |") for r in rows)
 
 
 @pytest.mark.parametrize("policy", ["rackwise", "slurm-block", "kueue-tas", "first-fit"])
