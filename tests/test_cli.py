@@ -134,11 +134,11 @@ def test_every_readme_block_is_run():
 
 def test_the_engineer_section_runs_as_written(stack, fleet, tmp_path):
     """login (config 0600), what-if, submit from the job file, job, jobs,
-    cancel, submit --wait and --json, in the README's order."""
+    tenants, cancel, submit --wait and --json, in the README's order."""
     _, token = ensure_user(None, "sam", role="submitter", tenants=["llm"])
     (tmp_path / "job.yaml").write_text(job_file())
     sh = Shell(tmp_path, stack.url)
-    (login, whoami, what_if, submit, job, jobs, cancel, wait, as_json) = shell_blocks()[0]
+    (login, whoami, what_if, submit, job, jobs, tenants, cancel, wait, as_json) = shell_blocks()[0]
 
     out = sh.run(login, stdin=token + "\n").stdout
     assert f"Logged in to {stack.url} as sam (submitter)" in out
@@ -167,6 +167,10 @@ def test_the_engineer_section_runs_as_written(stack, fleet, tmp_path):
     assert f"job {made.pk} llama-70b-ft  running" in shown
     assert re.search(r"runs on:\n  r\d: 4 nodes, GPUs 0-3 each: r\d-n\d\d, ", shown), shown
     assert "llama-70b-ft" in sh.run(jobs).stdout
+    # The job's 16 GPUs count against llm, which has no nominal quota: all borrowed.
+    quota = sh.run(tenants).stdout
+    assert re.search(r"^TENANT +SHAPE +NOMINAL +USED +BORROWED +LENT +PENDING +FAIR +LIMITS", quota)
+    assert re.search(r"\nllm +4/node +0 +16 +16 +0 +0 +\d+ +borrow none lend none\n", quota), quota
 
     assert f"Job {made.pk} (llama-70b-ft): cancelled" in sh.run(cancel).stdout
     assert Job.objects.get(pk=made.pk).state == JobState.CANCELLED
@@ -263,8 +267,12 @@ def test_the_operator_section_runs_as_written(stack, fragmented, tmp_path):
     assert decided.decision_note == "quiet hour" and decided.state != "proposed"
     assert Action.objects.get(pk=first_plan).decision_note == "not during the eval run"
 
-    assert "Node r1-n10: drained (fan noise)" in sh.run(drain).stdout
-    assert Node.objects.get(hostname="r1-n10").state == "drained"
+    # The approved plan frees r1 and job c starts there, on r1-n00 to r1-n15: the
+    # README drained r1-n10 once, which passed only while c had not started yet.
+    c = fragmented[2]
+    wait_for(lambda: Job.objects.get(pk=c.pk).state == JobState.RUNNING, 60, "job c to start on r1")
+    assert "Node r2-n17: drained (fan noise)" in sh.run(drain).stdout
+    assert Node.objects.get(hostname="r2-n17").state == "drained"
     busy = sh.run('rackwise drain r2-n00 --reason "fan noise"', expect=1).stderr
     assert f"jobs on it: {fragmented[1].pk} b; send again with --confirm" in busy
     # The queue lists what an operator decides on; --json for scripts.
@@ -338,7 +346,7 @@ def test_login_refuses_a_wrong_token_and_writes_nothing(app_server, transactiona
 def test_tables_crop_no_id_and_drop_no_column_in_80_columns():
     """Piped or in a narrow terminal (80 columns), a job's id is whole (a cropped
     "2" for 123456 would name another job) and the reason is still there."""
-    from rackwise_cli.render import actions_table, jobs_table
+    from rackwise_cli.render import actions_table, jobs_table, tenants_table
     from rich.console import Console
 
     job = {
@@ -354,15 +362,33 @@ def test_tables_crop_no_id_and_drop_no_column_in_80_columns():
         "state_reason": "quota: vision holds 232 of 128 nominal GPUs; the cohort has 64 GPUs to lend",
     }
     action = {"id": 98765, "kind": "reclaim", "state": "proposed", "jobs": [123456], "title": "x" * 90}
-    cases = ((jobs_table([job]), "123456", "lend"), (actions_table([action]), "98765", "xxxx"))
+    quota = {
+        "gpus_per_node": 4,
+        "nominal_gpus": 12960,
+        "in_use_gpus": 14400,
+        "borrowed_gpus": 1440,
+        "lent_gpus": 0,
+        "pending_gpus": 72000,
+        "fair_share_gpus": 14112,
+        "borrowing_limit_gpus": 2880,
+        "lending_limit_gpus": None,
+    }
+    tenant = {"name": "computer-vision-research", "cohort": "research-cohort", "quotas": [quota]}
+    cases = (
+        (jobs_table([job]), "123456", "lend"),
+        (actions_table([action]), "98765", "xxxx"),
+        (tenants_table([tenant]), "comput", "none"),  # a name may fold, figures may not
+    )
     for table, ids, last in cases:
         console = Console(width=80, record=True)
         console.print(table)
         text = console.export_text()
         lines = text.splitlines()
-        assert lines[1].split()[0] == ids, lines
+        assert lines[1].split()[0].startswith(ids), lines
         assert last in text, lines
         assert all(len(line) <= 80 for line in lines)
+    assert re.search(r"^computer-vi +4/node +12960 +14400 +1440 +0 +72000 +14112 +borrow 2880$", text, re.M)
+    assert re.search(r"^sion-resear +lend none *$", text, re.M), text
 
 
 def test_the_console_script_is_installed():

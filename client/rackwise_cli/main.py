@@ -187,6 +187,16 @@ def whoami() -> None:
     emit(me, f"{me['username']} ({me.get('role') or 'no role'}), tenants: {', '.join(me['tenants']) or '-'}")
 
 
+@cli.command()
+@click.argument("name", required=False)
+@json_option
+def tenants(name: str | None) -> None:
+    """Each team's quota and share, per node shape: nominal GPUs, in use, borrowed,
+    lent, asked for by pending jobs, and its fair share now."""
+    found = [api().get(f"tenants/{name}/")] if name else api().get("tenants/")
+    emit(found, render.tenants_table(found) if found else "No tenants.")
+
+
 # --- submit -----------------------------------------------------------------------
 
 

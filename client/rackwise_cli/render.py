@@ -63,6 +63,34 @@ def jobs_table(jobs: list[dict]) -> Table:
     return table(columns, rows, keep=("ID", "STATE"))
 
 
+def tenants_table(tenants: list[dict]) -> Table:
+    """A row per tenant and node shape, in GPUs; LIMITS are its borrowing and
+    lending limits (none: unlimited). The cohort and weight are in --json."""
+    rows = []
+    for t in tenants:
+        for q in t.get("quotas") or [{}]:
+            figures = [
+                str(q.get(k, "-"))
+                for k in (
+                    "nominal_gpus",
+                    "in_use_gpus",
+                    "borrowed_gpus",
+                    "lent_gpus",
+                    "pending_gpus",
+                    "fair_share_gpus",
+                )
+            ]
+            limits = " ".join(
+                f"{word} {'none' if q.get(k) is None else q[k]}"
+                for word, k in (("borrow", "borrowing_limit_gpus"), ("lend", "lending_limit_gpus"))
+            )
+            shape = f"{q['gpus_per_node']}/node" if q else "-"
+            rows.append((t["name"], shape, *figures, limits if q else "-"))
+    columns = ("TENANT", "SHAPE", "NOMINAL", "USED", "BORROWED", "LENT", "PENDING", "FAIR", "LIMITS")
+    # The figures are never folded; the name, the shape and the limits may be.
+    return table(columns, rows, keep=columns[2:8])
+
+
 def gpu_ranges(gpus: list[int]) -> str:
     gpus = sorted(gpus)
     if gpus and gpus == list(range(gpus[0], gpus[-1] + 1)) and len(gpus) > 1:
