@@ -64,8 +64,8 @@ def jobs_table(jobs: list[dict]) -> Table:
 
 
 def tenants_table(tenants: list[dict]) -> Table:
-    """A row per tenant and node shape, in GPUs; LIMITS are its borrowing and
-    lending limits (none: unlimited). The cohort and weight are in --json."""
+    """A row per tenant and node shape, in GPUs, with its borrowing and lending
+    limits in words. The cohort and weight are in --json."""
     rows = []
     for t in tenants:
         for q in t.get("quotas") or [{}]:
@@ -80,9 +80,11 @@ def tenants_table(tenants: list[dict]) -> Table:
                     "fair_share_gpus",
                 )
             ]
-            limits = " ".join(
-                f"{word} {'none' if q.get(k) is None else q[k]}"
-                for word, k in (("borrow", "borrowing_limit_gpus"), ("lend", "lending_limit_gpus"))
+            borrow, lend = q.get("borrowing_limit_gpus"), q.get("lending_limit_gpus")
+            limits = (
+                ("borrows any" if borrow is None else f"borrows up to {borrow}")
+                + " / "
+                + ("lends all" if lend is None else f"lends up to {lend}")
             )
             shape = f"{q['gpus_per_node']}/node" if q else "-"
             rows.append((t["name"], shape, *figures, limits if q else "-"))
