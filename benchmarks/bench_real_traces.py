@@ -483,7 +483,7 @@ def tenant_report(
             per[head].append(x)
             row.append(f"{x:.2f}")
         for (key, _, floor), head in zip(CLASS_TAILS, tails, strict=True):
-            worst, cls = worst_class_max_wait(c, ms, "rackwise", baselines, args.min_class_jobs, key, floor)
+            worst, cls = worst_class_ratio(c, ms, "rackwise", baselines, args.min_class_jobs, key, floor)
             per[head].append(worst)
             row.append(f"{worst:.2f} {cls}")
         print(
@@ -528,9 +528,9 @@ def tenant_report(
             g = gmean([figure(ms[pol], k) + floor for ms in metrics]) - floor
             vals.append(f"{g:,.0f}" if k.endswith("_s") else f"{g:.3f}")
         print(f"| {pol} | " + " | ".join(vals) + " |")
-    # The max-wait target's own yardstick: each policy's worst class against the
-    # better of the other two, in the same cells (how often a faithful baseline
-    # would miss 1.2x against the others).
+    # The max-wait target's own yardstick, for each tail: each policy's worst class
+    # against the better of the other two, in the same cells (how often a faithful
+    # baseline would miss 1.2x against the others).
     print("\n## Per-size-class tails, each policy against the better of the other two\n")
     print("| policy | figure | worst class geo mean | cells above 1.2x |")
     print("|---|---|---|---|")
@@ -538,7 +538,7 @@ def tenant_report(
         for pol in TENANT_POLICIES:
             others = [p for p in TENANT_POLICIES if p != pol]
             xs = [
-                worst_class_max_wait(c, ms, pol, others, args.min_class_jobs, key, floor)[0]
+                worst_class_ratio(c, ms, pol, others, args.min_class_jobs, key, floor)[0]
                 for c, ms in zip(cells, metrics, strict=True)
             ]
             print(f"| {pol} | {name} | {gmean(xs):.3f} | {sum(x > 1.2 for x in xs)} of {len(xs)} |")
@@ -555,16 +555,16 @@ CLASS_TAILS = (
 )
 
 
-def worst_class_max_wait(
+def worst_class_ratio(
     cell: dict[str, Any],
     ms: dict[str, dict[str, Any]],
     pol: str,
     others: list[str],
     min_jobs: int,
-    key: str = "max_wait_s_by_size",
-    floor: float = WAIT_FLOOR_S,
+    key: str,
+    floor: float,
 ) -> tuple[float, str]:
-    """``pol``'s highest ratio of a size class's ``key`` (max wait by default) to the
+    """``pol``'s highest ratio of a size class's ``key`` (one of CLASS_TAILS) to the
     best of ``others`` (classes of >= ``min_jobs`` jobs, ``floor`` added to both),
     and that class."""
     worst, cls = 0.0, ""
