@@ -270,7 +270,7 @@ def test_it_refuses_a_misspelt_slurm_field(fleet, submitter_client):
     response = submit(submitter_client, name="typo", num_gpus=2, slurm={"comand": "hostname"})
 
     assert response.status_code == 400, response.content
-    assert "unknown field" in str(response.json()["slurm"]["comand"])
+    assert "unknown field" in str(response.json()["slurm.comand"])
     assert_nothing_written()
 
 

@@ -48,6 +48,28 @@ def test_an_operator_sets_a_quota_and_every_reader_sees_the_figures(
     )
 
 
+def test_the_parsers_and_the_services_refusals_name_a_field_by_one_path(fleet, operator_client, submitter):
+    """Before, the parser's messages came nested ({"quotas": {"1": {...}}}) and the
+    service's flat ("quotas[1].nominal_gpus") from the same endpoint."""
+
+    def refused(body: dict) -> dict:
+        response = operator_client.put("/api/tenants/llm/quotas/", body, format="json")
+        assert response.status_code == 400, response.content
+        return response.json()
+
+    good = [{"gpus_per_node": 4, "nominal_gpus": 8}]
+    parser = refused({"quotas": [{**good[0], "lending_limit_gpus": -1}]})
+    service = refused({"quotas": [{**good[0], "nominal_gpus": 10_000}]})
+    parser_racks = refused({"quotas": good, "reserved_racks": ["x" * 101]})
+    service_racks = refused({"quotas": good, "reserved_racks": ["r9"]})
+
+    assert parser == {"quotas[0].lending_limit_gpus": ["Ensure this value is greater than or equal to 0."]}
+    assert list(service) == ["quotas[0].nominal_gpus"]
+    assert list(parser_racks) == list(service_racks) == ["reserved_racks[0]"]
+    assert service_racks["reserved_racks[0]"] == ["no rack 'r9'; GET /api/racks/ lists them"]
+    assert not Quota.objects.exists()
+
+
 def test_a_quota_beyond_the_fleet_is_a_400_naming_the_field_and_nothing_changes(
     fleet, operator_client, submitter
 ):

@@ -3,7 +3,12 @@ or otherwise refused by Django 400 (JSON, not Django's HTML page), NotAllowed 40
 Conflict 409, a missing object 404; a cluster that did not take a change
 (ClusterDown) 503 with Retry-After, nothing changed; a database that does not
 answer 503 with Retry-After (the request may be retried; a job submission with an
-Idempotency-Key is safe to retry)."""
+Idempotency-Key is safe to retry).
+
+A 400's messages are keyed by one flat path per field, whether the parser or a
+service found the fault: ``quotas[1].nominal_gpus``, ``reserved_racks[0]``,
+``slurm.script`` (:func:`flat_errors`); a client reads one shape from every
+endpoint."""
 
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.defaults import page_not_found
 from django.views.defaults import server_error as django_server_error
 from rest_framework import status
-from rest_framework.exceptions import NotAuthenticated
+from rest_framework.exceptions import NotAuthenticated, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
@@ -35,9 +40,33 @@ def _retry_after() -> str:
     return str(settings.RACKWISE_DB_RETRY_AFTER_S)
 
 
+def flat_errors(detail: object, path: str = "") -> dict[str, list[str]]:
+    """A serializer's nested messages keyed by their field's path, in the
+    services' form: a nested field ``parent.child``, an item of a list
+    ``parent[i]`` (DRF keys a list's items by index, in a dict or a list with
+    empty entries for the good ones)."""
+    if isinstance(detail, dict):
+        items = detail.items()
+    elif isinstance(detail, list) and any(isinstance(d, (dict, list)) for d in detail):
+        items = enumerate(detail)
+    else:
+        messages = detail if isinstance(detail, list) else [detail]
+        return {path or "non_field_errors": [str(m) for m in messages]}
+    out: dict[str, list[str]] = {}
+    for key, value in items:
+        if isinstance(key, int):
+            where = f"{path}[{key}]"
+        else:
+            where = f"{path}.{key}" if path else str(key)
+        out.update(flat_errors(value, where))
+    return out
+
+
 def exception_handler(exc, context):
     if isinstance(exc, InvalidInput):
         return Response(exc.errors, status=status.HTTP_400_BAD_REQUEST)
+    if isinstance(exc, ValidationError) and isinstance(exc.detail, dict):
+        return Response(flat_errors(exc.detail), status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, Conflict):
         return Response({"detail": str(exc), **exc.extra}, status=status.HTTP_409_CONFLICT)
     if isinstance(exc, NotAllowed):

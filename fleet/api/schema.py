@@ -1,8 +1,9 @@
 """The OpenAPI schema's error responses, declared on every operation they can
 come from, in the shapes ``fleet.api.errors`` really sends:
 
-* 400 ``ValidationError``: ``{field: [message, ...]}`` (``non_field_errors`` for
-  the whole request), or ``{"detail": message}`` for a body that is not JSON;
+* 400 ``ValidationError``: ``{field: [message, ...]}``, a nested field by its path
+  (``quotas[1].nominal_gpus``, ``non_field_errors`` for the whole request), or
+  ``{"detail": message}`` for a body that is not JSON;
 * 401, 403, 404, 409, 415, 429, 503 ``Error``: ``{"detail": message}``.
 
 Which operation gets which (a generated client then knows them all):
@@ -43,14 +44,14 @@ VALIDATION_ERROR = ResolvedComponent(
     schema={
         "type": "object",
         "description": (
-            "Messages by field name (``non_field_errors`` for the request as a whole), "
+            "Messages by field, a nested one by its path (``quotas[1].nominal_gpus``, "
+            "``slurm.script``; ``non_field_errors`` for the request as a whole), "
             "or ``detail`` for a body that could not be parsed."
         ),
         "additionalProperties": {
             "oneOf": [
                 {"type": "array", "items": {"type": "string"}},
                 {"type": "string"},
-                {"type": "object"},
             ]
         },
     },

@@ -45,21 +45,17 @@ export async function api(path, { method = "GET", body } = {}) {
   return data;
 }
 
-/** Every message in an API error body (DRF nests lists and dicts). */
+/** Every message in an API error body, whatever its field. */
 export function messages(value) {
   if (Array.isArray(value)) return value.flatMap(messages);
   if (value && typeof value === "object") return Object.values(value).flatMap(messages);
   return [String(value)];
 }
 
-/** [path, messages] for every field of a DRF error body ("slurm.script" for a
- * nested serializer's field). */
-export function errorPaths(value, path = "") {
-  if (Array.isArray(value) && value.every((m) => typeof m !== "object")) return [[path, value.map(String)]];
-  if (value && typeof value === "object") {
-    return Object.entries(value).flatMap(([k, v]) => errorPaths(v, path ? `${path}.${k}` : k));
-  }
-  return [[path, [String(value)]]];
+/** [path, messages] for every field of a 400's body: the API keys a nested
+ * field by its path ("slurm.script", "quotas[1].nominal_gpus"). */
+export function errorPaths(data) {
+  return Object.entries(data).map(([path, v]) => [path, Array.isArray(v) ? v.map(String) : [String(v)]]);
 }
 
 /** Show an API error on a form: a 400's messages next to their fields (the

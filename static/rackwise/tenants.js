@@ -6,10 +6,9 @@
 // 1. Quotas are one PUT of the whole list (the API replaces them): a shape with
 //    any field filled in is sent, a blank limit as null (none). A blank nominal
 //    quota with a limit is sent as null too, and the API's message says why.
-// 2. The API names a quota field by its place in the list it was sent:
-//    "quotas[1].nominal_gpus" from the service, "quotas.1.nominal_gpus" from
-//    the parser. Before sending, each row's message slots are named by the
-//    place that row takes, so every message lands next to its field.
+// 2. The API names a quota field by its place in the list it was sent
+//    ("quotas[1].nominal_gpus"). Before sending, each row's message slots are
+//    named by the place that row takes, so every message lands next to its field.
 //    Reserved racks are sent with the quotas (the API checks them together).
 // 3. After a save every tenant's figures are redrawn from the page itself (the
 //    server renders the bars: one renderer), since a weight or cohort changes
@@ -36,7 +35,7 @@ function quotaBody(form) {
     const at = quotas.length;
     for (const input of inputs) {
       const slot = input.parentElement.querySelector("[data-field-error]");
-      slot.dataset.fieldError = filled ? `quotas[${at}].${input.name} quotas.${at}.${input.name}` : "";
+      slot.dataset.fieldError = filled ? `quotas[${at}].${input.name}` : "";
     }
     if (!filled) continue;
     const quota = { gpus_per_node: Number(row.dataset.shape) };
@@ -48,7 +47,7 @@ function quotaBody(form) {
   const reserved_racks = racks.value.split(/[\s,]+/).filter(Boolean);
   racks.parentElement.parentElement.querySelector("[data-field-error]").dataset.fieldError = [
     "reserved_racks",
-    ...reserved_racks.map((_, i) => `reserved_racks[${i}] reserved_racks.${i}`),
+    ...reserved_racks.map((_, i) => `reserved_racks[${i}]`),
   ].join(" ");
   return { quotas, reserved_racks };
 }
