@@ -73,7 +73,10 @@ def reclaim(
        GPUs in that rack, in that order, until the job places inside the rack
        (and ``need_gpus`` is met); then give back, dearest first, every victim
        the placement does not need. So no more is stopped than needed, and the
-       room made is one NVLink domain.
+       room made is one NVLink domain. When the limits stop that walk short
+       (the cheapest victims spent a tenant's limit on nodes that stay busy),
+       it is walked again node by node (:func:`_node_steps`): all the jobs of
+       one node at a time, a node that would pass a limit skipped whole.
     3. If no single rack works (a gang bigger than a rack, or one whose
        segments must span racks): the same over the whole fleet.
     4. The cheapest set wins (then the fewest victims, then the rack's id);
@@ -113,7 +116,9 @@ def reclaim(
         for bound, rid, here in tier:
             if best is not None and bound > best[0][0] + 1e-6:
                 break
-            found = _victims(fleet, job, here, limits, need_gpus, policy, now, everyone - {rid})
+            found = _victims_by_cost_or_node(
+                fleet, job, here, costs, limits, need_gpus, policy, now, everyone - {rid}, rid
+            )
             if found is not None:
                 victims, plan = found
                 key = (round(sum(costs[v] for v in victims), 6), len(victims), rid)
@@ -122,13 +127,16 @@ def reclaim(
         if best is not None:
             break
     if best is None:
-        found = _victims(fleet, job, order, limits, need_gpus, policy, now, frozenset())
+        found = _victims_by_cost_or_node(
+            fleet, job, order, costs, limits, need_gpus, policy, now, frozenset(), None
+        )
         if found is not None:
             victims, plan = found
             best = ((sum(costs[v] for v in victims), len(victims), ""), victims, plan)
     if best is None:
+        within = " within the GPUs each tenant may lose" if limits else ""
         return ReclaimPlan(
-            job.id, False, "stopping every job it may preempt would still not make room for it"
+            job.id, False, f"stopping every job it may preempt{within} would still not make room for it"
         )
     _, victims, plan = best
     where = ", ".join(plan.racks)
@@ -177,17 +185,74 @@ def _least_cost(
     return None
 
 
+def _victims_by_cost_or_node(
+    fleet: Fleet,
+    job: JobRequest,
+    order: list[str],
+    costs: dict[str, float],
+    limits: dict[str, int],
+    need_gpus: int,
+    policy: str,
+    now: float | None,
+    exclude: frozenset[str],
+    rack: str | None,
+) -> tuple[list[str], PlacementPlan] | None:
+    """Step 2 (or 3, ``rack`` None) of :func:`reclaim`: the victims in cost
+    order, else, when limits apply, node by node (:func:`_node_steps`)."""
+    steps = [[vid] for vid in order]
+    found = _victims(fleet, job, order, steps, limits, need_gpus, policy, now, exclude)
+    if found is not None or not limits:
+        return found
+    for by_limited in (False, True):
+        steps = _node_steps(fleet, order, costs, limits, rack, by_limited)
+        found = _victims(fleet, job, order, steps, limits, need_gpus, policy, now, exclude)
+        if found is not None:
+            return found
+    return None
+
+
+def _node_steps(
+    fleet: Fleet,
+    order: list[str],
+    costs: dict[str, float],
+    limits: dict[str, int],
+    rack: str | None,
+    by_limited: bool,
+) -> list[list[str]]:
+    """The candidates grouped by node (in ``rack``, or anywhere), one step per node
+    whose jobs are all candidates: the cheapest node to free first, or with
+    ``by_limited`` the node taking the fewest GPUs from limited tenants first (a
+    tight limit then reaches more nodes)."""
+    candidates = set(order)
+    on: dict[str, list[str]] = {}
+    for vid in order:
+        for nid in fleet.allocations[vid].nodes:
+            if rack is None or fleet.nodes[nid].rack == rack:
+                on.setdefault(nid, []).append(vid)
+
+    def key(nid: str) -> tuple[float, float, str]:
+        cost = sum(costs[v] for v in on[nid])
+        limited = sum(fleet.allocations[v].gpus for v in on[nid] if fleet.allocations[v].job.tenant in limits)
+        return (limited, cost, nid) if by_limited else (cost, limited, nid)
+
+    freeable = [nid for nid in on if candidates.issuperset(fleet.nodes[nid].jobs)]
+    return [on[nid] for nid in sorted(freeable, key=key)]
+
+
 def _victims(
     fleet: Fleet,
     job: JobRequest,
     order: list[str],
+    steps: list[list[str]],
     limits: dict[str, int],
     need_gpus: int,
     policy: str,
     now: float | None,
     exclude: frozenset[str],
 ) -> tuple[list[str], PlacementPlan] | None:
-    """Steps 2-3 of :func:`reclaim` over ``order``, on a trial of the fleet."""
+    """Stop ``steps`` in turn (each step's jobs together, or none of them when
+    that would pass a tenant's limit) until the job places, on a trial of the
+    fleet; then give back what is not needed. Victims come back in ``order``."""
     with fleet.trial():
         taken: dict[str, int] = {}
         stopped: dict[str, Allocation] = {}
@@ -202,20 +267,26 @@ def _victims(
             taken[alloc.job.tenant] = taken.get(alloc.job.tenant, 0) + sign * alloc.gpus
 
         plan = enough()
-        for vid in order:
+        for step in steps:
             if plan is not None:
                 break
-            victim = fleet.allocations[vid]
-            tenant = victim.job.tenant
-            if tenant in limits and taken.get(tenant, 0) + victim.gpus > limits[tenant]:
-                continue  # it would take the tenant below its nominal quota
-            stopped[vid] = fleet.release(vid)
-            count(stopped[vid], +1)
-            plan = enough()
+            step = [vid for vid in step if vid not in stopped]
+            more: dict[str, int] = {}
+            for vid in step:
+                victim = fleet.allocations[vid]
+                more[victim.job.tenant] = more.get(victim.job.tenant, 0) + victim.gpus
+            if any(t in limits and taken.get(t, 0) + g > limits[t] for t, g in more.items()):
+                continue  # it would take a tenant below its nominal quota
+            for vid in step:
+                stopped[vid] = fleet.release(vid)
+                count(stopped[vid], +1)
+            if step:
+                plan = enough()
         if plan is None:
             return None
         # Give back, dearest first, every victim the job does not need.
-        for vid in reversed(list(stopped)):
+        pos = {vid: i for i, vid in enumerate(order)}
+        for vid in sorted(stopped, key=pos.__getitem__, reverse=True):
             alloc = stopped.pop(vid)
             fleet.allocate(alloc, restore=True)
             count(alloc, -1)
@@ -226,7 +297,7 @@ def _victims(
             fleet.release(vid)
             stopped[vid] = alloc
             count(alloc, +1)
-        return sorted(stopped, key=order.index), plan
+        return sorted(stopped, key=pos.__getitem__), plan
 
 
 def reclaim_for_quota(

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as S
 
-from placement.model import Fleet
+from placement.model import Allocation, Fleet, JobRequest
 from placement.place import place
 from placement.quota import Ledger, Quota, fair_shares
 from placement.reclaim import reclaim
@@ -240,3 +240,61 @@ def test_reclaim_finds_room_whenever_some_set_of_victims_makes_it_and_stops_none
                 if other != v:
                     fleet.release(other)
             assert not place(fleet, job).placed, f"{v} was not needed"
+
+
+def _small(fleet: Fleet, jid: str, rack: int, slot: int, gpus: int, **kw: object) -> None:
+    """A job of ``gpus`` GPUs on the next free GPUs of one node."""
+    node = fleet.node_at(fleet.racks[rack].id, slot)
+    taken = {g for a in fleet.allocations.values() for g in a.nodes.get(node.id, ())}
+    free = [g for g in range(fleet.racks[rack].gpus_per_node) if g not in taken][:gpus]
+    job = JobRequest(jid, num_gpus=gpus, **kw)  # type: ignore[arg-type]
+    fleet.allocate(Allocation(job, {node.id: tuple(free)}, [[node.id]]))
+
+
+def test_a_reclaim_frees_whole_nodes_within_a_tenants_budget():
+    """itp01 x1 (seed 1) traced: a 16-node gang of a tenant under its quota waited
+    57 minutes with 15 idle nodes in a rack, because the cheapest victims first
+    spent the borrower's 4-GPU budget on nodes that stayed busy; stopping the one
+    job on the 16th node was within it."""
+    fleet = Fleet.uniform(1, 18, 4, spare_nodes=0)
+    for k in range(3):  # the cheapest alternate between nodes 14 and 15
+        for slot, minutes in ((14, 10 + 20 * k), (15, 20 + 20 * k)):
+            _small(fleet, f"d{slot}-{k}", 0, slot, 1, tenant="d", checkpoint_minutes=minutes)
+    _small(fleet, "d6", 0, 6, 1, tenant="d", checkpoint_minutes=600)
+    plan = reclaim(fleet, gang("a1", 16, "required", tenant="a"), lambda v: v.tenant == "d", {"d": 4})
+    assert plan.placed, plan.reason
+    assert plan.victims == ["d14-0", "d14-1", "d14-2"], "node 14 is the cheapest node to free"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    size=S.integers(2, 5),
+    jobs=S.lists(S.tuples(S.sampled_from("ab"), S.integers(1, 4), S.integers(0, 4)), min_size=1, max_size=9),
+    limits=S.fixed_dictionaries({"a": S.integers(0, 12), "b": S.integers(0, 12)}),
+    need=S.integers(1, 5),
+)
+def test_reclaim_within_budgets_finds_room_whenever_some_set_of_victims_within_them_makes_it(
+    size, jobs, limits, need
+):
+    """Oracle: every subset of the running jobs that takes no tenant past its
+    budget. If one lets the gang start, reclaim finds a set within the budgets."""
+    fleet = Fleet.uniform(1, size, 4, spare_nodes=0)
+    for i, (tenant, gpus, slot) in enumerate(jobs):
+        node = fleet.node_at(fleet.racks[0].id, slot % size)
+        if node.free_gpus >= gpus:
+            _small(fleet, f"v{i}", 0, slot % size, gpus, tenant=tenant, checkpoint_minutes=30 + 7 * i)
+    job = gang("w", min(need, size), "required", tenant="c")
+    plan = reclaim(fleet, job, lambda v: True, limits)
+    gpus = {v: (a.job.tenant, a.gpus) for v, a in fleet.allocations.items()}
+    found = False
+    for k in range(len(gpus) + 1):
+        for subset in itertools.combinations(sorted(gpus), k):
+            if any(sum(gpus[v][1] for v in subset if gpus[v][0] == t) > limits[t] for t in limits):
+                continue
+            with fleet.trial():
+                for v in subset:
+                    fleet.release(v)
+                found = found or place(fleet, job).placed
+    assert plan.placed == found, plan.reason
+    for t in limits:
+        assert sum(gpus[v][1] for v in plan.victims if gpus[v][0] == t) <= limits[t]
