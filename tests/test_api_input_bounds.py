@@ -253,6 +253,17 @@ def test_an_api_path_without_its_trailing_slash_is_told_the_one_that_exists(flee
     assert "Did you mean '/api/jobs/'?" in response.json()["detail"]
 
 
+@pytest.mark.parametrize("path", ["/api/no-such-thing", "/api/no-such-thing/", "/api/nodes/1/heartbeat"])
+def test_a_path_no_route_takes_with_a_slash_either_is_sent_to_the_docs(fleet, operator_client, path):
+    """Before, the last route (it takes every path) made every path look like one
+    with a slash missing: '/api/no-such-thing/' was told to try '.../no-such-thing//'."""
+    detail = operator_client.get(path).json()["detail"]
+    if path.endswith("heartbeat"):  # only POST routes there, but a route all the same
+        assert "Did you mean '/api/nodes/1/heartbeat/'?" in detail
+    else:
+        assert "Did you mean" not in detail and "listed at /api/docs/" in detail
+
+
 def test_the_audit_log_takes_a_time_with_any_offset(fleet, operator_client):
     response = operator_client.get("/api/audit/", {"since": "2020-01-01T00:00:00+21:06"})
     assert response.status_code == 200 and response.json()["count"] > 0

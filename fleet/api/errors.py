@@ -129,13 +129,19 @@ def unknown_api_path(request: HttpRequest) -> JsonResponse:
     DEBUG on too (Django's debug page would answer HTML there, not handler404),
     naming the path with its trailing slash when that one exists."""
     detail = f"Not found: no API path {request.path!r}."
-    try:
-        resolve(request.path + "/")
-    except Resolver404:
-        detail += " The API's paths are listed at /api/docs/."
-    else:
+    if _a_route_takes(request.path + "/"):
         detail += f" Did you mean {request.path + '/'!r}? API paths end in a slash."
+    else:
+        detail += " The API's paths are listed at /api/docs/."
     return JsonResponse({"detail": detail}, status=404)
+
+
+def _a_route_takes(path: str) -> bool:
+    """Does a route other than this last one (which takes every path) take ``path``?"""
+    try:
+        return resolve(path).func is not unknown_api_path
+    except Resolver404:
+        return False
 
 
 def server_error(request: HttpRequest) -> HttpResponse:
