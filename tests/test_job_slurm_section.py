@@ -18,10 +18,10 @@ def submit(client, **data):
 
 def refused(response, *path: str) -> str:
     assert response.status_code == 400, response.content
-    body = response.json()
-    for key in path:
-        assert key in body, f"expected an error on {'.'.join(path)}, got {body}"
-        body = body[key]
+    errors = response.json()
+    field = ".".join(path)
+    assert field in errors, f"expected an error on {field}, got {errors}"
+    body = errors[field]
     assert Job.objects.count() == 0
     assert not AuditEvent.objects.filter(object_type="job").exists()
     return " ".join(body) if isinstance(body, list) else str(body)
