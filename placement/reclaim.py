@@ -201,8 +201,12 @@ def _victims_by_cost_or_node(
     order, else, when limits apply, node by node (:func:`_node_steps`)."""
     steps = [[vid] for vid in order]
     found = _victims(fleet, job, order, steps, limits, need_gpus, policy, now, exclude)
-    if found is not None or not limits:
-        return found
+    offered: dict[str, int] = {}
+    for vid in order:
+        alloc = fleet.allocations[vid]
+        offered[alloc.job.tenant] = offered.get(alloc.job.tenant, 0) + alloc.gpus
+    if found is not None or all(g <= limits.get(t, g) for t, g in offered.items()):
+        return found  # (no limit skipped a victim: stopping them all made no room)
     for by_limited in (False, True):
         steps = _node_steps(fleet, order, costs, limits, rack, by_limited)
         found = _victims(fleet, job, order, steps, limits, need_gpus, policy, now, exclude)
