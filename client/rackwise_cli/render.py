@@ -64,8 +64,9 @@ def jobs_table(jobs: list[dict]) -> Table:
 
 
 def tenants_table(tenants: list[dict]) -> Table:
-    """A row per tenant and node shape, in GPUs, with its borrowing and lending
-    limits in words. The cohort and weight are in --json."""
+    """A row per tenant and node shape, in GPUs; BORROW/LEND is the most it may
+    borrow (``any``: no limit) and lend (``all``: its whole idle quota). The
+    cohort and weight are in --json."""
     rows = []
     for t in tenants:
         for q in t.get("quotas") or [{}]:
@@ -81,16 +82,12 @@ def tenants_table(tenants: list[dict]) -> Table:
                 )
             ]
             borrow, lend = q.get("borrowing_limit_gpus"), q.get("lending_limit_gpus")
-            limits = (
-                ("borrows any" if borrow is None else f"borrows up to {borrow}")
-                + " / "
-                + ("lends all" if lend is None else f"lends up to {lend}")
-            )
+            limits = f"{'any' if borrow is None else borrow}/{'all' if lend is None else lend}"
             shape = f"{q['gpus_per_node']}/node" if q else "-"
             rows.append((t["name"], shape, *figures, limits if q else "-"))
-    columns = ("TENANT", "SHAPE", "NOMINAL", "USED", "BORROWED", "LENT", "PENDING", "FAIR", "LIMITS")
-    # The figures are never folded; the name, the shape and the limits may be.
-    return table(columns, rows, keep=columns[2:8])
+    columns = ("TENANT", "SHAPE", "NOMINAL", "USED", "BORROWED", "LENT", "PENDING", "FAIR", "BORROW/LEND")
+    # The figures and limits are never folded; the name and the shape may be.
+    return table(columns, rows, keep=columns[2:])
 
 
 def gpu_ranges(gpus: list[int]) -> str:
