@@ -218,6 +218,14 @@ def test_it_refuses_more_nodes_than_the_whole_fleet_has(fleet, submitter_client)
     assert_refused(response, "num_nodes", "37 nodes", "the fleet has 36 such nodes")
 
 
+def test_too_many_whole_nodes_are_refused_by_the_field_that_was_sent(fleet, submitter_client):
+    """37 nodes of 4 GPUs is also more GPUs than the fleet has; the user sent
+    num_nodes, not num_gpus, so that is the field the message names."""
+    response = submit(submitter_client, name="too-many", num_nodes=37, gpus_per_node=4, locality="preferred")
+
+    assert_refused(response, "num_nodes", "37 nodes of 4 GPUs", "the fleet has 36 such nodes")
+
+
 def test_it_refuses_a_required_job_bigger_than_a_rack(fleet, submitter_client):
     response = submit(submitter_client, name="rack-and-a-bit", num_gpus=80)
 

@@ -138,8 +138,12 @@ def normalise_shape(spec: JobSpec, capacity: FleetCapacity) -> Shape:
             # A sub-node job: shares a node, so segments and node counts don't apply.
             shape = Shape(num_gpus, None, None, None)
             return shape
+        if num_gpus > capacity.total_gpus:
+            raise InvalidInput(
+                {"num_gpus": [f"asks for {num_gpus} GPUs but the whole fleet has {capacity.total_gpus}"]}
+            )
         gpn = capacity.dominant_gpus_per_node
-        if num_gpus % gpn and num_gpus <= capacity.total_gpus:
+        if num_gpus % gpn:
             # Never hold more than was asked without saying so: offer the shapes that fit.
             low, high = num_gpus // gpn, num_gpus // gpn + 1
             offers = [
@@ -163,10 +167,7 @@ def normalise_shape(spec: JobSpec, capacity: FleetCapacity) -> Shape:
         num_gpus = num_nodes * gpn
 
     assert gpn is not None
-    if num_gpus > capacity.total_gpus:
-        raise InvalidInput(
-            {"num_gpus": [f"asks for {num_gpus} GPUs but the whole fleet has {capacity.total_gpus}"]}
-        )
+    # More nodes than the fleet has is refused by the field that was sent, num_nodes.
     available_nodes = capacity.nodes_of_size(gpn)
     if num_nodes > available_nodes:
         raise InvalidInput(
