@@ -264,7 +264,7 @@ def waiting_reason(job: Job) -> str:
         if job.num_nodes > need:
             words = (
                 f"needs {job.num_nodes} nodes in segments of {need}, each inside one rack; "
-                f"the free racks hold {largest} nodes in whole segments of {need}"
+                f"the free racks hold {largest} of its {job.num_nodes} nodes in whole segments of {need}"
             )
     else:
         words = f"needs {job.num_gpus} GPU(s) on one node"

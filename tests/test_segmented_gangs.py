@@ -108,7 +108,7 @@ def test_a_segmented_job_that_waits_is_told_the_room_in_whole_segments(
     body = submitter_client.post(URL, spec("required"), format="json").json()
     assert body["starts_now"] is False
     assert body["largest_free_slice"] == 0 and body["largest_free_unit"] == "nodes"
-    assert "the free racks hold 0 nodes in whole segments of 6" in body["summary"], body["summary"]
+    assert "the free racks hold 0 of its 12 nodes in whole segments of 6" in body["summary"], body["summary"]
     assert "room for 0 of its 2 segments" in body["reason"], body["reason"]
 
     job = submit_job(submitter, JobSpec(**spec("required")))
@@ -118,7 +118,7 @@ def test_a_segmented_job_that_waits_is_told_the_room_in_whole_segments(
     words = waiting_reason(job)
     assert words.startswith(
         "needs 12 nodes in segments of 6, each inside one rack; "
-        "the free racks hold 0 nodes in whole segments of 6"
+        "the free racks hold 0 of its 12 nodes in whole segments of 6"
     ), words
     assert "largest free slice is 7" not in words
 

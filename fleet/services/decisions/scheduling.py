@@ -390,7 +390,10 @@ def _what_if_answer(snap: engine.Snapshot, answer, request: pm.JobRequest, now: 
         seg = request.segment_nodes
         if answer.unit == "nodes" and seg and request.num_nodes and seg < request.num_nodes:
             # It may spread its segments over racks: the room that counts is all of it.
-            slice_ = f"the free racks hold {answer.largest_free} nodes in whole segments of {seg}"
+            slice_ = (
+                f"the free racks hold {answer.largest_free} of its {request.num_nodes} nodes "
+                f"in whole segments of {seg}"
+            )
         else:
             slice_ = f"the largest free slice is {answer.largest_free} {answer.unit}"
         need = request.total_gpus if answer.unit == "GPUs" else request.num_nodes
