@@ -47,6 +47,7 @@ from fleet.permissions import (
 )
 from fleet.services.actions.propose import describe_step
 from fleet.services.actions.propose import policies as action_policies
+from fleet.services.decisions.scheduling import segment_room
 from fleet.services.jobs.capacity import fleet_capacity
 from fleet.services.nodes import moves as node_services
 from fleet.services.read import read_models
@@ -264,7 +265,7 @@ def waiting_reason(job: Job) -> str:
         if job.num_nodes > need:
             words = (
                 f"needs {job.num_nodes} nodes in segments of {need}, each inside one rack; "
-                f"the free racks hold {largest} of its {job.num_nodes} nodes in whole segments of {need}"
+                + segment_room(largest, job.num_nodes, need)
             )
     else:
         words = f"needs {job.num_gpus} GPU(s) on one node"

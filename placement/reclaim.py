@@ -201,18 +201,25 @@ def _victims_by_cost_or_node(
     order, else, when limits apply, node by node (:func:`_node_steps`)."""
     steps = [[vid] for vid in order]
     found = _victims(fleet, job, order, steps, limits, need_gpus, policy, now, exclude)
-    offered: dict[str, int] = {}
-    for vid in order:
-        alloc = fleet.allocations[vid]
-        offered[alloc.job.tenant] = offered.get(alloc.job.tenant, 0) + alloc.gpus
-    if found is not None or all(g <= limits.get(t, g) for t, g in offered.items()):
-        return found  # (no limit skipped a victim: stopping them all made no room)
+    if found is not None:
+        return found
+    if all(g <= limits.get(t, g) for t, g in _gpus_by_tenant(fleet, order).items()):
+        return None  # no limit skipped a victim: stopping them all made no room
     for by_limited in (False, True):
         steps = _node_steps(fleet, order, costs, limits, rack, by_limited)
         found = _victims(fleet, job, order, steps, limits, need_gpus, policy, now, exclude)
         if found is not None:
             return found
     return None
+
+
+def _gpus_by_tenant(fleet: Fleet, vids: list[str]) -> dict[str, int]:
+    """The GPUs these running jobs hold, by tenant."""
+    out: dict[str, int] = {}
+    for vid in vids:
+        alloc = fleet.allocations[vid]
+        out[alloc.job.tenant] = out.get(alloc.job.tenant, 0) + alloc.gpus
+    return out
 
 
 def _node_steps(
@@ -275,10 +282,7 @@ def _victims(
             if plan is not None:
                 break
             step = [vid for vid in step if vid not in stopped]
-            more: dict[str, int] = {}
-            for vid in step:
-                victim = fleet.allocations[vid]
-                more[victim.job.tenant] = more.get(victim.job.tenant, 0) + victim.gpus
+            more = _gpus_by_tenant(fleet, step)
             if any(t in limits and taken.get(t, 0) + g > limits[t] for t, g in more.items()):
                 continue  # it would take a tenant below its nominal quota
             for vid in step:

@@ -310,6 +310,12 @@ def _set_reason(job: Job, reason: str) -> None:
         job_lifecycle.note_waiting(job.pk, reason)
 
 
+def segment_room(largest: int, num_nodes: int, segment: int) -> str:
+    """The room a gang in segments has now, in words (the what-if and the job
+    page): ``largest`` is :func:`placement.place.largest_free`'s node count."""
+    return f"the free racks hold {largest} of its {num_nodes} nodes in whole segments of {segment}"
+
+
 def _in_about(seconds: float) -> str:
     if seconds < 90:
         return "in about a minute"
@@ -390,10 +396,7 @@ def _what_if_answer(snap: engine.Snapshot, answer, request: pm.JobRequest, now: 
         seg = request.segment_nodes
         if answer.unit == "nodes" and seg and request.num_nodes and seg < request.num_nodes:
             # It may spread its segments over racks: the room that counts is all of it.
-            slice_ = (
-                f"the free racks hold {answer.largest_free} of its {request.num_nodes} nodes "
-                f"in whole segments of {seg}"
-            )
+            slice_ = segment_room(answer.largest_free, request.num_nodes, seg)
         else:
             slice_ = f"the largest free slice is {answer.largest_free} {answer.unit}"
         need = request.total_gpus if answer.unit == "GPUs" else request.num_nodes
