@@ -53,6 +53,16 @@ def test_fair_share_admits_the_tenant_with_less_recent_usage(contended):
     assert _admitted(mine, theirs) == ["theirs"]
 
 
+def test_a_job_within_its_tenants_fair_share_is_admitted_ahead_of_one_beyond_it(contended, submitter):
+    """llm used more lately, but its 8-node job keeps it within its fair share
+    of the 128 GPUs (36 of 36: 32 nominal, 4 of the leftover it asks for) while
+    vision's 24-node job would take vision past its own (96 > 92): llm's goes first,
+    and the cohort cannot lend to both."""
+    _, theirs = contended
+    small = _submit(submitter, "llm", "small", 8, expected_duration_s=3600, locality="preferred")
+    assert _admitted(small, theirs) == ["small"]
+
+
 def test_a_job_that_waited_as_long_as_it_runs_is_admitted_ahead_of_fair_share(contended, settings):
     mine, theirs = contended
     Job.objects.filter(pk=mine.pk).update(submitted_at=timezone.now() - timedelta(minutes=61))

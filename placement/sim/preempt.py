@@ -103,9 +103,9 @@ class TenantPasses(QueuePasses):
                 return
 
     def _tenant_order(self, jobs: list[JobState], now: float, lxf_key: Any) -> list[JobState]:
-        """The backfill cycle's order with tenants: rackwise by fair share, then its
-        own order (``lxf_key``); Slurm by multifactor priority (the fairshare factor),
-        then its queue order."""
+        """The backfill cycle's order with tenants: rackwise by quota, the starvation
+        bound and fair share, then its own order (``lxf_key``); Slurm by multifactor
+        priority (the fairshare factor), then its queue order."""
         ten = self.tenancy
         assert ten is not None
         if self.policy == "rackwise":
@@ -114,15 +114,22 @@ class TenantPasses(QueuePasses):
             # 2. Then overdue jobs (the starvation bound, Tenancy.overdue), oldest
             #    first, whatever their tenant's share: without it a borrower's job can
             #    stay behind lower-share tenants for as long as they submit.
-            # 3. Then by fair share, then rackwise's own order.
+            # 3. Then jobs that keep their tenant within its fair share (Ledger.fair,
+            #    what a fair-share reclaim would start them with), then the rest:
+            #    otherwise a job beyond its share starts now and is the cheapest
+            #    victim of the next pass's fair-share reclaim for one within it.
+            # 4. Inside each, by fair share, then rackwise's own order.
             share = {t: ten.fair_share(t) for t in ten.names}
             room = {t: ten.nominal(t) - ten.used(t) for t in ten.names}
+            fair = ten.entitled() if self.cfg.rackwise_tenant_order == "entitled" else None
 
             def key(st: JobState) -> tuple[Any, ...]:
-                owed = st.job.total_gpus <= room.get(st.job.tenant, 0)
+                t, gpus = st.job.tenant, st.job.total_gpus
+                owed = gpus <= room.get(t, 0)
                 if not owed and self._overdue(st, now):
                     return (1, 0, st.submit, st.order)
-                return (0 if owed else 1, 1, share.get(st.job.tenant, math.inf), *lxf_key(st))
+                beyond = not owed and fair is not None and ten.used(t) + gpus > fair.get(t, 0.0) + 1e-6
+                return (0 if owed else 1, 2 if beyond else 1, share.get(t, math.inf), *lxf_key(st))
 
             return sorted(jobs, key=key)
         fs = self.fs_factors

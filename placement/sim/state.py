@@ -70,6 +70,10 @@ class SimConfig:
     # for a gang that waited ``reserve_after_s``, if ``lookahead``).
     rackwise_queue: str = "backfill"
     rackwise_order: str = "lxf"  # or "fifo"; lxf: largest expansion factor first
+    # With tenants, after owed and overdue jobs: "entitled" (jobs that keep their
+    # tenant within its fair share first, then the rest, each by fair share, then
+    # rackwise_order) or "share" (by fair share alone, the order before).
+    rackwise_tenant_order: str = "entitled"
     rackwise_lxf_tau_s: float = 600.0  # the expansion factor's bound on run time
     rackwise_max_reservations: int = RACKWISE_MAX_RESERVATIONS
     # Keep a gang's reservation across cycles while it is still the earliest (False:

@@ -280,6 +280,32 @@ def test_an_overdue_job_goes_ahead_of_a_lower_share_tenants_job(bound, first) ->
         assert not sim.tenancy.overdue(waited=3599, run=3600), "not before it waited as long as it runs"
 
 
+@pytest.mark.parametrize(("order", "first"), [("entitled", "a1"), ("share", "b1")])
+def test_a_job_within_its_tenants_fair_share_goes_ahead_of_one_beyond_it(order, first) -> None:
+    """32 GPUs, nominal a 12, b 12, c 4 (weights 2:2:1), c asks for nothing. a
+    holds its 12 and asks for 4 more, b asks for 20: the 8 GPUs left are shared
+    by weight, so both are entitled to 16; a's job keeps a within (16), b's would
+    take b beyond (20). a used far more lately, so by fair share alone (the order
+    before) b's job came first, started, and was the cheapest victim of a's
+    fair-share reclaim at the next pass."""
+    from placement.sim.simulation import Simulation
+    from placement.sim.state import JobState
+
+    setup = TenantSetup(entitlements=(("a", 0.4), ("b", 0.4), ("c", 0.2)))
+    trace = [job("a1", "a", 4, 0, 3600), job("b1", "b", 20, 0, 3600)]
+    cfg = dataclasses.replace(small_fleet(setup, nodes=4, racks=2), rackwise_tenant_order=order)
+    sim = Simulation(trace, "rackwise", cfg)
+    ten = sim.tenancy
+    assert ten is not None
+    ten.ledger.take("a", 12)
+    ten.decayed["a"] = 1e6
+    pending = [JobState(t.job, t.submit, t.duration, (t.submit, 0, i)) for i, t in enumerate(trace)]
+    for state in pending:
+        ten.enqueued(state.job)
+    assert ten.entitled()["a"] == ten.entitled()["b"] == 16
+    assert sim._tenant_order(pending, 60, lambda s: (s.order,))[0].job.id == first
+
+
 _REPLAY = """
 import json
 from placement.sim.simulation import SimConfig, simulate

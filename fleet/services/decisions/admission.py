@@ -3,10 +3,13 @@
 With no quota configured (no ``Quota`` row), every pending job goes to the
 engine as it always did, and only a higher priority preempts (step 2). With quotas:
 
-1. Admission (:func:`admit`): pending jobs are taken in fair-share order
-   (tenants with the least decayed usage per weight first, then priority, then
-   submission), overdue jobs ahead of all (the starvation bound,
-   :func:`placement.quota.overdue`, oldest first), and each is admitted if its
+1. Admission (:func:`admit`): pending jobs are taken in fair-share order:
+   overdue jobs first (the starvation bound, :func:`placement.quota.overdue`,
+   oldest first), then jobs that keep their tenant within its fair share of the
+   cohort's GPUs over everything pending (:meth:`placement.quota.Ledger.fair`,
+   what a fair-share reclaim would start them with), then the rest; inside each,
+   tenants with the least decayed usage per weight first, then priority, then
+   submission. Each is admitted if its
    tenant's quota and what its cohort can lend cover it
    (:mod:`placement.quota`). The others wait with a reason that names the
    numbers. Only admitted jobs reach the engine.
@@ -95,6 +98,24 @@ def admit(pending: list[Job], busy: set[int]) -> Admitted:
     weight = {name: w for name, _, w in tenants}
     now = timezone.now()
     floor = settings.RACKWISE_OVERDUE_FLOOR_S
+    # Each tenant's fair share of its ledger's GPUs over everything pending now:
+    # a job that keeps its tenant within it goes ahead of jobs that would not.
+    demand: dict[tuple[str, int], dict[str, int]] = {key: {} for key in out.ledgers}
+    for job in pending:
+        shape = usage.job_shape(job, shapes)
+        if shape is not None:
+            out.shape_of[job.pk] = shape
+            key = out.ledger_of(job)
+            assert key is not None
+            demand[key][job.tenant.name] = demand[key].get(job.tenant.name, 0) + job.num_gpus
+    entitled = {key: ledger.fair(demand[key], weight) for key, ledger in out.ledgers.items()}
+
+    def within_fair_share(job: Job) -> bool:
+        key = out.ledger_of(job)
+        if key is None:
+            return True
+        held = out.ledgers[key].usage.get(job.tenant.name, 0)
+        return held + job.num_gpus <= entitled[key].get(job.tenant.name, 0.0) + 1e-6
 
     def order(job: Job) -> tuple:
         tenant = job.tenant.name
@@ -107,9 +128,10 @@ def admit(pending: list[Job], busy: set[int]) -> Admitted:
             floor_s=floor,
             cap_s=settings.RACKWISE_OVERDUE_CAP_S or None,
         ):
-            return (0, 0.0, 0, job.submitted_at, job.pk)  # the starvation bound: oldest first
+            return (0, 0, 0.0, 0, job.submitted_at, job.pk)  # the starvation bound: oldest first
         return (
             1,
+            0 if within_fair_share(job) else 1,
             decayed.get(tenant, 0.0) / max(weight.get(tenant, 1.0), 0.01),
             -job.priority,
             job.submitted_at,
@@ -118,14 +140,11 @@ def admit(pending: list[Job], busy: set[int]) -> Admitted:
 
     waiting: dict[tuple[str, int], dict[str, int]] = {key: {} for key in out.ledgers}
     for job in sorted(pending, key=order):
-        shape = usage.job_shape(job, shapes)
-        if shape is None:
+        key = out.ledger_of(job)
+        if key is None:
             out.jobs.append(job)  # no shape holds it: the engine says why
             continue
         tenant = job.tenant.name
-        out.shape_of[job.pk] = shape
-        key = out.ledger_of(job)
-        assert key is not None
         ledger = out.ledgers[key]
         decision = ledger.admit(tenant, job.num_gpus)
         if not decision.admitted:
