@@ -154,6 +154,11 @@ class Ledger:
             weight,
         )
 
+    def within_fair(self, tenant: str, gpus: int, fair: dict[str, float]) -> bool:
+        """Would ``gpus`` more GPUs keep ``tenant`` within its fair share (``fair``,
+        from :meth:`fair`)?"""
+        return self.usage.get(tenant, 0) + gpus <= fair.get(tenant, 0.0) + 1e-6
+
     def fair_reclaim(
         self, tenant: str, gpus: int, fair: dict[str, float], *, counted: bool = False
     ) -> tuple[dict[str, int], int] | None:
@@ -165,7 +170,7 @@ class Ledger:
         tenants within either are absent) and the GPUs that must come from them
         (the pool's overdraw with the job)."""
         gpus = 0 if counted else gpus
-        if self.usage.get(tenant, 0) + gpus > fair.get(tenant, 0.0) + 1e-6:
+        if not self.within_fair(tenant, gpus, fair):
             return None
         budgets = {}
         for t, used in self.usage.items():

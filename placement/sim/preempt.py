@@ -128,7 +128,7 @@ class TenantPasses(QueuePasses):
                 owed = gpus <= room.get(t, 0)
                 if not owed and self._overdue(st, now):
                     return (1, 0, st.submit, st.order)
-                beyond = not owed and fair is not None and ten.used(t) + gpus > fair.get(t, 0.0) + 1e-6
+                beyond = not owed and fair is not None and not ten.ledger.within_fair(t, gpus, fair)
                 return (0 if owed else 1, 2 if beyond else 1, share.get(t, math.inf), *lxf_key(st))
 
             return sorted(jobs, key=key)

@@ -114,8 +114,7 @@ def admit(pending: list[Job], busy: set[int]) -> Admitted:
         key = out.ledger_of(job)
         if key is None:
             return True
-        held = out.ledgers[key].usage.get(job.tenant.name, 0)
-        return held + job.num_gpus <= entitled[key].get(job.tenant.name, 0.0) + 1e-6
+        return out.ledgers[key].within_fair(job.tenant.name, job.num_gpus, entitled[key])
 
     def order(job: Job) -> tuple:
         tenant = job.tenant.name
